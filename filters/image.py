@@ -1,0 +1,156 @@
+"""Per-record image rules, cheap first.
+
+``read_header`` parses only the header (PIL opens lazily: size, format and
+EXIF orientation without decoding pixels), so the size/aspect/format rules
+cost microseconds. ``decode_image`` does the one full decode a surviving
+image gets: it catches truncated or corrupt data, computes the image's
+identity (sha256 of the bytes, 64-bit pHash) and produces the bytes that
+will be stored (re-encoded only when needed).
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import io
+import warnings
+from typing import Optional, Tuple
+
+from PIL import Image, ImageOps
+
+from filters import stages
+
+_EXIF_ORIENTATION = 0x0112
+_TRANSPOSED = {5, 6, 7, 8}  # orientations that swap width and height
+
+
+@dataclasses.dataclass(frozen=True)
+class Header:
+    format: str
+    width: int  # after EXIF orientation
+    height: int
+    orientation: int
+
+
+def read_header(data: bytes, preset) -> Tuple[Optional[Header], Optional[str]]:
+    """Header-only parse: ``(header, None)`` or ``(None, reason)``."""
+    try:
+        # PIL's own bomb guard warns at its limit and raises at twice it; the
+        # preset's ``max_pixels`` is the rule, so PIL's warning is an error here.
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as img:
+                fmt = img.format or ""
+                width, height = img.size
+                orientation = 1
+                if fmt in ("JPEG", "MPO", "TIFF", "WEBP", "PNG"):
+                    try:
+                        orientation = int(img.getexif().get(_EXIF_ORIENTATION, 1) or 1)
+                    except Exception:  # a broken EXIF block is not a broken image
+                        orientation = 1
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        return None, stages.reason("image_header", "decompression_bomb")
+    except Exception:
+        return None, stages.reason("image_header", "undecodable")
+    if width <= 0 or height <= 0:
+        return None, stages.reason("image_header", "undecodable")
+    if width * height > preset.max_pixels:
+        return None, stages.reason("image_header", "decompression_bomb")
+    if orientation in _TRANSPOSED:
+        width, height = height, width
+    return Header(fmt, width, height, orientation), None
+
+
+def check_header(header: Header, preset) -> Optional[str]:
+    """Format, size and aspect rules on header facts; the first failure wins."""
+    if header.format not in preset.formats:
+        return stages.reason("image_format", "not_allowed")
+    shorter, longer = sorted((header.width, header.height))
+    if shorter <= preset.min_shorter_side or shorter <= preset.min_both_sides:
+        return stages.reason("image_size", "too_small")
+    ratio = longer / shorter
+    too_elongated = (
+        ratio > preset.max_aspect_ratio
+        if preset.max_aspect_ratio_inclusive
+        else ratio >= preset.max_aspect_ratio
+    )
+    if too_elongated:
+        return stages.reason("image_aspect", "too_elongated")
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Decoded:
+    image: bytes  # what gets stored: the source JPEG or a re-encode
+    width: int
+    height: int
+    sha256: str
+    phash: str
+
+
+def to_rgb(img: Image.Image) -> Image.Image:
+    """Any PIL mode to RGB; transparency is composited on white."""
+    if img.mode in ("RGBA", "LA") or (img.mode == "P" and "transparency" in img.info):
+        rgba = img.convert("RGBA")
+        background = Image.new("RGB", rgba.size, (255, 255, 255))
+        background.paste(rgba, mask=rgba.getchannel("A"))
+        return background
+    if img.mode in ("I;16", "I;16B", "I;16L", "I"):
+        # 16-bit grayscale: scale to 8 bits instead of clipping at 255.
+        return img.point(lambda v: v / 256).convert("L").convert("RGB")
+    return img.convert("RGB")
+
+
+def perceptual_hash(img: Image.Image) -> str:
+    import imagehash
+
+    return str(imagehash.phash(img))
+
+
+def decode_image(data: bytes, header: Header, preset) -> Tuple[Optional[Decoded], Optional[str]]:
+    """Full decode; identity; bytes to store. ``(decoded, None)`` or ``(None, reason)``."""
+    try:
+        with warnings.catch_warnings():
+            # The header check already enforced max_pixels; PIL's guard would
+            # otherwise reject what the preset allows.
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as img:
+                source_mode = img.mode
+                img.load()  # raises on truncated or corrupt pixel data
+                oriented = ImageOps.exif_transpose(img) if header.orientation != 1 else img
+                rgb = to_rgb(oriented)
+    except Exception:
+        return None, stages.reason("image_decode", "corrupt")
+    phash = perceptual_hash(rgb)
+    max_side = preset.output_max_side
+    needs_resize = max_side > 0 and max(rgb.size) > max_side
+    keep_source = (
+        header.format == "JPEG" and header.orientation == 1 and source_mode == "RGB" and not needs_resize
+    )
+    if keep_source:
+        stored, (width, height) = data, rgb.size
+    else:
+        if needs_resize:
+            rgb.thumbnail((max_side, max_side), Image.BICUBIC)
+        out = io.BytesIO()
+        rgb.save(out, format="JPEG", quality=preset.output_jpeg_quality)
+        stored, (width, height) = out.getvalue(), rgb.size
+    return Decoded(stored, width, height, hashlib.sha256(data).hexdigest(), phash), None
+
+
+def thumbnail_b64(data: Optional[bytes], size: int = 128) -> Optional[str]:
+    """A small base64 JPEG for the audit report; None when undecodable."""
+    if not data:
+        return None
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            if img.size[0] * img.size[1] > 50_000_000:
+                return None
+            img.draft("RGB", (size, size))
+            img.thumbnail((size, size))
+            out = io.BytesIO()
+            to_rgb(img).save(out, format="JPEG", quality=80)
+    except Exception:
+        return None
+    return base64.b64encode(out.getvalue()).decode("ascii")

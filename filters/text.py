@@ -1,0 +1,91 @@
+"""Per-record alt-text rules: normalisation, tokenisation, length, repetition.
+
+Tokenisation (used for word counts *and* for the n-gram vocabulary, so both
+agree): the normalised text is case-folded and split into words, a word being
+a run of letters/digits/underscore, optionally joined by apostrophes
+("don't", "o'neil"). Punctuation and symbols separate words and are not
+words themselves. Unigrams are the words; bigrams are adjacent word pairs
+joined by one space.
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+import unicodedata
+from typing import List, Optional
+
+from filters import stages
+
+_WORD = re.compile(r"\w+(?:['\u2019]\w+)*")
+# Control, format (zero-width, BOM, bidi marks) and separator characters other
+# than a plain space become whitespace; then runs of whitespace collapse.
+_SPACE_LIKE = re.compile(r"[\s\u200b-\u200f\u2028-\u202f\u205f-\u206f\ufeff\x00-\x1f\x7f-\x9f]+")
+
+
+def normalize_text(raw: str) -> str:
+    """Unicode NFC, invisible/control characters to spaces, whitespace collapsed."""
+    text = unicodedata.normalize("NFC", raw)
+    text = _SPACE_LIKE.sub(" ", text)
+    return text.strip()
+
+
+def words(text: str) -> List[str]:
+    return _WORD.findall(text.casefold())
+
+
+def ngrams(text: str) -> List[str]:
+    """Unigrams then bigrams of ``text`` (with repeats, in order)."""
+    toks = words(text)
+    return toks + [f"{a} {b}" for a, b in zip(toks, toks[1:])]
+
+
+def check_text(raw: str, preset) -> tuple:
+    """Apply the per-record text rules. Returns ``(normalised, reason_or_None)``.
+
+    Rules in stage order: ``text`` (empty after normalisation, replacement
+    characters from a broken decode, more than ``max_chars``), ``text_length``
+    (unigrams in [min_words, max_words], inclusive), ``text_repetition``.
+    """
+    text = normalize_text(raw)
+    if not text:
+        return text, stages.reason("text", "empty")
+    if "\ufffd" in text:
+        return text, stages.reason("text", "invalid_encoding")
+    if len(text) > preset.max_chars:
+        return text, stages.reason("text", "too_long_chars")
+    toks = words(text)
+    if len(toks) < preset.min_words:
+        return text, stages.reason("text_length", "too_few_words")
+    if len(toks) > preset.max_words:
+        return text, stages.reason("text_length", "too_many_words")
+    if preset.max_word_repetition < 1.0:
+        top = collections.Counter(toks).most_common(1)[0][1]
+        if top / len(toks) > preset.max_word_repetition:
+            return text, stages.reason("text_repetition", "repetitive")
+    return text, None
+
+
+def word_count(text: str) -> int:
+    return len(words(text))
+
+
+def decode_caption(value) -> tuple:
+    """Caption cell -> ``(str, reason_or_None)``; bytes must be valid UTF-8."""
+    if value is None:
+        return "", stages.reason("read", "missing_caption")
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8"), None
+        except UnicodeDecodeError:
+            return value.decode("utf-8", "replace"), stages.reason("read", "caption_not_utf8")
+    if not isinstance(value, str):
+        return str(value), stages.reason("read", "caption_not_text")
+    return value, None
+
+
+def first_reason(*reasons: Optional[str]) -> Optional[str]:
+    for r in reasons:
+        if r:
+            return r
+    return None

@@ -1,0 +1,123 @@
+"""The two contracts every part of the project shares.
+
+1. ``Candidate``: one image/alt-text pair inside the Beam pipeline.
+2. ``FEATURES``: the feature spec of the written shards. The pipeline's writer
+   encodes exactly these features and the trainer parses exactly these, so
+   neither side can drift from the other.
+
+This module must stay importable without TensorFlow: Beam workers import it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from typing import Optional
+
+# ---------------------------------------------------------------------------
+# Candidate record
+# ---------------------------------------------------------------------------
+
+
+def make_key(url: str, alt_text: str) -> str:
+    """Stable key of a pair: a hash of url and raw alt-text, never of position.
+
+    Re-reading the same input in another order, with other shard boundaries or
+    another runner gives every pair the same key, which is what makes sharding,
+    validation split and rejected-sample choice deterministic.
+    """
+    digest = hashlib.sha256(
+        url.encode("utf-8", "surrogatepass") + b"\x00" + alt_text.encode("utf-8", "surrogatepass")
+    )
+    return digest.hexdigest()[:24]
+
+
+def key_fraction(key: str, salt: str = "") -> float:
+    """A number in [0, 1) derived from the key, for hash-based decisions."""
+    digest = hashlib.sha256((salt + key).encode("ascii")).digest()
+    return int.from_bytes(digest[:8], "big") / 2.0**64
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One image/alt-text pair as it moves through the pipeline.
+
+    Fields after ``source`` are filled in by filter stages; a stage returns a
+    new record with ``dataclasses.replace`` and never mutates.
+    """
+
+    key: str
+    url: str
+    alt_text: str                     # raw, as read
+    image: Optional[bytes] = None     # encoded bytes; None until downloaded
+    source: tuple = ()                # (("column", value), ...) kept for the audit
+    # Filled by filters.text:
+    text: str = ""                    # normalised alt-text, what gets written
+    # Filled by filters.image:
+    format: str = ""                  # PIL format name: JPEG, PNG, GIF, WEBP, ...
+    width: int = 0                    # of the source image, after EXIF orientation
+    height: int = 0
+    stored_width: int = 0             # of ``image`` once it holds the bytes to store
+    stored_height: int = 0
+    sha256: str = ""
+    phash: str = ""                   # 16 hex digits (64-bit perceptual hash)
+
+    def replace(self, **changes) -> "Candidate":
+        return dataclasses.replace(self, **changes)
+
+
+# ---------------------------------------------------------------------------
+# Shard feature spec
+# ---------------------------------------------------------------------------
+
+#: name -> (kind, dtype, description). ``kind`` is "image" (encoded JPEG
+#: bytes), "text" (UTF-8 string) or "scalar". These names and their order
+#: are the on-disk contract; the TFDS features.json is derived from them.
+FEATURES = {
+    "image": ("image", "string", "the image, re-encoded as JPEG when needed"),
+    "texts": ("text", "string", "the normalised alt-text"),
+    "key": ("text", "string", "stable pair key: hash of url and raw alt-text"),
+    "url": ("text", "string", "source URL of the image"),
+    "width": ("scalar", "int64", "width of the stored image"),
+    "height": ("scalar", "int64", "height of the stored image"),
+    "original_width": ("scalar", "int64", "width of the source image"),
+    "original_height": ("scalar", "int64", "height of the source image"),
+    "sha256": ("text", "string", "sha256 of the source image bytes (hex)"),
+    "phash": ("text", "string", "64-bit perceptual hash of the source image (hex)"),
+}
+
+SPLITS = ("train", "validation")
+
+
+def shard_filename(name: str, split: str, index: int, num_shards: int) -> str:
+    """TFDS naming: ``<name>-<split>.tfrecord-00000-of-00016``."""
+    return f"{name}-{split}.tfrecord-{index:05d}-of-{num_shards:05d}"
+
+
+def shard_glob(data_dir: str, split: str = "train") -> str:
+    return f"{data_dir.rstrip('/')}/*-{split}.tfrecord-*-of-*"
+
+
+def tf_feature_spec():
+    """``tf.io.parse_single_example`` spec for the shards (imports TF lazily)."""
+    import tensorflow as tf
+
+    spec = {}
+    for name, (_, dtype, _) in FEATURES.items():
+        spec[name] = tf.io.FixedLenFeature([], tf.string if dtype == "string" else tf.int64)
+    return spec
+
+
+def tfds_features():
+    """The same spec as a ``tfds.features.FeaturesDict`` (for features.json)."""
+    import tensorflow_datasets as tfds
+
+    built = {}
+    for name, (kind, dtype, doc) in FEATURES.items():
+        if kind == "image":
+            built[name] = tfds.features.Image(encoding_format="jpeg", doc=doc)
+        elif kind == "text":
+            built[name] = tfds.features.Text(doc=doc)
+        else:
+            built[name] = tfds.features.Scalar(dtype=dtype, doc=doc)
+    return tfds.features.FeaturesDict(built)

@@ -1,0 +1,144 @@
+"""Filter statistics: the funnel, distributions and the rejected-record sample.
+
+Everything here is computed inside the pipeline (runner independent: Dataflow,
+the local runner and a Dask cluster give the same files) and mirrored as Beam
+Metrics counters with the same names, which is what a Dataflow user sees in
+the console.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from typing import Dict, Iterable, List, Optional
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+
+from filters import stages
+from pipeline.schema import key_fraction
+
+METRICS_NAMESPACE = "alt_text_corpus"
+
+# Histogram edges per measure; the last bin also holds everything above it.
+HISTOGRAM_EDGES = {
+    "shorter_side": [0, 50, 100, 150, 200, 201, 250, 300, 400, 401, 500, 750, 1000, 2000, 5000],
+    "aspect_ratio": [1.0, 1.25, 1.5, 2.0, 2.5, 2.75, 3.0, 4.0, 6.0, 10.0],
+    "words_per_text": [0, 1, 2, 3, 5, 10, 15, 20, 21, 30, 50, 100, 257],
+}
+HISTOGRAM_DESCRIPTIONS = {
+    "shorter_side": "shorter image side in pixels (after EXIF orientation), images whose header parsed",
+    "aspect_ratio": "longer/shorter side, images whose header parsed",
+    "words_per_text": "unigrams per normalised alt-text, records that reached the text rules",
+}
+SAMPLES_PER_REASON = 20
+
+
+class HistogramFn(beam.CombineFn):
+    """Counts values into fixed bins; a tiny, mergeable accumulator."""
+
+    def __init__(self, edges: List[float]):
+        self.edges = list(edges)
+
+    def create_accumulator(self):
+        return [0] * len(self.edges)
+
+    def add_input(self, counts, value):
+        index = max(0, bisect.bisect_right(self.edges, value) - 1)
+        counts[index] += 1
+        return counts
+
+    def merge_accumulators(self, accumulators):
+        merged = self.create_accumulator()
+        for counts in accumulators:
+            for i, c in enumerate(counts):
+                merged[i] += c
+        return merged
+
+    def extract_output(self, counts):
+        return {"edges": self.edges, "counts": counts}
+
+
+class HistogramPerKey(beam.PTransform):
+    """(measure name, value) -> (measure name, histogram dict)."""
+
+    def expand(self, measures):
+        by_name = {}
+        for name, edges in HISTOGRAM_EDGES.items():
+            by_name[name] = (
+                measures
+                | f"Only_{name}" >> beam.Filter(lambda kv, n=name: kv[0] == n)
+                | f"Values_{name}" >> beam.Map(lambda kv: kv[1])
+                | f"Histogram_{name}" >> beam.CombineGlobally(HistogramFn(edges)).without_defaults()
+                | f"Name_{name}" >> beam.Map(lambda hist, n=name: (n, hist))
+            )
+        return tuple(by_name.values()) | "FlattenHistograms" >> beam.Flatten()
+
+
+def build_funnel(
+    input_count: int,
+    rejected: Dict[str, int],
+    written: Dict[str, int],
+    ran: Iterable[str],
+    notes: Optional[Dict[str, str]] = None,
+    dataset: str = "",
+    preset=None,
+) -> dict:
+    """Stage-ordered funnel; ``conserved`` is the law in == written + rejected."""
+    ran = set(ran)
+    notes = notes or {}
+    unknown = sorted(r for r in rejected if stages.stage_of(r) not in stages.STAGE_INDEX)
+    if unknown:
+        raise ValueError(f"reasons outside the stage list: {unknown}")
+    remaining = input_count
+    rows = []
+    for name, description in stages.STAGES:
+        reasons = {r: c for r, c in sorted(rejected.items()) if stages.stage_of(r) == name}
+        out = remaining - sum(reasons.values())
+        row = {
+            "stage": name,
+            "description": description,
+            "ran": name in ran or bool(reasons),
+            "in": remaining,
+            "rejected": reasons,
+            "out": out,
+        }
+        if name in notes:
+            row["note"] = notes[name]
+        rows.append(row)
+        remaining = out
+    rejected_total = sum(rejected.values())
+    return {
+        "dataset": dataset,
+        "preset_name": getattr(preset, "name", ""),
+        "preset": preset.as_dict() if preset is not None else {},
+        "input": input_count,
+        "stages": rows,
+        "written": dict(sorted(written.items())),
+        "rejected_total": rejected_total,
+        "conserved": input_count == sum(written.values()) + rejected_total,
+    }
+
+
+def sample_rank(key: str) -> float:
+    """Deterministic order for choosing the rejected sample of each reason."""
+    return key_fraction(key, salt="audit-sample")
+
+
+def write_text(path: str, text: str) -> None:
+    with FileSystems.create(path) as handle:
+        handle.write(text.encode("utf-8"))
+
+
+def to_json(obj) -> str:
+    return json.dumps(obj, indent=1, sort_keys=False, default=_jsonable)
+
+
+def _jsonable(value):
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")

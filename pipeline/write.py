@@ -1,0 +1,172 @@
+"""Writing a TFDS-compatible directory of TFRecord shards.
+
+Split and shard of a record are functions of its key alone (salted hashes),
+records inside a shard are sorted by key, and the Example bytes are encoded
+with a fixed feature order: two runs on the same input give byte-identical
+files whatever the runner, the number of workers or the bundle boundaries.
+The number of shards per split follows from the split's size and
+``max_records_per_shard``; hashing keeps shards within a few percent of the
+mean. Metadata (``dataset_info.json``, ``features.json``) is written by the
+launcher after the job, then ``COMPLETED`` last.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Dict, List
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+
+from pipeline import tfrecord
+from pipeline.schema import FEATURES, SPLITS, Candidate, key_fraction, shard_filename
+
+SHARDS_FILE = "stats/_shards.json"
+
+
+def split_of(key: str, validation_fraction: float) -> str:
+    return "validation" if key_fraction(key, salt="split") < validation_fraction else "train"
+
+
+def num_shards_for(count: int, max_records_per_shard: int) -> int:
+    # Hash sharding is uneven by ~sqrt(n); aim at 90% of the bound.
+    return max(1, math.ceil(count / (0.9 * max_records_per_shard)))
+
+
+def shard_of(key: str, num_shards: int) -> int:
+    return min(num_shards - 1, int(key_fraction(key, salt="shard") * num_shards))
+
+
+def to_example(record: Candidate) -> bytes:
+    values = {
+        "image": record.image,
+        "texts": record.text,
+        "key": record.key,
+        "url": record.url,
+        "width": record.stored_width,
+        "height": record.stored_height,
+        "original_width": record.width,
+        "original_height": record.height,
+        "sha256": record.sha256,
+        "phash": record.phash,
+    }
+    assert list(values) == list(FEATURES), "writer and schema.FEATURES disagree"
+    return tfrecord.encode_example(values)
+
+
+class _WriteShard(beam.DoFn):
+    def __init__(self, output_dir: str, name: str):
+        self.output_dir = output_dir
+        self.name = name
+
+    def process(self, element, shard_counts):
+        (split, index), examples = element
+        num_shards = shard_counts[split]
+        ordered = sorted(examples)  # (key, bytes): deterministic order
+        path = FileSystems.join(self.output_dir, shard_filename(self.name, split, index, num_shards))
+        with FileSystems.create(path) as handle:
+            tfrecord.write_records(handle, (payload for _, payload in ordered))
+        yield split, index, num_shards, len(ordered)
+
+
+def _fill_empty_shards(output_dir: str, name: str, written: List[tuple]) -> Dict[str, List[int]]:
+    """Hashing may leave a shard empty; TFDS expects every index, so write it."""
+    lengths: Dict[str, List[int]] = {}
+    for split, index, num_shards, count in written:
+        lengths.setdefault(split, [0] * num_shards)[index] = count
+    present = {(s, i) for s, i, _, _ in written}
+    for split, counts in lengths.items():
+        for index in range(len(counts)):
+            if (split, index) not in present:
+                path = FileSystems.join(output_dir, shard_filename(name, split, index, len(counts)))
+                FileSystems.create(path).close()
+    return lengths
+
+
+class WriteShards(beam.PTransform):
+    """Candidates to ``<name>-<split>.tfrecord-NNNNN-of-MMMMM`` files.
+
+    Returns a PCollection with one dict ``{split: [records per shard]}``
+    (also written to ``stats/_shards.json`` for the launcher).
+    """
+
+    def __init__(self, output_dir: str, name: str, preset):
+        super().__init__()
+        self.output_dir = output_dir
+        self.name = name
+        self.preset = preset
+
+    def expand(self, records):
+        fraction = self.preset.validation_fraction
+        bound = self.preset.max_records_per_shard
+        by_split = records | "AssignSplit" >> beam.Map(
+            lambda r: (split_of(r.key, fraction), (r.key, to_example(r)))
+        )
+        counts = (
+            by_split
+            | "SplitOnly" >> beam.Map(lambda kv: kv[0])
+            | "CountPerSplit" >> beam.combiners.Count.PerElement()
+            | "NumShards" >> beam.Map(lambda kv: (kv[0], num_shards_for(kv[1], bound)))
+        )
+        shard_counts = beam.pvalue.AsDict(counts)
+        written = (
+            by_split
+            | "AssignShard" >> beam.Map(
+                lambda kv, shards: ((kv[0], shard_of(kv[1][0], shards[kv[0]])), kv[1]), shards=shard_counts
+            )
+            | "GroupByShard" >> beam.GroupByKey()
+            | "WriteShard" >> beam.ParDo(_WriteShard(self.output_dir, self.name), shard_counts)
+        )
+        output_dir, name = self.output_dir, self.name
+        return (
+            written
+            | "CollectShardList" >> beam.combiners.ToList()
+            | "FillEmptyShards" >> beam.Map(lambda items: _fill_empty_shards(output_dir, name, items))
+        )
+
+
+def write_tfds_metadata(output_dir: str, name: str, shard_lengths: Dict[str, List[int]], description: str) -> None:
+    """dataset_info.json + features.json, so tfds.builder_from_directory loads the dir."""
+    import tensorflow_datasets as tfds
+
+    from pipeline.schema import tfds_features
+
+    features = tfds_features()
+    split_infos = []
+    for split in SPLITS:
+        lengths = shard_lengths.get(split)
+        if not lengths:
+            continue
+        paths = [os.path.join(output_dir, shard_filename(name, split, i, len(lengths))) for i in range(len(lengths))]
+        num_bytes = sum(FileSystems.match([p])[0].metadata_list[0].size_in_bytes for p in paths)
+        split_infos.append(
+            tfds.core.SplitInfo(
+                name=split,
+                shard_lengths=list(lengths),
+                num_bytes=num_bytes,
+                filename_template=tfds.core.ShardedFileTemplate(
+                    data_dir=output_dir,
+                    template="{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}",
+                    dataset_name=name,
+                    split=split,
+                    filetype_suffix="tfrecord",
+                ),
+            )
+        )
+    tfds.folder_dataset.write_metadata(
+        data_dir=output_dir,
+        features=features,
+        split_infos=split_infos,
+        filename_template="{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}",
+        description=description,
+        check_data=False,
+    )
+    # write_metadata names the dataset after the directory; keep the shard name.
+    info_path = os.path.join(output_dir, "dataset_info.json")
+    with FileSystems.open(info_path) as handle:
+        info = json.loads(handle.read())
+    info["name"] = name
+    with FileSystems.create(info_path) as handle:
+        handle.write(json.dumps(info, indent=2).encode("utf-8"))

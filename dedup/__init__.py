@@ -1,0 +1,2 @@
+"""Near-duplicate removal: embedders, index sets, threshold calibration,
+k-means buckets and the bucket join (ALIGN, Appendix A)."""

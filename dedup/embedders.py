@@ -1,0 +1,490 @@
+"""Image embedders for near-duplicate detection, behind one small interface.
+
+ALIGN (Appendix A) embeds every query and index image, then calls a pair a
+near-duplicate when the cosine similarity of the embeddings is above a
+threshold that was *calibrated for that embedding model* (0.975 for theirs).
+A threshold only means something for the embedder it was calibrated on, so
+each embedder carries its own; ``python -m dedup.calibrate`` measures it.
+
+Interface (what the bucket join and the Beam transform use)::
+
+    embedder = dedup.embedders.get("dct")          # or "onnx", "checkpoint"
+    embedder.name, embedder.dim, embedder.threshold
+    vectors = embedder.embed([jpeg_bytes, ...])     # float32 [N, dim]
+    ok = dedup.embedders.valid_rows(vectors)        # bool [N]
+
+Rows are L2-normalised, so cosine similarity is a dot product.
+
+Bad input: ``embed`` never raises for one bad image. An image that does not
+decode (or, for "dct", has no structure at all: a flat colour) gets an
+all-zero row. A zero row has cosine 0 with everything, so it can never be
+above a (positive) threshold: it is never called a near-duplicate. Callers
+that need to know use ``valid_rows``. The pipeline only sends images that
+fully decoded, so in practice zero rows are the flat images.
+
+Embedders are picklable (Beam ships them to workers); heavy runtime state
+(an ONNX session, a restored checkpoint) is created on first use and is not
+pickled.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import math
+from typing import Callable, Dict, Optional, Protocol, Sequence, Tuple, runtime_checkable
+
+import numpy as np
+from PIL import Image, ImageOps
+
+log = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    name: str  # registry name, e.g. "dct"
+    dim: int  # fixed output dimension
+    threshold: float  # calibrated cosine threshold for this embedder
+
+    def embed(self, images: Sequence[bytes]) -> np.ndarray:
+        """Encoded images -> float32 [N, dim], rows L2-normalised (zero row: no descriptor)."""
+        ...
+
+
+class UncalibratedEmbedderError(RuntimeError):
+    """Raised when an embedder's threshold is read before it was calibrated."""
+
+
+def valid_rows(vectors: np.ndarray) -> np.ndarray:
+    """bool [N]: rows that hold a descriptor (zero rows are undecodable/featureless)."""
+    return np.einsum("nd,nd->n", vectors, vectors) > 0.25
+
+
+def l2_normalise(vectors: np.ndarray, min_norm: float = 1e-12) -> np.ndarray:
+    """Row-normalise; rows whose norm is <= min_norm become zero rows."""
+    vectors = np.asarray(vectors, dtype=np.float32)
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    keep = norms > min_norm
+    return np.where(keep, vectors / np.where(keep, norms, 1.0), 0.0).astype(np.float32)
+
+
+# ---------------------------------------------------------------------------
+# Registry
+# ---------------------------------------------------------------------------
+
+_REGISTRY: Dict[str, Callable[..., "ImageEmbedder"]] = {}
+
+
+def register(name: str):
+    def wrap(cls):
+        _REGISTRY[name] = cls
+        cls.name = name
+        return cls
+
+    return wrap
+
+
+def names() -> Tuple[str, ...]:
+    return tuple(sorted(_REGISTRY))
+
+
+def get(name: str = "dct", **kwargs) -> "ImageEmbedder":
+    """Build a registered embedder: ``get("dct")``, ``get("onnx", model_path=...)``,
+    ``get("checkpoint", workdir=...)``. Keyword arguments go to its constructor."""
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown embedder {name!r}; known: {', '.join(names())}")
+    return _REGISTRY[name](**kwargs)
+
+
+# ---------------------------------------------------------------------------
+# Shared machinery
+# ---------------------------------------------------------------------------
+
+
+def open_image(data: bytes) -> Image.Image:
+    """``Image.open`` on bytes; raises on anything PIL cannot identify."""
+    return Image.open(io.BytesIO(data))
+
+
+def _apply_exif_orientation(image: Image.Image) -> Image.Image:
+    # Same orientation the filters use for width/height ("after EXIF
+    # orientation"): a rotated phone photo must embed like its upright copy.
+    try:
+        orientation = image.getexif().get(0x0112, 1)
+    except Exception:  # malformed EXIF is not a reason to lose the image
+        return image
+    return ImageOps.exif_transpose(image) if orientation not in (None, 1) else image
+
+
+def decode_rgb(data: bytes, min_size: int = 0) -> Image.Image:
+    """Decode to RGB after EXIF orientation; JPEGs are DCT-downscaled while
+    decoding (``draft``) to no less than ``min_size`` on each side."""
+    image = open_image(data)
+    if min_size and image.format == "JPEG":
+        image.draft("RGB", (min_size, min_size))
+    image = _apply_exif_orientation(image)
+    return image if image.mode == "RGB" else image.convert("RGB")
+
+
+class ImageEmbedder:
+    """Base class: batching, decode-failure handling, bytes/PIL/array entry points.
+
+    Subclasses implement ``decode`` (bytes -> PIL image, may raise) and
+    ``embed_pil`` (list of decoded PIL images -> float32 [N, dim]).
+    """
+
+    name = "base"
+    batch_size = 256
+    _threshold: Optional[float] = None
+    _threshold_hint = ""
+
+    # -- threshold ---------------------------------------------------------
+    @property
+    def threshold(self) -> float:
+        if self._threshold is None:
+            raise UncalibratedEmbedderError(
+                f"embedder {self.name!r} has no calibrated threshold; pass threshold=... "
+                f"or run `python -m dedup.calibrate --embedder {self.name} ...`{self._threshold_hint}"
+            )
+        return self._threshold
+
+    @threshold.setter
+    def threshold(self, value: Optional[float]) -> None:
+        if value is not None and not 0.0 < float(value) < 1.0:
+            raise ValueError(f"cosine threshold must be in (0, 1), got {value}")
+        self._threshold = None if value is None else float(value)
+
+    @property
+    def is_calibrated(self) -> bool:
+        return self._threshold is not None
+
+    # -- entry points --------------------------------------------------------
+    def decode(self, data: bytes) -> Image.Image:
+        raise NotImplementedError
+
+    def embed_pil(self, images: Sequence[Image.Image]) -> np.ndarray:
+        raise NotImplementedError
+
+    def embed(self, images: Sequence[bytes]) -> np.ndarray:
+        out = np.zeros((len(images), self.dim), np.float32)
+        for start in range(0, len(images), self.batch_size):
+            chunk = images[start : start + self.batch_size]
+            decoded, rows = [], []
+            for offset, data in enumerate(chunk):
+                try:
+                    decoded.append(self.decode(data))
+                    rows.append(start + offset)
+                except Exception as error:  # any decoder failure: zero row, see module doc
+                    log.debug("image %d does not decode: %s", start + offset, error)
+            if decoded:
+                out[rows] = self.embed_pil(decoded)
+        return out
+
+    def embed_arrays(self, images: np.ndarray) -> np.ndarray:
+        """uint8 [N, H, W, 3] (or [N, H, W]) -> float32 [N, dim]."""
+        images = np.asarray(images)
+        if images.dtype != np.uint8:
+            raise ValueError(f"expected uint8 pixels, got {images.dtype}")
+        out = np.zeros((len(images), self.dim), np.float32)
+        for start in range(0, len(images), self.batch_size):
+            chunk = images[start : start + self.batch_size]
+            out[start : start + len(chunk)] = self.embed_pil([Image.fromarray(a) for a in chunk])
+        return out
+
+    # -- pickling: configuration travels, runtime state is rebuilt -----------
+    _runtime_attrs: Tuple[str, ...] = ()
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        for attr in self._runtime_attrs:
+            state[attr] = None
+        return state
+
+    def __repr__(self):
+        threshold = self._threshold if self._threshold is not None else "uncalibrated"
+        return f"{type(self).__name__}(name={self.name!r}, dim={self.dim}, threshold={threshold})"
+
+
+def _read_calibrated_threshold(path: str, embedder_name: str) -> Optional[float]:
+    """The recommended threshold from a ``dedup.calibrate`` report, if the file exists."""
+    from apache_beam.io.filesystems import FileSystems  # gs:// and local alike
+
+    if not FileSystems.exists(path):
+        return None
+    with FileSystems.open(path) as f:
+        report = json.loads(f.read().decode("utf-8"))
+    if report.get("embedder", {}).get("name") != embedder_name:
+        raise ValueError(f"{path} calibrates embedder {report.get('embedder')!r}, not {embedder_name!r}")
+    return float(report["recommended_threshold"])
+
+
+# ---------------------------------------------------------------------------
+# "dct": training-free low-frequency DCT descriptor
+# ---------------------------------------------------------------------------
+
+
+@register("dct")
+class DctEmbedder(ImageEmbedder):
+    """Low-frequency 2-D DCT of a small grayscale thumbnail (pHash without the sign step).
+
+    Decode to ``size`` x ``size`` luma (JPEGs are downscaled inside the decoder
+    with ``draft``, which is what makes this fast), take the orthonormal 2-D
+    DCT, keep the ``block`` x ``block`` lowest frequencies except DC, weight
+    frequency (u, v) by ``(1 + u^2 + v^2) ** (weight_exponent / 2)``, L2-normalise.
+
+    Dropping DC removes the image mean (brightness), L2 removes contrast, and
+    low frequencies survive resizing, JPEG, blur and mild colour changes. The
+    descriptor is not invariant to flips, rotations, crops or padding: the
+    index side adds flipped and centre-cropped copies of every evaluation image
+    instead (see ``dedup.index_sets``), and the calibration report says what is
+    still missed. The image is squashed to a square, so resizes that change the
+    aspect ratio are not covered either.
+    """
+
+    # Calibrated with `python -m dedup.calibrate --embedder dct` (see
+    # benchmarks/RESULTS.md, "Near-duplicate embedding and calibration"):
+    # CALIBRATED_THRESHOLD_PLACEHOLDER
+    DEFAULT_THRESHOLD = 0.9
+
+    def __init__(
+        self,
+        size: int = 32,
+        block: int = 12,
+        weight_exponent: float = 0.0,
+        min_contrast: float = 1.0,
+        threshold: Optional[float] = None,
+        batch_size: int = 512,
+    ):
+        if not 2 <= block <= size:
+            raise ValueError(f"need 2 <= block <= size, got block={block}, size={size}")
+        self.size = int(size)
+        self.block = int(block)
+        self.weight_exponent = float(weight_exponent)
+        # RMS contrast (grey levels, 0..255) of the low-pass thumbnail below
+        # which an image counts as featureless: its "structure" would be JPEG
+        # noise, and every flat image would match every other.
+        self.min_contrast = float(min_contrast)
+        self.batch_size = int(batch_size)
+        self.dim = self.block * self.block - 1
+        self.threshold = self.DEFAULT_THRESHOLD if threshold is None else threshold
+        u, v = np.meshgrid(np.arange(self.block), np.arange(self.block), indexing="ij")
+        weights = (1.0 + u**2 + v**2) ** (self.weight_exponent / 2.0)
+        self._weights = weights.reshape(-1)[1:].astype(np.float32)
+
+    def config(self) -> dict:
+        return {
+            "name": self.name,
+            "size": self.size,
+            "block": self.block,
+            "weight_exponent": self.weight_exponent,
+            "min_contrast": self.min_contrast,
+        }
+
+    def decode(self, data: bytes) -> Image.Image:
+        image = open_image(data)
+        if image.format == "JPEG":
+            # Decode at 1/2, 1/4 or 1/8 scale in the DCT domain, never below size.
+            image.draft("L", (self.size, self.size))
+        image = _apply_exif_orientation(image)
+        return self._thumbnail(image)
+
+    def _thumbnail(self, image: Image.Image) -> Image.Image:
+        if image.mode != "L":
+            image = image.convert("L")
+        if image.size != (self.size, self.size):
+            # BOX = area average: the same thumbnail whatever size the copy has.
+            image = image.resize((self.size, self.size), Image.Resampling.BOX, reducing_gap=3.0)
+        return image
+
+    def embed_pil(self, images: Sequence[Image.Image]) -> np.ndarray:
+        from scipy.fft import dctn
+
+        pixels = np.stack([np.asarray(self._thumbnail(im), np.float32) for im in images])
+        coeffs = dctn(pixels, type=2, norm="ortho", axes=(1, 2))
+        low = coeffs[:, : self.block, : self.block].reshape(len(images), -1)[:, 1:]
+        # Orthonormal DCT: ||AC|| / size is the RMS contrast of the thumbnail.
+        contrast = np.linalg.norm(low, axis=1) / self.size
+        vectors = l2_normalise(low * self._weights)
+        vectors[contrast < self.min_contrast] = 0.0
+        return vectors
+
+
+# ---------------------------------------------------------------------------
+# "checkpoint": the image tower of a trainer checkpoint
+# ---------------------------------------------------------------------------
+
+#: (fn(float32 [B, S, S, 3] in [-1, 1]) -> [B, D] L2-normalised, S)
+ImageEncoder = Tuple[Callable[[np.ndarray], np.ndarray], int]
+
+
+def resize_to_unit_range(images: Sequence[Image.Image], size: int) -> np.ndarray:
+    """RGB PIL images -> float32 [B, size, size, 3] in [-1, 1] (squashed, whole image kept)."""
+    batch = np.empty((len(images), size, size, 3), np.float32)
+    for i, image in enumerate(images):
+        image = image if image.mode == "RGB" else image.convert("RGB")
+        image = image.resize((size, size), Image.Resampling.BILINEAR, reducing_gap=3.0)
+        batch[i] = np.asarray(image, np.float32)
+    return batch / 127.5 - 1.0
+
+
+@register("checkpoint")
+class CheckpointEmbedder(ImageEmbedder):
+    """The image tower of an ALIGN trainer checkpoint, via
+    ``trainer.checkpoint.load_image_encoder(workdir) -> (fn, image_size)``.
+
+    The image is squashed (not centre-cropped) to ``image_size``: a
+    near-duplicate test should see the whole image. Threshold: ``threshold=``,
+    else ``<workdir>/near_duplicate_calibration.json`` written by
+    ``python -m dedup.calibrate --embedder checkpoint --embedder-arg workdir=W
+    --out W/near_duplicate_calibration.json``.
+    """
+
+    CALIBRATION_FILE = "near_duplicate_calibration.json"
+    _runtime_attrs = ("_encoder",)
+
+    def __init__(
+        self,
+        workdir: str = "",
+        threshold: Optional[float] = None,
+        batch_size: int = 64,
+        encoder: Optional[ImageEncoder] = None,
+    ):
+        if not workdir and encoder is None:
+            raise ValueError("checkpoint embedder needs workdir=...")
+        self.workdir = workdir
+        self.batch_size = int(batch_size)
+        self._encoder = encoder
+        self._injected = encoder is not None  # tests inject a fake; it must survive pickling
+        self._dim: Optional[int] = None
+        calibration = f"{workdir.rstrip('/')}/{self.CALIBRATION_FILE}" if workdir else ""
+        self._threshold_hint = f" --out {calibration}" if calibration else ""
+        if threshold is None and calibration:
+            threshold = _read_calibrated_threshold(calibration, self.name)
+        self.threshold = threshold
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        if not self._injected:
+            state["_encoder"] = None
+        return state
+
+    def config(self) -> dict:
+        return {"name": self.name, "workdir": self.workdir}
+
+    def _load(self) -> ImageEncoder:
+        if self._encoder is None:
+            from trainer.checkpoint import load_image_encoder  # lazy: pulls in JAX
+
+            self._encoder = load_image_encoder(self.workdir)
+        return self._encoder
+
+    @property
+    def image_size(self) -> int:
+        return int(self._load()[1])
+
+    @property
+    def dim(self) -> int:
+        if self._dim is None:
+            fn, size = self._load()
+            self._dim = int(np.asarray(fn(np.zeros((1, size, size, 3), np.float32))).shape[-1])
+        return self._dim
+
+    def decode(self, data: bytes) -> Image.Image:
+        return decode_rgb(data, self.image_size)
+
+    def embed_pil(self, images: Sequence[Image.Image]) -> np.ndarray:
+        fn, size = self._load()
+        # Re-normalise: cheap, and the threshold assumes unit rows.
+        return l2_normalise(np.asarray(fn(resize_to_unit_range(images, size))))
+
+
+# ---------------------------------------------------------------------------
+# "onnx": any exported image model (optional extra: onnxruntime)
+# ---------------------------------------------------------------------------
+
+
+@register("onnx")
+class OnnxEmbedder(ImageEmbedder):
+    """An ONNX image model run with onnxruntime (optional extra ``onnx``).
+
+    Input layout (NCHW or NHWC) and image size are read from the model's
+    first input when static. Pixels are scaled to [0, 1], then
+    ``(x - mean) / std`` per channel (default mean=std=0.5, i.e. [-1, 1];
+    ImageNet models want mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)).
+    The first output, flattened per image, is L2-normalised. Threshold:
+    ``threshold=``, else ``<model_path>.calibration.json`` if it exists.
+    """
+
+    _runtime_attrs = ("_session",)
+
+    def __init__(
+        self,
+        model_path: str = "",
+        threshold: Optional[float] = None,
+        image_size: Optional[int] = None,
+        layout: Optional[str] = None,
+        mean: Sequence[float] = (0.5, 0.5, 0.5),
+        std: Sequence[float] = (0.5, 0.5, 0.5),
+        batch_size: int = 32,
+        num_threads: int = 0,
+    ):
+        if not model_path:
+            raise ValueError("onnx embedder needs model_path=...")
+        self.model_path = model_path
+        self.batch_size = int(batch_size)
+        self.num_threads = int(num_threads)
+        self.mean = np.asarray(mean, np.float32)
+        self.std = np.asarray(std, np.float32)
+        self._session = None
+        calibration = f"{model_path}.calibration.json"
+        self._threshold_hint = f" --out {calibration}"
+        if threshold is None:
+            threshold = _read_calibrated_threshold(calibration, self.name)
+        self.threshold = threshold
+        session = self._load()
+        shape = session.get_inputs()[0].shape
+        if layout is None:
+            layout = "NCHW" if len(shape) == 4 and shape[1] == 3 else "NHWC"
+        if layout not in ("NCHW", "NHWC"):
+            raise ValueError(f"layout must be NCHW or NHWC, got {layout!r}")
+        self.layout = layout
+        spatial = shape[2] if layout == "NCHW" else shape[1]
+        if image_size is None:
+            if not isinstance(spatial, int):
+                raise ValueError(f"{model_path} has a dynamic image size; pass image_size=...")
+            image_size = spatial
+        self.image_size = int(image_size)
+        self.dim = int(np.prod(self._run(np.zeros((1, self.image_size, self.image_size, 3), np.float32)).shape[1:]))
+
+    def config(self) -> dict:
+        return {"name": self.name, "model_path": self.model_path, "image_size": self.image_size, "layout": self.layout}
+
+    def _load(self):
+        if self._session is None:
+            import onnxruntime as ort
+            from apache_beam.io.filesystems import FileSystems
+
+            with FileSystems.open(self.model_path) as f:
+                model = f.read()
+            options = ort.SessionOptions()
+            if self.num_threads:
+                options.intra_op_num_threads = self.num_threads
+            self._session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+        return self._session
+
+    def _run(self, unit: np.ndarray) -> np.ndarray:
+        """unit: float32 [B, S, S, 3] in [0, 1]."""
+        x = (unit - self.mean) / self.std
+        if self.layout == "NCHW":
+            x = x.transpose(0, 3, 1, 2)
+        session = self._load()
+        out = session.run(None, {session.get_inputs()[0].name: np.ascontiguousarray(x, np.float32)})[0]
+        return np.asarray(out).reshape(len(unit), -1)
+
+    def decode(self, data: bytes) -> Image.Image:
+        return decode_rgb(data, self.image_size)
+
+    def embed_pil(self, images: Sequence[Image.Image]) -> np.ndarray:
+        unit = (resize_to_unit_range(images, self.image_size) + 1.0) / 2.0
+        return l2_normalise(self._run(unit))

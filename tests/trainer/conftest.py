@@ -1,0 +1,180 @@
+"""Shared trainer fixtures: a tiny corpus in the shard format, a tiny eval folder.
+
+``tiny_corpus`` is a TFDS-layout directory written exactly as the pipeline
+writes it (``pipeline.schema.FEATURES`` encoded as ``tf.train.Example``, file
+names from ``pipeline.schema.shard_filename``), filled with procedurally drawn
+scenes (one coloured shape on a plain background) and alt-texts describing
+them, plus a ``vocab.txt`` learned from those alt-texts by ``trainer.vocab``.
+
+Layout (all numbers are module constants so tests can assert against them):
+  train:      64 pairs in 3 shards of unequal size (22, 21, 21)
+  validation: 16 pairs in 2 shards (8, 8)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+
+import numpy as np
+import pytest
+from PIL import Image, ImageDraw
+
+from pipeline import schema
+
+CORPUS_NAME = "tiny_corpus"
+SPLIT_SIZES = {"train": 64, "validation": 16}
+SPLIT_NUM_SHARDS = {"train": 3, "validation": 2}
+TINY_VOCAB_SIZE = 200
+
+SHAPES = ("circle", "square", "triangle")
+COLOURS = {
+    "red": (220, 30, 30),
+    "green": (30, 170, 60),
+    "blue": (30, 60, 220),
+    "yellow": (235, 215, 40),
+    "purple": (140, 40, 170),
+    "orange": (245, 140, 20),
+}
+BACKGROUNDS = {"white": (245, 245, 245), "grey": (128, 128, 128), "black": (15, 15, 15)}
+CAPTION_TEMPLATES = (
+    "a {size} {colour} {shape} on a {background} background",
+    "{colour} {shape}",
+    "photo of a {colour} {shape}",
+    "a {colour} {shape} drawn on {background}",
+    "simple {size} {shape} in {colour}",
+)
+
+EVAL_SPLIT_SIZES = {"train": 4, "test": 3}  # images per class
+
+
+def draw_shape(shape, colour, background, width, height, rng, scale=(0.3, 0.45)):
+    """One RGB scene: a filled shape roughly centred on a plain background."""
+    image = Image.new("RGB", (width, height), background)
+    draw = ImageDraw.Draw(image)
+    half = rng.uniform(*scale) * min(width, height)
+    cx = width / 2 + rng.uniform(-0.1, 0.1) * width
+    cy = height / 2 + rng.uniform(-0.1, 0.1) * height
+    box = (cx - half, cy - half, cx + half, cy + half)
+    if shape == "circle":
+        draw.ellipse(box, fill=colour)
+    elif shape == "square":
+        draw.rectangle(box, fill=colour)
+    elif shape == "triangle":
+        draw.polygon([(cx, cy - half), (cx + half, cy + half), (cx - half, cy + half)], fill=colour)
+    else:
+        raise ValueError(shape)
+    return image, half
+
+
+def encode_example(record: dict) -> bytes:
+    """A ``tf.train.Example`` holding exactly ``pipeline.schema.FEATURES``."""
+    import tensorflow as tf
+
+    feature = {}
+    for name, (_, dtype, _) in schema.FEATURES.items():
+        value = record[name]
+        if dtype == "string":
+            value = value if isinstance(value, bytes) else value.encode("utf-8")
+            feature[name] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
+        else:
+            feature[name] = tf.train.Feature(int64_list=tf.train.Int64List(value=[int(value)]))
+    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+
+def write_split(data_dir, name, split, records, num_shards):
+    """Writes ``records`` as ``num_shards`` contiguous TFRecord shards; returns shard lengths."""
+    import tensorflow as tf
+
+    lengths = []
+    for index, chunk in enumerate(np.array_split(np.arange(len(records)), num_shards)):
+        path = os.path.join(data_dir, schema.shard_filename(name, split, index, num_shards))
+        with tf.io.TFRecordWriter(path) as writer:
+            for i in chunk:
+                writer.write(encode_example(records[i]))
+        lengths.append(len(chunk))
+    return lengths
+
+
+def write_dataset_info(data_dir, name, shard_lengths):
+    """The subset of TFDS's dataset_info.json the trainer reads (split shard lengths)."""
+    info = {
+        "name": name,
+        "version": "1.0.0",
+        "fileFormat": "tfrecord",
+        "splits": [
+            {
+                "name": split,
+                "shardLengths": [str(n) for n in lengths],
+                "filepathTemplate": "{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}",
+            }
+            for split, lengths in shard_lengths.items()
+        ],
+    }
+    with open(os.path.join(data_dir, "dataset_info.json"), "w") as f:
+        json.dump(info, f, indent=2)
+
+
+def make_scene_record(rng, split, index):
+    shape = SHAPES[index % len(SHAPES)]
+    colour = list(COLOURS)[rng.integers(len(COLOURS))]
+    background = list(BACKGROUNDS)[rng.integers(len(BACKGROUNDS))]
+    width, height = int(rng.integers(64, 113)), int(rng.integers(56, 97))
+    image, half = draw_shape(shape, COLOURS[colour], BACKGROUNDS[background], width, height, rng)
+    size = "large" if half > 0.38 * min(width, height) else "small"
+    template = CAPTION_TEMPLATES[rng.integers(len(CAPTION_TEMPLATES))]
+    text = template.format(size=size, colour=colour, shape=shape, background=background)
+    buffer = io.BytesIO()
+    image.save(buffer, format="JPEG", quality=90)
+    jpeg = buffer.getvalue()
+    url = f"https://example.com/{split}/{index}.jpg"
+    return {
+        "image": jpeg,
+        "texts": text,
+        "key": schema.make_key(url, text),
+        "url": url,
+        "width": width,
+        "height": height,
+        "original_width": width,
+        "original_height": height,
+        "sha256": hashlib.sha256(jpeg).hexdigest(),
+        "phash": f"{int(rng.integers(2**63)):016x}",
+    }
+
+
+@pytest.fixture(scope="session")
+def tiny_corpus(tmp_path_factory):
+    """Path (str) of a tiny shard directory with train/validation splits and vocab.txt."""
+    from trainer.vocab import build_vocab
+
+    data_dir = str(tmp_path_factory.mktemp(CORPUS_NAME))
+    rng = np.random.default_rng(0)
+    shard_lengths = {}
+    for split, size in SPLIT_SIZES.items():
+        records = [make_scene_record(rng, split, i) for i in range(size)]
+        shard_lengths[split] = write_split(data_dir, CORPUS_NAME, split, records, SPLIT_NUM_SHARDS[split])
+    write_dataset_info(data_dir, CORPUS_NAME, shard_lengths)
+    build_vocab(data_dir, TINY_VOCAB_SIZE)
+    return data_dir
+
+
+@pytest.fixture(scope="session")
+def tiny_eval_folder(tmp_path_factory):
+    """Root (str) of ``{train,test}/<shape>/*.png``: the sample corpus's eval layout.
+
+    Shapes are large and centred so they survive a resize + central crop.
+    """
+    root = tmp_path_factory.mktemp("tiny_eval")
+    rng = np.random.default_rng(1)
+    for split, per_class in EVAL_SPLIT_SIZES.items():
+        for shape in SHAPES:
+            class_dir = root / split / shape
+            class_dir.mkdir(parents=True)
+            for i in range(per_class):
+                colour = list(COLOURS.values())[rng.integers(len(COLOURS))]
+                background = list(BACKGROUNDS.values())[rng.integers(len(BACKGROUNDS))]
+                image, _ = draw_shape(shape, colour, background, 64, 64, rng, scale=(0.25, 0.32))
+                image.save(class_dir / f"{i:03d}.png")
+    return str(root)

@@ -1,0 +1,105 @@
+"""WordPiece vocabulary learned from the corpus's own alt-texts.
+
+ALIGN trains BERT from scratch with a 100k wordpiece vocabulary "generated
+from the training dataset"; small corpora get proportionally smaller ones.
+The vocabulary is learned with tensorflow-text's BERT vocabulary learner (the
+same word splitting and lower-casing the tokenizer applies later, so the two
+cannot disagree), fully offline, and written as ``<data_dir>/vocab.txt``, one
+token per line, line number = token id.
+
+    python -m trainer.vocab --data_dir DIR --vocab_size 100000 [--split train]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Optional, Sequence
+
+#: Fixed ids: [PAD] must be 0 because the tokenizer pads with 0 and the text
+#: encoder derives its attention mask from ``ids != 0``.
+RESERVED_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+PAD, UNK, CLS, SEP, MASK = RESERVED_TOKENS
+
+#: Shared with ``trainer.tokenizer`` so vocabulary and tokenizer split and
+#: normalise words identically.
+BERT_TOKENIZER_PARAMS = {"lower_case": True}
+
+VOCAB_FILENAME = "vocab.txt"
+
+
+def learn_vocab(texts, vocab_size: int, min_count: int = 2) -> list[str]:
+    """Learns a wordpiece vocabulary from a ``tf.data.Dataset`` of strings.
+
+    ``min_count`` is the lowest word frequency the learner's threshold search
+    may go down to (the library default of 10 leaves a small corpus with
+    little more than single characters); words seen once in noisy alt-text
+    are mostly junk, so it stays at 2.
+    """
+    from tensorflow_text.tools.wordpiece_vocab import bert_vocab_from_dataset as bert_vocab
+
+    vocab = bert_vocab.bert_vocab_from_dataset(
+        texts.batch(1024).prefetch(2),
+        vocab_size=vocab_size,
+        reserved_tokens=list(RESERVED_TOKENS),
+        bert_tokenizer_params=BERT_TOKENIZER_PARAMS,
+        learn_params={"lower_thresh": min_count},
+    )
+    # The learner puts reserved tokens first, in order; the tokenizer relies on
+    # it ([PAD] = 0), so check rather than trust.
+    if tuple(vocab[: len(RESERVED_TOKENS)]) != RESERVED_TOKENS:
+        raise RuntimeError(f"reserved tokens not at the start of the vocabulary: {vocab[:8]}")
+    return vocab
+
+
+def build_vocab(
+    data_dir: str,
+    vocab_size: int,
+    split: str = "train",
+    *,
+    min_count: int = 2,
+    max_texts: Optional[int] = None,
+    output_path: Optional[str] = None,
+) -> str:
+    """Learns the vocabulary of ``split``'s alt-texts; returns the vocab path.
+
+    ``max_texts`` bounds how many alt-texts are counted (word counting runs in
+    this one process; a few million texts already pin down a 100k vocabulary).
+    Works for local and ``gs://`` directories.
+    """
+    import tensorflow as tf
+
+    from trainer.input_pipeline import read_texts
+
+    texts = read_texts(data_dir, split)
+    if max_texts is not None:
+        texts = texts.take(max_texts)
+    vocab = learn_vocab(texts, vocab_size, min_count=min_count)
+    path = output_path or os.path.join(data_dir, VOCAB_FILENAME)
+    with tf.io.gfile.GFile(path, "w") as f:
+        f.write("".join(token + "\n" for token in vocab))
+    return path
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data_dir", required=True, help="shard directory (local or gs://)")
+    parser.add_argument("--vocab_size", type=int, required=True, help="target size (ALIGN: 100000)")
+    parser.add_argument("--split", default="train")
+    parser.add_argument("--min_count", type=int, default=2)
+    parser.add_argument("--max_texts", type=int, default=None)
+    parser.add_argument("--output", default=None, help="default: <data_dir>/vocab.txt")
+    args = parser.parse_args(argv)
+    path = build_vocab(
+        args.data_dir,
+        args.vocab_size,
+        args.split,
+        min_count=args.min_count,
+        max_texts=args.max_texts,
+        output_path=args.output,
+    )
+    print(path)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,278 @@
+"""Whole-corpus frequency filters as Beam composites (ALIGN section 3, CC12M section 2).
+
+``ApplyCorpusFilters`` runs three stages over the records that passed every
+per-record stage, in this order (``filters.stages``), each over the
+survivors of the one before:
+
+1. ``texts_per_image``: an image with more than ``max_texts_per_image``
+   distinct alt-texts loses every pair ("images with more than 1000
+   associated alt-texts are discarded").
+2. ``images_per_text``: an alt-text shared by more than
+   ``max_images_per_text`` distinct images loses every pair ("alt-texts that
+   are shared by more than 10 images", e.g. "1920x1080", "alt_img").
+3. ``rare_ngrams``: see ``filters.ngram_vocab``.
+
+Identities. An *image* is its perceptual hash (``image_identity="phash"``:
+re-encoded or resized copies of one picture count as one image) or its
+sha256 (``"sha256"``: byte-identical copies only); a record without that
+hash falls back to its sha256, then to its own key (an image of its own).
+An *alt-text* is ``normalize_text(text).casefold()``: "Alt IMG" and "alt img"
+are one alt-text, for both counts.
+
+Records and keys. The unit is a record (a row). A key is normally one
+record; if the same key arrives twice (the same url and alt-text read
+twice) both rows are counted like any other rows, and the key is reported
+once, with the reason of the earliest stage that rejected any of its rows.
+
+Scale. Distinct counts are ``CombinePerKey`` with sets capped at
+threshold + 1 (the rule only needs "more than the threshold", so a state is
+never bigger than that, however hot the image or alt-text); the verdict is
+joined back to the records with ``CoGroupByKey``. The histograms are over
+those capped counts, so their last bin reads "more than the threshold".
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from typing import List
+
+import apache_beam as beam
+from apache_beam.metrics import Metrics
+
+from filters import stages
+from filters.ngram_vocab import METRICS_NAMESPACE, RARE_NGRAM, DropRareNgrams
+from filters.text import normalize_text
+
+TOO_MANY_TEXTS = stages.reason("texts_per_image", "too_many_texts")
+SHARED_TEXT = stages.reason("images_per_text", "shared_text")
+# First stage wins, in this order.
+REASONS = (TOO_MANY_TEXTS, SHARED_TEXT, RARE_NGRAM)
+IMAGE_IDENTITIES = ("phash", "sha256")
+
+
+# ---------------------------------------------------------------------------
+# Pure functions
+# ---------------------------------------------------------------------------
+
+
+def text_identity(text: str) -> str:
+    return normalize_text(text).casefold()
+
+
+def image_identity(row, identity: str) -> str:
+    """``row = (key, sha256, phash, text)`` -> the image it counts as."""
+    key, sha256, phash = row[0], row[1], row[2]
+    chosen = phash if identity == "phash" else sha256
+    # phash is 16 hex digits, sha256 64 and keys carry a prefix: no collisions.
+    return chosen or sha256 or "key:" + key
+
+
+def log2_edges(limit: int) -> List[int]:
+    """Histogram edges for counts capped at ``limit + 1``: powers of two, then the cap.
+
+    Bins are [edges[i], edges[i+1]); the last bin, [limit+1, limit+2), holds
+    exactly the groups over the limit.
+    """
+    edges, e = [], 1
+    while e < limit + 1:
+        edges.append(e)
+        e *= 2
+    return edges + [limit + 1, limit + 2]
+
+
+def histogram_bin(value: int, edges: List[int]) -> int:
+    for i in range(len(edges) - 1):
+        if edges[i] <= value < edges[i + 1]:
+            return i
+    raise ValueError(f"{value} outside histogram edges {edges}")
+
+
+def _image_then_text(identity, row):
+    return image_identity(row, identity), (text_identity(row[3]), row)
+
+
+def _text_then_image(identity, row):
+    return text_identity(row[3]), (image_identity(row, identity), row)
+
+
+# ---------------------------------------------------------------------------
+# Combiners
+# ---------------------------------------------------------------------------
+
+
+class CappedDistinctCountFn(beam.CombineFn):
+    """Number of distinct values, saturating at ``cap``: min(distinct, cap).
+
+    Any subset of ``cap`` distinct values is as good as any other once the
+    cap is reached, so truncating a merged set never changes the result.
+    """
+
+    def __init__(self, cap: int):
+        self.cap = cap
+
+    def create_accumulator(self):
+        return set()
+
+    def add_input(self, acc, value):
+        if len(acc) < self.cap:
+            acc.add(value)
+        return acc
+
+    def merge_accumulators(self, accs):
+        merged = set()
+        for acc in accs:
+            if len(merged) >= self.cap:
+                break
+            merged |= acc
+        if len(merged) > self.cap:
+            merged = set(itertools.islice(merged, self.cap))
+        return merged
+
+    def extract_output(self, acc):
+        return len(acc)
+
+
+class HistogramFn(beam.CombineFn):
+    """Counts -> ``{"edges": [...], "counts": [...]}`` over fixed edges."""
+
+    def __init__(self, edges: List[int]):
+        self.edges = list(edges)
+
+    def create_accumulator(self):
+        return [0] * (len(self.edges) - 1)
+
+    def add_input(self, acc, value):
+        acc[histogram_bin(value, self.edges)] += 1
+        return acc
+
+    def merge_accumulators(self, accs):
+        return [sum(col) for col in zip(*accs)]
+
+    def extract_output(self, acc):
+        return {"edges": self.edges, "counts": acc}
+
+
+# ---------------------------------------------------------------------------
+# Transforms
+# ---------------------------------------------------------------------------
+
+
+class _SplitGroupsOverLimit(beam.DoFn):
+    def __init__(self, limit: int, reason: str, metric: str):
+        self.limit = limit
+        self.reason = reason
+        self.metric = metric
+        self.distribution = Metrics.distribution(METRICS_NAMESPACE, metric)
+
+    def process(self, joined):
+        _, sides = joined
+        (count,) = sides["count"]
+        self.distribution.update(count)
+        if count > self.limit:
+            for row in sides["rows"]:
+                yield beam.pvalue.TaggedOutput("rejected", (row[0], self.reason))
+        else:
+            yield from sides["rows"]
+
+
+class DropSharedGroups(beam.PTransform):
+    """Drop every row of a group with more than ``limit`` distinct members.
+
+    ``group_and_member(row) -> (group, (member, row))`` names the group (an
+    image, or an alt-text) and what is counted in it (alt-texts, or images).
+    Returns ``{"survivors", "rejected": (key, reason), "histogram": one dict}``.
+    """
+
+    def __init__(self, group_and_member, limit: int, reason: str, metric: str, label=None):
+        super().__init__(label)
+        self.group_and_member = group_and_member
+        self.limit = limit
+        self.reason = reason
+        self.metric = metric
+
+    def expand(self, rows):
+        keyed = rows | "ByGroup" >> beam.Map(self.group_and_member)
+        counts = (
+            keyed
+            | "Members" >> beam.MapTuple(lambda group, member_row: (group, member_row[0]))
+            | "CountDistinct" >> beam.CombinePerKey(CappedDistinctCountFn(self.limit + 1)))
+        split = (
+            {"rows": keyed | "Rows" >> beam.MapTuple(lambda group, member_row: (group, member_row[1])),
+             "count": counts}
+            | "JoinCounts" >> beam.CoGroupByKey()
+            | "Split" >> beam.ParDo(_SplitGroupsOverLimit(self.limit, self.reason, self.metric))
+            .with_outputs("rejected", main="survivors"))
+        histogram = (
+            counts
+            | "Counts" >> beam.Values()
+            | "Histogram" >> beam.CombineGlobally(HistogramFn(log2_edges(self.limit))))
+        return {"survivors": split.survivors, "rejected": split.rejected, "histogram": histogram}
+
+
+class _CountReason(beam.DoFn):
+    def __init__(self):
+        self.counters = {r: Metrics.counter(METRICS_NAMESPACE, r) for r in REASONS}
+
+    def process(self, key_stage):
+        key, stage = key_stage
+        reason = REASONS[stage]
+        self.counters[reason].inc()
+        yield key, reason
+
+
+class FirstReasonPerKey(beam.PTransform):
+    """``(key, reason)`` with repeats -> one ``(key, reason)`` per key, earliest stage."""
+
+    def expand(self, rejected):
+        return (
+            rejected
+            | "StageIndex" >> beam.MapTuple(lambda key, reason: (key, REASONS.index(reason)))
+            | "Earliest" >> beam.CombinePerKey(min)
+            | "CountReasons" >> beam.ParDo(_CountReason()))
+
+
+class ApplyCorpusFilters(beam.PTransform):
+    """The whole-corpus frequency filters of a preset.
+
+    Input ``{"survivors": (key, sha256, phash, text), "all_texts": str}``:
+    the records that passed every per-record stage (no image bytes), and the
+    normalised alt-text of every input record that had one. Output
+    ``{"rejected": (key, reason), "stats": (name, json_value)}`` with each key
+    at most once (first stage wins) and the stats ``count_of_counts``,
+    ``texts_per_image`` and ``images_per_text``.
+
+    ``hot_key_fanout`` and ``frequent_ngrams`` tune ``DropRareNgrams``; they
+    never change the result.
+    """
+
+    def __init__(self, preset, label_prefix: str = "", *, hot_key_fanout: int = 8, frequent_ngrams: int = 10_000):
+        super().__init__()
+        if preset.image_identity not in IMAGE_IDENTITIES:
+            raise ValueError(f"image_identity must be one of {IMAGE_IDENTITIES}, got {preset.image_identity!r}")
+        self.preset = preset
+        self.label_prefix = label_prefix
+        self.hot_key_fanout = hot_key_fanout
+        self.frequent_ngrams = frequent_ngrams
+
+    def expand(self, pcolls):
+        preset, p = self.preset, self.label_prefix
+        per_image = pcolls["survivors"] | f"{p}TextsPerImage" >> DropSharedGroups(
+            functools.partial(_image_then_text, preset.image_identity),
+            preset.max_texts_per_image, TOO_MANY_TEXTS, "texts_per_image")
+        per_text = per_image["survivors"] | f"{p}ImagesPerText" >> DropSharedGroups(
+            functools.partial(_text_then_image, preset.image_identity),
+            preset.max_images_per_text, SHARED_TEXT, "images_per_text")
+        rare = {"survivors": per_text["survivors"], "all_texts": pcolls["all_texts"]} | (
+            f"{p}RareNgrams" >> DropRareNgrams(
+                preset, hot_key_fanout=self.hot_key_fanout, frequent_ngrams=self.frequent_ngrams))
+        rejected = (
+            (per_image["rejected"], per_text["rejected"], rare["rejected"])
+            | f"{p}AllRejected" >> beam.Flatten()
+            | f"{p}FirstReason" >> FirstReasonPerKey())
+        histograms = (
+            per_image["histogram"] | f"{p}NameTextsPerImage" >> beam.Map(lambda h: ("texts_per_image", h)),
+            per_text["histogram"] | f"{p}NameImagesPerText" >> beam.Map(lambda h: ("images_per_text", h)),
+        )
+        stats = (rare["stats"],) + histograms | f"{p}AllStats" >> beam.Flatten()
+        return {"rejected": rejected, "stats": stats}

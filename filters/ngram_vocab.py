@@ -1,0 +1,228 @@
+"""The rare n-gram filter: an n-gram vocabulary over all raw alt-texts, joined.
+
+ALIGN section 3 drops alt-texts that contain "any rare token (outside of 100
+million most frequent unigrams and bigrams from the raw dataset)"; CC12M
+section 2 counts a word type as rare below 20 occurrences. Both are one rule
+here:
+
+- **What is counted.** The unigrams and bigrams of ``filters.text.ngrams``
+  (the same tokenisation as the word-count rule) of *every* input alt-text,
+  before any filter (``all_texts``: one element per record, so a caption read
+  twice counts twice). Every *occurrence* counts: "a cat and a dog" adds 2 to
+  "a". This is token frequency, the sense of "most frequent unigrams" and of
+  CC3M's "occurrences".
+- **The vocabulary.** An n-gram is in the vocabulary iff its count is at least
+  the *cut count*: with ``vocab_size = K > 0`` the cut is the K-th largest
+  count, and *every* n-gram whose count equals it is kept (ties at the cut are
+  never broken arbitrarily, so the vocabulary may exceed K; if there are fewer
+  than K distinct n-grams, all are kept); with ``min_ngram_count = C > 0`` the
+  cut is C; if both are set both must hold (cut = max of the two); if neither,
+  the stage is disabled and rejects nothing.
+- **The check.** A surviving alt-text is rejected if any of its n-grams is
+  outside the vocabulary. An alt-text without n-grams has none outside it.
+
+Scale: the n-gram table is a ``CombinePerKey(sum)`` (hot unigrams fanned out);
+the cut comes from a count-of-counts histogram (count value -> number of
+n-grams with that count; its size is bounded by the number of distinct count
+values, about sqrt(2 * occurrences)) walked from the top, passed as a
+singleton side input. Membership is a ``CoGroupByKey`` of (n-gram, record
+key) against the vocabulary (the table restricted to count >= cut), never a
+side input of the vocabulary. The only other side input is optional and
+bounded by construction: the ``frequent_ngrams`` most frequent n-grams, whose
+pairs are known to be in the vocabulary and skip the join; they are exactly
+the hottest join keys ("a", "of", "the"), which would otherwise each land on
+one worker.
+"""
+
+from __future__ import annotations
+
+import collections
+import operator
+from typing import Dict, Iterable, Optional
+
+import apache_beam as beam
+from apache_beam.metrics import Metrics
+
+from filters import stages
+from filters.text import ngrams
+
+RARE_NGRAM = stages.reason("rare_ngrams", "rare_ngram")
+METRICS_NAMESPACE = "filters"
+# Above this many distinct count values, the count-of-counts stat is bucketed
+# by powers of two (the exact table is still what the cut is computed from).
+MAX_EXACT_COUNT_OF_COUNTS = 64
+
+
+def vocabulary_enabled(preset) -> bool:
+    return preset.vocab_size > 0 or preset.min_ngram_count > 0
+
+
+def vocabulary_cut(count_of_counts: Dict[int, int], vocab_size: int, min_ngram_count: int) -> int:
+    """Smallest count an n-gram needs to be in the vocabulary (0: no vocabulary rule).
+
+    ``count_of_counts`` maps a count value to the number of n-grams with that
+    count. Walking it from the largest count down, the cut for ``vocab_size``
+    is the count at which the running number of n-grams first reaches K, so
+    all n-grams tied at the K-th largest count are kept.
+    """
+    cut = 0
+    if vocab_size > 0:
+        cut = 1  # fewer than K distinct n-grams: every seen n-gram is kept
+        seen = 0
+        for count in sorted(count_of_counts, reverse=True):
+            seen += count_of_counts[count]
+            if seen >= vocab_size:
+                cut = count
+                break
+    if min_ngram_count > 0:
+        cut = max(cut, min_ngram_count)
+    return cut
+
+
+def count_of_counts_summary(count_of_counts: Dict[int, int], cut: int, preset) -> dict:
+    """The ``count_of_counts`` stat: JSON-ready (string keys), log2-bucketed if large.
+
+    ``counts`` maps a count (as a string) to the number of n-grams with that
+    count; when bucketed (``bucketing == "log2"``) a key ``"2**k"`` is written
+    as its lower edge 2**k and covers counts in [2**k, 2**(k+1)).
+    """
+    if len(count_of_counts) <= MAX_EXACT_COUNT_OF_COUNTS:
+        bucketing = "exact"
+        table = {str(c): n for c, n in sorted(count_of_counts.items())}
+    else:
+        bucketing = "log2"
+        buckets = collections.Counter()
+        for c, n in count_of_counts.items():
+            buckets[1 << (c.bit_length() - 1)] += n
+        table = {str(c): n for c, n in sorted(buckets.items())}
+    return {
+        "counts": table,
+        "bucketing": bucketing,
+        "cut_count": cut,
+        "vocab_size": sum(n for c, n in count_of_counts.items() if c >= cut) if cut > 0 else 0,
+        "vocab_size_limit": preset.vocab_size,
+        "min_ngram_count": preset.min_ngram_count,
+        "num_ngrams": sum(count_of_counts.values()),
+        "num_occurrences": sum(c * n for c, n in count_of_counts.items()),
+    }
+
+
+def ngram_occurrences(text: str):
+    """``(n-gram, occurrences in text)``: pre-summed so a repeated n-gram is one element."""
+    return collections.Counter(ngrams(text)).items()
+
+
+def ngram_record_pairs(row, known_in_vocabulary: Iterable[str] = ()):
+    """``(n-gram, key)`` once per distinct n-gram of the record, minus known-frequent ones."""
+    key, text = row[0], row[3]
+    for gram in set(ngrams(text)).difference(known_in_vocabulary):
+        yield gram, key
+
+
+class CountOfCountsFn(beam.CombineFn):
+    """n-gram counts -> {count: number of n-grams with that count}."""
+
+    def create_accumulator(self):
+        return {}
+
+    def add_input(self, acc, count):
+        acc[count] = acc.get(count, 0) + 1
+        return acc
+
+    def merge_accumulators(self, accs):
+        accs = iter(accs)
+        merged = next(accs)
+        for acc in accs:
+            for count, n in acc.items():
+                merged[count] = merged.get(count, 0) + n
+        return merged
+
+    def extract_output(self, acc):
+        return acc
+
+
+class UnigramFanout:
+    """Hot-key fanout for the n-gram counts: unigrams are the Zipf head.
+
+    The most frequent unigrams ("a", "the", "of") occur in a large fraction of
+    all alt-texts, far more often than any bigram; spreading only them keeps
+    the extra shuffle stage off the (much larger, much colder) bigram table.
+    """
+
+    def __init__(self, fanout: int):
+        self.fanout = fanout
+
+    def __call__(self, gram: str) -> int:
+        return 1 if " " in gram else self.fanout
+
+
+def _frequent_in_vocabulary(top, cut):
+    return frozenset(gram for gram, count in top if count >= cut)
+
+
+def _keys_outside_vocabulary(joined):
+    gram, sides = joined
+    if not sides["vocabulary"]:
+        for key in sides["records"]:
+            yield key, RARE_NGRAM
+
+
+class DropRareNgrams(beam.PTransform):
+    """``{"survivors": rows, "all_texts": texts}`` -> ``{"rejected", "stats"}``.
+
+    ``rejected`` is ``(key, "rare_ngrams/rare_ngram")``, once per rare n-gram
+    of the record (the caller deduplicates keys across stages); ``stats`` is
+    one ``("count_of_counts", summary)``.
+    """
+
+    def __init__(self, preset, hot_key_fanout: int = 8, frequent_ngrams: int = 10_000, label: Optional[str] = None):
+        super().__init__(label)
+        self.preset = preset
+        self.hot_key_fanout = hot_key_fanout
+        self.frequent_ngrams = frequent_ngrams
+
+    def expand(self, pcolls):
+        survivors, all_texts = pcolls["survivors"], pcolls["all_texts"]
+        preset = self.preset
+        if not vocabulary_enabled(preset):
+            pipeline = survivors.pipeline
+            stats = pipeline | "NoVocabularyStats" >> beam.Create(
+                [("count_of_counts", {"disabled": True, "cut_count": 0, "vocab_size": 0})])
+            rejected = pipeline | "NoRejections" >> beam.Create([])
+            return {"rejected": rejected, "stats": stats}
+
+        count = beam.CombinePerKey(sum)
+        if self.hot_key_fanout > 1:
+            count = count.with_hot_key_fanout(UnigramFanout(self.hot_key_fanout))
+        ngram_counts = (
+            all_texts
+            | "Occurrences" >> beam.FlatMap(ngram_occurrences)
+            | "CountNgrams" >> count)
+        count_of_counts = (
+            ngram_counts
+            | "Counts" >> beam.Values()
+            | "CountOfCounts" >> beam.CombineGlobally(CountOfCountsFn()))
+        cut = count_of_counts | "CutCount" >> beam.Map(
+            vocabulary_cut, preset.vocab_size, preset.min_ngram_count)
+        cut_side = beam.pvalue.AsSingleton(cut)
+        vocabulary = ngram_counts | "InVocabulary" >> beam.Filter(
+            lambda gram_count, cut: gram_count[1] >= cut, cut=cut_side)
+
+        if self.frequent_ngrams > 0:
+            frequent = (
+                vocabulary
+                | "MostFrequent" >> beam.combiners.Top.Of(self.frequent_ngrams, key=operator.itemgetter(1))
+                | "FrequentInVocabulary" >> beam.Map(_frequent_in_vocabulary, cut=cut_side))
+            pairs = survivors | "NgramKeyPairs" >> beam.FlatMap(
+                ngram_record_pairs, known_in_vocabulary=beam.pvalue.AsSingleton(frequent))
+        else:
+            pairs = survivors | "NgramKeyPairs" >> beam.FlatMap(ngram_record_pairs)
+
+        rejected = (
+            {"vocabulary": vocabulary, "records": pairs}
+            | "JoinVocabulary" >> beam.CoGroupByKey()
+            | "OutsideVocabulary" >> beam.FlatMap(_keys_outside_vocabulary))
+        stats = count_of_counts | "Summary" >> beam.Map(
+            lambda coc, cut, preset: ("count_of_counts", count_of_counts_summary(coc, cut, preset)),
+            cut=cut_side, preset=preset)
+        return {"rejected": rejected, "stats": stats}

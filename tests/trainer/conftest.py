@@ -1,8 +1,10 @@
 """Shared trainer fixtures: a tiny corpus in the shard format, a tiny eval folder.
 
-``tiny_corpus`` is a TFDS-layout directory written exactly as the pipeline
-writes it (``pipeline.schema.FEATURES`` encoded as ``tf.train.Example``, file
-names from ``pipeline.schema.shard_filename``), filled with procedurally drawn
+``tiny_corpus`` is a TFDS-layout directory written with the pipeline's own
+pieces (``pipeline.tfrecord`` Examples of ``pipeline.schema.FEATURES``, file
+names from ``pipeline.schema.shard_filename``, ``dataset_info.json`` and
+``features.json`` from ``pipeline.write.write_tfds_metadata``; so
+``tfds.builder_from_directory`` loads it), filled with procedurally drawn
 scenes (one coloured shape on a plain background) and alt-texts describing
 them, plus a ``vocab.txt`` learned from those alt-texts by ``trainer.vocab``.
 
@@ -15,14 +17,13 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import os
 
 import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
-from pipeline import schema
+from pipeline import schema, tfrecord
 
 CORPUS_NAME = "tiny_corpus"
 SPLIT_SIZES = {"train": 64, "validation": 16}
@@ -69,52 +70,15 @@ def draw_shape(shape, colour, background, width, height, rng, scale=(0.3, 0.45))
     return image, half
 
 
-def encode_example(record: dict) -> bytes:
-    """A ``tf.train.Example`` holding exactly ``pipeline.schema.FEATURES``."""
-    import tensorflow as tf
-
-    feature = {}
-    for name, (_, dtype, _) in schema.FEATURES.items():
-        value = record[name]
-        if dtype == "string":
-            value = value if isinstance(value, bytes) else value.encode("utf-8")
-            feature[name] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
-        else:
-            feature[name] = tf.train.Feature(int64_list=tf.train.Int64List(value=[int(value)]))
-    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
-
-
 def write_split(data_dir, name, split, records, num_shards):
-    """Writes ``records`` as ``num_shards`` contiguous TFRecord shards; returns shard lengths."""
-    import tensorflow as tf
-
+    """Writes ``records`` as ``num_shards`` contiguous shards; returns the shard lengths."""
     lengths = []
     for index, chunk in enumerate(np.array_split(np.arange(len(records)), num_shards)):
         path = os.path.join(data_dir, schema.shard_filename(name, split, index, num_shards))
-        with tf.io.TFRecordWriter(path) as writer:
-            for i in chunk:
-                writer.write(encode_example(records[i]))
+        with open(path, "wb") as f:
+            tfrecord.write_records(f, (tfrecord.encode_example(records[i]) for i in chunk))
         lengths.append(len(chunk))
     return lengths
-
-
-def write_dataset_info(data_dir, name, shard_lengths):
-    """The subset of TFDS's dataset_info.json the trainer reads (split shard lengths)."""
-    info = {
-        "name": name,
-        "version": "1.0.0",
-        "fileFormat": "tfrecord",
-        "splits": [
-            {
-                "name": split,
-                "shardLengths": [str(n) for n in lengths],
-                "filepathTemplate": "{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}",
-            }
-            for split, lengths in shard_lengths.items()
-        ],
-    }
-    with open(os.path.join(data_dir, "dataset_info.json"), "w") as f:
-        json.dump(info, f, indent=2)
 
 
 def make_scene_record(rng, split, index):
@@ -130,7 +94,7 @@ def make_scene_record(rng, split, index):
     image.save(buffer, format="JPEG", quality=90)
     jpeg = buffer.getvalue()
     url = f"https://example.com/{split}/{index}.jpg"
-    return {
+    record = {
         "image": jpeg,
         "texts": text,
         "key": schema.make_key(url, text),
@@ -142,11 +106,14 @@ def make_scene_record(rng, split, index):
         "sha256": hashlib.sha256(jpeg).hexdigest(),
         "phash": f"{int(rng.integers(2**63)):016x}",
     }
+    assert list(record) == list(schema.FEATURES)  # the Example's feature order is the contract's
+    return record
 
 
 @pytest.fixture(scope="session")
 def tiny_corpus(tmp_path_factory):
     """Path (str) of a tiny shard directory with train/validation splits and vocab.txt."""
+    from pipeline.write import write_tfds_metadata
     from trainer.vocab import build_vocab
 
     data_dir = str(tmp_path_factory.mktemp(CORPUS_NAME))
@@ -155,7 +122,7 @@ def tiny_corpus(tmp_path_factory):
     for split, size in SPLIT_SIZES.items():
         records = [make_scene_record(rng, split, i) for i in range(size)]
         shard_lengths[split] = write_split(data_dir, CORPUS_NAME, split, records, SPLIT_NUM_SHARDS[split])
-    write_dataset_info(data_dir, CORPUS_NAME, shard_lengths)
+    write_tfds_metadata(data_dir, CORPUS_NAME, shard_lengths, description="trainer test corpus")
     build_vocab(data_dir, TINY_VOCAB_SIZE)
     return data_dir
 

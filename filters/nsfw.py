@@ -1,0 +1,407 @@
+"""The pornographic-image (NSFW) stage: a pluggable scorer and its Beam DoFn.
+
+ALIGN removes pornographic images (section 3) without naming its detector.
+Here a scorer is anything with ``score(images) -> float32 [N] in [0, 1]``; an
+image is rejected when its score is ``>= preset.nsfw_threshold``, and a
+threshold ``>= 1.0`` disables the stage (no scorer is even loaded).
+
+The one real scorer is NudeNet's detector (``pip install '.[nsfw]'``). It is
+an optional extra because it is AGPL-3.0 and pulls onnxruntime and OpenCV; its
+ONNX model ships inside the wheel, so nothing downloads at run time. NudeNet
+detects body-part boxes, not "pornography": the image score is the highest
+confidence of any box whose class is in ``PORNOGRAPHIC_CLASSES`` (exposed
+genitalia, female breasts, buttocks, anus). Faces, feet, bellies, armpits
+and covered parts never raise the score.
+
+When the extra is absent the stage does not quietly pass everything: each
+record that goes through unscored is counted in ``nsfw/scorer_unavailable``,
+and the funnel shows that count.
+
+Run ``python -m filters.nsfw IMAGE...`` to print the scores of local images
+and the time per image.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import time
+from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple
+
+import numpy as np
+from PIL import Image, ImageOps
+
+from filters import stages
+
+# ---------------------------------------------------------------------------
+# Data: NudeNet's classes and which of them count as pornographic
+# ---------------------------------------------------------------------------
+
+#: NudeNet 3.x (``320n.onnx``) output classes, in the model's output order:
+#: row ``4 + i`` of the detector output is the confidence of class ``i``.
+#: tests/filters/test_nsfw.py checks this against the installed package.
+NUDENET_CLASSES = (
+    "FEMALE_GENITALIA_COVERED",
+    "FACE_FEMALE",
+    "BUTTOCKS_EXPOSED",
+    "FEMALE_BREAST_EXPOSED",
+    "FEMALE_GENITALIA_EXPOSED",
+    "MALE_BREAST_EXPOSED",
+    "ANUS_EXPOSED",
+    "FEET_EXPOSED",
+    "BELLY_COVERED",
+    "FEET_COVERED",
+    "ARMPITS_COVERED",
+    "ARMPITS_EXPOSED",
+    "FACE_MALE",
+    "BELLY_EXPOSED",
+    "MALE_GENITALIA_EXPOSED",
+    "ANUS_COVERED",
+    "FEMALE_BREAST_COVERED",
+    "BUTTOCKS_COVERED",
+)
+
+#: Classes whose detection makes an image pornographic. MALE_BREAST_EXPOSED
+#: and BELLY_EXPOSED are left out on purpose: they fire on beach, sport and
+#: swimwear photos, which ALIGN-style corpora keep.
+PORNOGRAPHIC_CLASSES = (
+    "FEMALE_GENITALIA_EXPOSED",
+    "MALE_GENITALIA_EXPOSED",
+    "FEMALE_BREAST_EXPOSED",
+    "BUTTOCKS_EXPOSED",
+    "ANUS_EXPOSED",
+)
+
+REJECT_REASON = stages.reason("nsfw", "pornographic")
+UNDECODABLE_REASON = stages.reason("nsfw", "undecodable")
+REJECTED_TAG = "rejected"
+
+NUDENET_MISSING = "nudenet not installed: pip install '.[nsfw]' (AGPL-3.0)"
+
+
+# ---------------------------------------------------------------------------
+# The scorer interface and the registry of scorers
+# ---------------------------------------------------------------------------
+
+
+class NsfwScorer(Protocol):
+    """Scores a batch of RGB images: float32 [N], 1.0 = certainly pornographic."""
+
+    name: str
+
+    def score(self, images: List[Image.Image]) -> np.ndarray: ...
+
+
+def is_pornographic(score: float, threshold: float) -> bool:
+    """The stage's rule (``threshold >= 1.0`` means the stage does not run)."""
+    return threshold < 1.0 and score >= threshold
+
+
+def stage_enabled(threshold: float) -> bool:
+    return threshold < 1.0
+
+
+def _load_nudenet(**kwargs) -> Tuple[Optional["NudenetScorer"], str]:
+    try:
+        import nudenet  # noqa: F401  (the optional extra)
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        return None, NUDENET_MISSING
+    scorer = NudenetScorer(**kwargs)
+    return scorer, f"nudenet {_version('nudenet')} (onnxruntime {_version('onnxruntime')})"
+
+
+#: name -> loader returning ``(scorer or None, status text)``. A loader
+#: returns None only when its optional dependency is not installed; a broken
+#: install raises, so it cannot be mistaken for an absent one.
+SCORERS: Dict[str, Callable[..., Tuple[Optional[NsfwScorer], str]]] = {
+    "nudenet": _load_nudenet,
+}
+
+
+def load_scorer(name: str = "nudenet", **kwargs) -> Tuple[Optional[NsfwScorer], str]:
+    """``(scorer, status)``, or ``(None, why)`` when its optional extra is absent."""
+    if name not in SCORERS:
+        raise ValueError(f"unknown NSFW scorer {name!r}; known: {', '.join(sorted(SCORERS))}")
+    return SCORERS[name](**kwargs)
+
+
+def _version(package: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+# ---------------------------------------------------------------------------
+# NudeNet
+# ---------------------------------------------------------------------------
+
+
+def letterbox_blob(images: Sequence[Image.Image], size: int) -> np.ndarray:
+    """NudeNet's preprocessing, batched: float32 [N, 3, size, size] in [0, 1].
+
+    Like ``nudenet._read_image``: pad the RGB image with black at the right or
+    bottom to a square, resize the square to ``size`` (bilinear), scale by
+    1/255. Padding at one corner (not centring) keeps the model's boxes in
+    the original image's coordinates.
+    """
+    import cv2  # a dependency of nudenet
+
+    batch = np.empty((len(images), 3, size, size), np.float32)
+    for i, img in enumerate(images):
+        rgb = np.asarray(img.convert("RGB"))
+        height, width = rgb.shape[:2]
+        side = max(height, width)
+        square = cv2.copyMakeBorder(rgb, 0, side - height, 0, side - width, cv2.BORDER_CONSTANT)
+        resized = cv2.resize(square, (size, size), interpolation=cv2.INTER_LINEAR)
+        batch[i] = resized.transpose(2, 0, 1) * np.float32(1.0 / 255.0)
+    return batch
+
+
+def detections_to_scores(output: np.ndarray, class_indices: Sequence[int]) -> np.ndarray:
+    """Raw detector output [N, 4 + C, A] -> float32 [N] image scores.
+
+    Each of the A anchor boxes is labelled with its most confident class (as
+    NudeNet's own post-processing does). The image score is the highest
+    confidence among boxes labelled with one of ``class_indices``, 0 if none.
+    Non-maximum suppression only removes lower-scoring overlapping boxes, so
+    it cannot change this maximum and is skipped.
+    """
+    if output.ndim != 3 or output.shape[1] <= 4:
+        raise ValueError(f"expected detector output [N, 4 + classes, anchors], got {output.shape}")
+    class_scores = output[:, 4:, :]
+    best = class_scores.max(axis=1)
+    label = class_scores.argmax(axis=1)
+    counted = np.isin(label, np.asarray(class_indices, dtype=np.int64))
+    scores = np.where(counted, best, 0.0).max(axis=1)
+    return np.clip(scores, 0.0, 1.0).astype(np.float32)
+
+
+class NudenetScorer:
+    """NudeNet 3.x detector (``320n.onnx`` from the wheel) on CPU via onnxruntime."""
+
+    name = "nudenet"
+
+    def __init__(
+        self,
+        classes: Sequence[str] = PORNOGRAPHIC_CLASSES,
+        model_path: Optional[str] = None,
+        input_size: int = 320,
+        batch_size: int = 16,
+        num_threads: int = 0,
+    ):
+        """``num_threads=0`` lets onnxruntime choose (all cores); on workers
+        that already run one SDK process per core, 1 avoids oversubscription.
+        ``model_path``/``input_size`` select another NudeNet ONNX export
+        (e.g. the 640m model, which is not in the wheel)."""
+        import nudenet
+        import onnxruntime
+
+        unknown = sorted(set(classes) - set(NUDENET_CLASSES))
+        if unknown:
+            raise ValueError(f"not NudeNet classes: {unknown}")
+        self.classes = tuple(classes)
+        self._class_indices = [NUDENET_CLASSES.index(c) for c in self.classes]
+        self.input_size = input_size
+        self.batch_size = batch_size
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = num_threads
+        options.inter_op_num_threads = 1
+        options.log_severity_level = 3  # keep worker logs free of graph-optimiser chatter
+        path = model_path or os.path.join(os.path.dirname(nudenet.__file__), "320n.onnx")
+        self._session = onnxruntime.InferenceSession(
+            path, sess_options=options, providers=["CPUExecutionProvider"]
+        )
+        self._input_name = self._session.get_inputs()[0].name
+
+    def raw_output(self, images: Sequence[Image.Image]) -> np.ndarray:
+        """Detector output [N, 4 + 18, anchors] (boxes then class confidences)."""
+        outputs = []
+        for start in range(0, len(images), self.batch_size):
+            blob = letterbox_blob(images[start : start + self.batch_size], self.input_size)
+            outputs.append(self._session.run(None, {self._input_name: blob})[0])
+        return np.concatenate(outputs, axis=0)
+
+    def score(self, images: List[Image.Image]) -> np.ndarray:
+        if not images:
+            return np.zeros((0,), np.float32)
+        return detections_to_scores(self.raw_output(images), self._class_indices)
+
+
+# ---------------------------------------------------------------------------
+# Decoding for the scorer
+# ---------------------------------------------------------------------------
+
+
+def decode_for_scoring(data: bytes, size: int = 320) -> Image.Image:
+    """Decode image bytes to an upright RGB image for a ``size``-pixel model.
+
+    JPEG draft mode decodes at 1/2, 1/4 or 1/8 scale while both sides stay at
+    least ``size``: the model sees a ``size``-pixel square anyway, and a
+    reduced decode of a large photo is several times faster than a full one.
+    """
+    img = Image.open(io.BytesIO(data))
+    img.draft("RGB", (size, size))
+    img = ImageOps.exif_transpose(img)
+    if img.mode in ("P", "PA"):
+        img = img.convert("RGBA")  # palette transparency is resolved via RGBA
+    # Alpha is dropped, not composited: NudeNet's own reader does the same.
+    return img.convert("RGB")
+
+
+# ---------------------------------------------------------------------------
+# Beam
+# ---------------------------------------------------------------------------
+
+try:
+    import apache_beam as beam
+    from apache_beam.metrics import Metrics
+    from apache_beam.utils.windowed_value import WindowedValue
+except ImportError:  # the scorer is usable without Beam
+    beam = None
+
+
+if beam is not None:
+
+    class ScoreNsfw(beam.DoFn):
+        """``(key, image_bytes)`` -> ``key`` if kept; rejects tagged ``"rejected"``.
+
+        Rejects are ``(key, "nsfw/pornographic")`` on the ``"rejected"`` output
+        (``(key, "nsfw/undecodable")`` if the bytes fail to decode here, which
+        the caller's decode stage should already have excluded). Images are
+        buffered and scored ``batch_size`` at a time; the last partial batch
+        is scored in ``finish_bundle``.
+
+        Counters (namespace ``nsfw``): ``nsfw/scored``, ``nsfw/pornographic``
+        and, when the scorer's extra is absent, ``nsfw/scorer_unavailable``:
+        every record that passed unscored.
+
+        ``scorer_factory`` (tests, custom scorers) is a picklable callable
+        returning ``(scorer or None, status)`` like ``load_scorer``.
+        """
+
+        def __init__(
+            self,
+            threshold: float,
+            scorer_name: str = "nudenet",
+            batch_size: int = 16,
+            scorer_factory: Optional[Callable[[], Tuple[Optional[NsfwScorer], str]]] = None,
+        ):
+            if scorer_factory is None and scorer_name not in SCORERS:
+                raise ValueError(f"unknown NSFW scorer {scorer_name!r}; known: {', '.join(sorted(SCORERS))}")
+            self.threshold = float(threshold)
+            self.scorer_name = scorer_name
+            self.batch_size = int(batch_size)
+            self.scorer_factory = scorer_factory
+            self.scored = Metrics.counter("nsfw", "nsfw/scored")
+            self.pornographic = Metrics.counter("nsfw", "nsfw/pornographic")
+            self.unavailable = Metrics.counter("nsfw", "nsfw/scorer_unavailable")
+            self.undecodable = Metrics.counter("nsfw", "nsfw/undecodable")
+
+        def setup(self):
+            self._scorer = None
+            self.status = "disabled: nsfw_threshold >= 1.0"
+            if not stage_enabled(self.threshold):
+                return
+            if self.scorer_factory is not None:
+                self._scorer, self.status = self.scorer_factory()
+            else:
+                self._scorer, self.status = load_scorer(self.scorer_name)
+            if self._scorer is None:
+                logging.warning("NSFW stage passes records UNSCORED: %s", self.status)
+
+        def start_bundle(self):
+            self._pending = []  # (key, image, timestamp, windows)
+
+        def process(self, element, timestamp=beam.DoFn.TimestampParam, window=beam.DoFn.WindowParam):
+            key, data = element
+            if not stage_enabled(self.threshold):
+                yield key
+                return
+            if self._scorer is None:
+                self.unavailable.inc()
+                yield key
+                return
+            try:
+                image = decode_for_scoring(data)
+            except Exception:
+                self.undecodable.inc()
+                yield beam.pvalue.TaggedOutput(REJECTED_TAG, (key, UNDECODABLE_REASON))
+                return
+            self._pending.append((key, image, timestamp, (window,)))
+            if len(self._pending) >= self.batch_size:
+                yield from self._flush()
+
+        def finish_bundle(self):
+            yield from self._flush()
+
+        def _flush(self) -> List[object]:
+            """Score the buffered images; outputs as explicit WindowedValues.
+
+            Buffered elements of one bundle can come from several windows, and
+            finish_bundle has no window of its own: each result goes back to
+            its own element's timestamp and window.
+            """
+            pending, self._pending = self._pending, []
+            if not pending:
+                return []
+            scores = np.asarray(self._scorer.score([image for _, image, _, _ in pending]), np.float32)
+            if scores.shape != (len(pending),):
+                raise ValueError(f"scorer {self._scorer.name!r} returned shape {scores.shape} for {len(pending)} images")
+            results = []
+            for (key, _, ts, windows), score in zip(pending, scores):
+                self.scored.inc()
+                if is_pornographic(float(score), self.threshold):
+                    self.pornographic.inc()
+                    rejected = WindowedValue((key, REJECT_REASON), ts, windows)
+                    results.append(beam.pvalue.TaggedOutput(REJECTED_TAG, rejected))
+                else:
+                    results.append(WindowedValue(key, ts, windows))
+            return results
+
+
+# ---------------------------------------------------------------------------
+# Command line: score local images
+# ---------------------------------------------------------------------------
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Score local images with the NSFW scorer.")
+    parser.add_argument("images", nargs="+", help="image files")
+    parser.add_argument("--scorer", default="nudenet")
+    parser.add_argument("--threshold", type=float, default=None, help="default: the align preset's nsfw_threshold")
+    parser.add_argument("--repeat", type=int, default=3, help="timed passes over the images (median is printed)")
+    args = parser.parse_args(argv)
+    if args.threshold is None:
+        from filters.presets import get_preset
+
+        args.threshold = get_preset("align").nsfw_threshold
+    scorer, status = load_scorer(args.scorer)
+    print(status)
+    if scorer is None:
+        return 1
+    images = []
+    for path in args.images:
+        with open(path, "rb") as f:
+            images.append(decode_for_scoring(f.read()))
+    scores = scorer.score(images)  # warm-up pass, also the printed result
+    times = []
+    for _ in range(max(1, args.repeat)):
+        start = time.perf_counter()
+        scorer.score(images)
+        times.append(time.perf_counter() - start)
+    for path, score in zip(args.images, scores):
+        verdict = "REJECT" if is_pornographic(float(score), args.threshold) else "keep"
+        print(f"{score:.3f}  {verdict:6s}  {path}")
+    print(f"median {1000 * float(np.median(times)) / len(images):.1f} ms/image over {len(images)} images")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

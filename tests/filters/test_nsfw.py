@@ -1,0 +1,295 @@
+"""NSFW stage: score conversion, threshold rule, scorer loading, the DoFn.
+
+No explicit image is in this repository or made by these tests: the DoFn is
+tested with a fake scorer, and the real NudeNet path only on benign images
+that scikit-image ships (a portrait, a cup of coffee, a cat, a rocket).
+"""
+
+import io
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import apache_beam as beam
+from apache_beam.metrics.metric import MetricsFilter
+from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+from apache_beam.testing.util import assert_that, equal_to
+
+from filters import nsfw
+from filters.presets import get_preset
+
+ALIGN_THRESHOLD = get_preset("align").nsfw_threshold
+
+
+def _has_nudenet():
+    try:
+        import nudenet  # noqa: F401
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+needs_nudenet = pytest.mark.skipif(not _has_nudenet(), reason="optional extra absent: pip install '.[nsfw]'")
+
+
+def _png(width, height=64, color=(40, 90, 160), mode="RGB"):
+    buf = io.BytesIO()
+    Image.new(mode, (width, height), color).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def _benign_images():
+    skdata = pytest.importorskip("skimage.data")
+    return {name: Image.fromarray(getattr(skdata, name)()) for name in ("astronaut", "coffee", "chelsea", "rocket")}
+
+
+# ---------------------------------------------------------------------------
+# Pure functions
+# ---------------------------------------------------------------------------
+
+
+def _raw(class_scores_per_anchor):
+    """[N][A][C] class confidences -> detector output [N, 4 + C, A]."""
+    scores = np.asarray(class_scores_per_anchor, np.float32)
+    n, a, _ = scores.shape
+    boxes = np.ones((n, a, 4), np.float32)
+    return np.concatenate([boxes, scores], axis=2).transpose(0, 2, 1)
+
+
+def test_detections_to_scores_takes_max_over_boxes_labelled_with_counted_classes():
+    # One image, three anchors; anchor 1's top class is the counted class 2.
+    output = _raw([[[0.9, 0.0, 0.1], [0.1, 0.2, 0.7], [0.0, 0.0, 0.3]]])
+    np.testing.assert_allclose(nsfw.detections_to_scores(output, [2]), [0.7])
+    # Class 2 reaches 0.6 on anchor 0, but that anchor's top class is 0 (0.8):
+    # as in NudeNet's post-processing, a box counts only for its top class.
+    output = _raw([[[0.8, 0.0, 0.6], [0.01, 0.0, 0.05]]])
+    np.testing.assert_allclose(nsfw.detections_to_scores(output, [2]), [0.05])
+    np.testing.assert_allclose(nsfw.detections_to_scores(output, [0, 2]), [0.8])
+    np.testing.assert_allclose(nsfw.detections_to_scores(output, [1]), [0.0])
+
+
+def test_detections_to_scores_is_float32_in_unit_interval_and_checks_shape():
+    output = _raw([[[1.5, 0.0]], [[0.2, 0.0]]])
+    scores = nsfw.detections_to_scores(output, [0])
+    assert scores.dtype == np.float32 and scores.shape == (2,)
+    np.testing.assert_allclose(scores, [1.0, 0.2])
+    with pytest.raises(ValueError):
+        nsfw.detections_to_scores(np.zeros((2, 4, 10), np.float32), [0])
+
+
+def test_threshold_rule_is_inclusive_and_one_disables():
+    assert nsfw.is_pornographic(0.8, 0.8)
+    assert not nsfw.is_pornographic(0.79, 0.8)
+    assert nsfw.is_pornographic(0.0, 0.0)
+    assert not nsfw.is_pornographic(1.0, 1.0)  # 1.0 means the stage is off
+    assert not nsfw.stage_enabled(1.0) and nsfw.stage_enabled(0.99)
+
+
+def test_pornographic_classes_are_nudenet_classes_and_exclude_faces_feet_and_covered():
+    assert set(nsfw.PORNOGRAPHIC_CLASSES) <= set(nsfw.NUDENET_CLASSES)
+    assert not any(("COVERED" in c) or c.startswith(("FACE", "FEET", "ARMPITS")) for c in nsfw.PORNOGRAPHIC_CLASSES)
+    assert nsfw.REJECT_REASON == "nsfw/pornographic"
+
+
+def test_decode_for_scoring_is_rgb_upright_and_reduced_but_not_below_model_size():
+    buf = io.BytesIO()
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotated 90 degrees: stored 2000x1000, displayed 1000x2000
+    Image.new("RGB", (2000, 1000), (200, 10, 10)).save(buf, "JPEG", exif=exif)
+    img = nsfw.decode_for_scoring(buf.getvalue(), size=320)
+    assert img.mode == "RGB"
+    assert img.size == (500, 1000)  # upright, and JPEG-draft decoded at 1/2 scale (1/4 would be < 320)
+
+
+def test_decode_for_scoring_converts_palette_transparency_to_rgb():
+    buf = io.BytesIO()
+    Image.new("P", (50, 40)).save(buf, "GIF", transparency=0)
+    img = nsfw.decode_for_scoring(buf.getvalue())
+    assert img.mode == "RGB" and img.size == (50, 40)
+
+
+# ---------------------------------------------------------------------------
+# Loading
+# ---------------------------------------------------------------------------
+
+
+def test_load_scorer_unknown_name_is_an_error():
+    with pytest.raises(ValueError, match="unknown NSFW scorer"):
+        nsfw.load_scorer("no-such-scorer")
+    with pytest.raises(ValueError, match="unknown NSFW scorer"):
+        nsfw.ScoreNsfw(0.5, scorer_name="no-such-scorer")
+
+
+def test_load_scorer_reports_missing_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "nudenet", None)  # import nudenet -> ImportError
+    scorer, status = nsfw.load_scorer("nudenet")
+    assert scorer is None
+    assert status == nsfw.NUDENET_MISSING
+    assert "pip install '.[nsfw]'" in status and "AGPL-3.0" in status
+
+
+@needs_nudenet
+def test_class_list_matches_installed_nudenet():
+    import nudenet.nudenet as module
+
+    assert tuple(getattr(module, "__labels")) == nsfw.NUDENET_CLASSES
+
+
+@needs_nudenet
+def test_nudenet_scores_benign_images_low_and_matches_nudenet_detect():
+    from nudenet import NudeDetector
+
+    images = _benign_images()
+    scorer, status = nsfw.load_scorer("nudenet", batch_size=3)
+    assert scorer is not None and status.startswith("nudenet ")
+    scores = scorer.score(list(images.values()))
+    assert scores.dtype == np.float32 and scores.shape == (len(images),)
+    assert np.all(scores >= 0.0) and np.all(scores < ALIGN_THRESHOLD), dict(zip(images, scores))
+
+    # Same number as NudeNet's own detect(): the best box among the counted
+    # classes (RGBA input because NudeNet's reader converts RGBA -> BGR).
+    detector = NudeDetector()
+    for (name, img), score in zip(images.items(), scores):
+        found = [d["score"] for d in detector.detect(np.asarray(img.convert("RGBA"))) if d["class"] in nsfw.PORNOGRAPHIC_CLASSES]
+        # detect() drops boxes under 0.2, so below that only an upper bound holds.
+        expected = max(found, default=0.0)
+        if expected:
+            assert score == pytest.approx(expected, abs=1e-4), name
+        else:
+            assert score < 0.2, name
+
+
+@needs_nudenet
+def test_nudenet_model_really_runs_face_class_fires_on_the_portrait():
+    # The counted classes never fire on benign images, so a scorer returning
+    # zeros would pass the test above; the face class proves the model runs.
+    images = _benign_images()
+    face = nsfw.NudenetScorer(classes=("FACE_FEMALE",))
+    scores = dict(zip(images, face.score(list(images.values()))))
+    assert scores["astronaut"] > 0.5
+    assert scores["rocket"] < 0.2
+
+
+# ---------------------------------------------------------------------------
+# The DoFn (fake scorer)
+# ---------------------------------------------------------------------------
+
+
+class WidthScorer:
+    """Fake scorer: score = (width - 100) / 100, so width 150 scores 0.5."""
+
+    name = "width"
+
+    def score(self, images):
+        return np.asarray([(img.width - 100) / 100.0 for img in images], np.float32)
+
+
+def width_scorer_factory():
+    return WidthScorer(), "fake width scorer"
+
+
+def absent_scorer_factory():
+    return None, "fake scorer not installed"
+
+
+def failing_factory():
+    raise AssertionError("the scorer must not be loaded when the stage is disabled")
+
+
+def _run(dofn, elements):
+    pipeline = beam.Pipeline(runner=FnApiRunner())
+    outputs = (
+        pipeline
+        | beam.Create(elements, reshuffle=False)
+        | beam.ParDo(dofn).with_outputs(nsfw.REJECTED_TAG, main="kept")
+    )
+    return pipeline, outputs
+
+
+def _counters(result):
+    return {
+        c.key.metric.name: c.committed
+        for c in result.metrics().query(MetricsFilter().with_namespace("nsfw"))["counters"]
+    }
+
+
+def test_score_nsfw_splits_kept_and_rejected_at_threshold_in_batches():
+    widths = {"k110": 110, "k140": 140, "k150": 150, "k199": 199, "k120": 120, "k160": 160, "k101": 101}
+    elements = [(key, _png(w)) for key, w in widths.items()]
+    # batch_size 3 over 7 records: two full batches in process, one in finish_bundle.
+    pipeline, out = _run(nsfw.ScoreNsfw(0.5, batch_size=3, scorer_factory=width_scorer_factory), elements)
+    assert_that(out.kept, equal_to(["k110", "k140", "k120", "k101"]), label="kept")
+    assert_that(
+        out[nsfw.REJECTED_TAG],
+        equal_to([("k150", "nsfw/pornographic"), ("k199", "nsfw/pornographic"), ("k160", "nsfw/pornographic")]),
+        label="rejected",
+    )
+    result = pipeline.run()
+    result.wait_until_finish()
+    counters = _counters(result)
+    assert counters["nsfw/scored"] == 7
+    assert counters["nsfw/pornographic"] == 3
+    assert counters.get("nsfw/scorer_unavailable", 0) == 0
+
+
+def test_score_nsfw_without_scorer_passes_everything_but_counts_it():
+    elements = [(f"k{i}", _png(150 + i)) for i in range(5)]
+    pipeline, out = _run(nsfw.ScoreNsfw(0.5, scorer_factory=absent_scorer_factory), elements)
+    assert_that(out.kept, equal_to([k for k, _ in elements]), label="kept")
+    assert_that(out[nsfw.REJECTED_TAG], equal_to([]), label="rejected")
+    result = pipeline.run()
+    result.wait_until_finish()
+    counters = _counters(result)
+    assert counters["nsfw/scorer_unavailable"] == 5
+    assert counters.get("nsfw/scored", 0) == 0
+
+
+def test_score_nsfw_threshold_one_disables_without_loading_a_scorer():
+    elements = [(f"k{i}", _png(199)) for i in range(3)]
+    pipeline, out = _run(nsfw.ScoreNsfw(1.0, scorer_factory=failing_factory), elements)
+    assert_that(out.kept, equal_to(["k0", "k1", "k2"]), label="kept")
+    result = pipeline.run()
+    result.wait_until_finish()
+    counters = _counters(result)
+    assert counters.get("nsfw/scored", 0) == 0 and counters.get("nsfw/scorer_unavailable", 0) == 0
+
+
+def test_score_nsfw_undecodable_bytes_get_a_reason_not_a_crash():
+    elements = [("good", _png(120)), ("bad", b"\xff\xd8\xff\xe0 not really a jpeg")]
+    pipeline, out = _run(nsfw.ScoreNsfw(0.5, scorer_factory=width_scorer_factory), elements)
+    assert_that(out.kept, equal_to(["good"]), label="kept")
+    assert_that(out[nsfw.REJECTED_TAG], equal_to([("bad", "nsfw/undecodable")]), label="rejected")
+    pipeline.run().wait_until_finish()
+
+
+def test_score_nsfw_rejects_a_scorer_returning_the_wrong_shape():
+    class Broken:
+        name = "broken"
+
+        def score(self, images):
+            return np.zeros(len(images) + 1, np.float32)
+
+    dofn = nsfw.ScoreNsfw(0.5, scorer_factory=lambda: (Broken(), "broken"))
+    dofn.setup()
+    dofn.start_bundle()
+    list(dofn.process(("a", _png(120))))
+    with pytest.raises(ValueError, match="shape"):
+        list(dofn.finish_bundle())
+
+
+@needs_nudenet
+def test_score_nsfw_with_real_nudenet_keeps_benign_images():
+    elements = []
+    for name, img in _benign_images().items():
+        buf = io.BytesIO()
+        img.save(buf, "JPEG", quality=90)
+        elements.append((name, buf.getvalue()))
+    pipeline, out = _run(nsfw.ScoreNsfw(ALIGN_THRESHOLD, batch_size=2), elements)
+    assert_that(out.kept, equal_to([k for k, _ in elements]), label="kept")
+    assert_that(out[nsfw.REJECTED_TAG], equal_to([]), label="rejected")
+    result = pipeline.run()
+    result.wait_until_finish()
+    assert _counters(result)["nsfw/scored"] == len(elements)

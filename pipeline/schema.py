@@ -110,6 +110,7 @@ def tf_feature_spec():
 
 def tfds_features():
     """The same spec as a ``tfds.features.FeaturesDict`` (for features.json)."""
+    import numpy as np
     import tensorflow_datasets as tfds
 
     built = {}
@@ -119,5 +120,5 @@ def tfds_features():
         elif kind == "text":
             built[name] = tfds.features.Text(doc=doc)
         else:
-            built[name] = tfds.features.Scalar(dtype=dtype, doc=doc)
+            built[name] = tfds.features.Scalar(dtype=np.int64, doc=doc)
     return tfds.features.FeaturesDict(built)

@@ -1,0 +1,324 @@
+"""Build a filtered alt-text corpus: candidates in, TFDS-compatible shards out.
+
+    python -m pipeline.build --input 'data/sample/candidates/*.parquet' \\
+        --output out/corpus --preset align [--set NAME=VALUE ...] \\
+        [--eval-images NAME=PATH ...] [--runner DataflowRunner ...]
+
+The job reads like its data flow:
+
+    ReadCandidates -> ApplyRecordFilters -> ScorePornography
+      -> ApplyCorpusFilters -> RemoveNearDuplicates -> JoinVerdicts
+      -> WriteShards, WriteStats
+
+Per-record stages decide on one record; corpus stages (frequency filters,
+near-duplicates) see only light rows (key, hashes, text, embedding) and
+return verdicts; image bytes travel through exactly one shuffle, the final
+``JoinVerdicts``. Every input record ends either in a shard or in the funnel
+with its first reason (``filters/stages.py``).
+
+Without ``--runner`` the job runs on Beam's FnApiRunner in this process
+(add ``--direct_running_mode=multi_processing --direct_num_workers=N`` for
+several worker processes); the plain DirectRunner is never chosen because
+Beam 2.77 first tries to download a Prism binary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from typing import List, Optional
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
+from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions, StandardOptions
+
+from filters import stages
+from filters.presets import format_preset, get_preset
+from filters.record import filter_record
+from filters.image import thumbnail_b64
+from pipeline import stats as stats_lib
+from pipeline import write as write_lib
+from pipeline.read import ReadCandidates, Rejection
+from pipeline.schema import Candidate
+
+LOCAL_RUNNER = "FnApiRunner"
+NS = stats_lib.METRICS_NAMESPACE
+
+
+class BuildOptions(PipelineOptions):
+    """The project's flags; everything else goes to Beam (runner, project, ...)."""
+
+    @classmethod
+    def _add_argparse_args(cls, parser):
+        parser.add_argument("--input", help="glob of img2dataset-style Parquet files (local or gs://)")
+        parser.add_argument("--output", help="output directory (local or gs://)")
+        parser.add_argument("--preset", default="align", help="filter preset: align or cc12m")
+        parser.add_argument("--set", dest="overrides", action="append", default=[], help="NAME=VALUE preset override (repeatable)")
+        parser.add_argument("--name", default="alt_text_corpus", help="dataset name used in shard file names")
+        parser.add_argument(
+            "--eval-images", "--eval_images", dest="eval_images", action="append", default=[],
+            help="NAME=PATH evaluation image set to decontaminate against (repeatable)",
+        )
+        parser.add_argument("--embedder", default="dct", help="image embedder for near-duplicate search")
+        parser.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
+
+
+# ---------------------------------------------------------------------------
+# Per-record stages
+# ---------------------------------------------------------------------------
+
+
+def _rejection(candidate: Candidate, reason: str) -> Rejection:
+    return Rejection(
+        candidate.key, reason, candidate.url, candidate.alt_text,
+        candidate.width, candidate.height, candidate.format, candidate.image,
+    )
+
+
+class _FilterRecord(beam.DoFn):
+    REJECTED = "rejected"
+    MEASURES = "measures"
+
+    def __init__(self, preset):
+        self.preset = preset
+        self.passed = Metrics.counter(NS, "per_record/passed")
+
+    def process(self, candidate: Candidate):
+        result, reason, measures = filter_record(candidate, self.preset)
+        for name, value in measures.items():
+            yield beam.pvalue.TaggedOutput(self.MEASURES, (name, value))
+        if reason:
+            Metrics.counter(NS, reason).inc()
+            yield beam.pvalue.TaggedOutput(self.REJECTED, _rejection(result, reason))
+        else:
+            self.passed.inc()
+            yield result
+
+
+class ApplyRecordFilters(beam.PTransform):
+    """Candidates -> survivors, plus tagged ``rejected`` and ``measures``."""
+
+    def __init__(self, preset):
+        super().__init__()
+        self.preset = preset
+
+    def expand(self, candidates):
+        return candidates | "FilterRecord" >> beam.ParDo(_FilterRecord(self.preset)).with_outputs(
+            _FilterRecord.REJECTED, _FilterRecord.MEASURES, main="survivors"
+        )
+
+
+# ---------------------------------------------------------------------------
+# The final join: records meet their verdicts
+# ---------------------------------------------------------------------------
+
+
+def resolve_group(key: str, records: List[Candidate], verdicts: List[str]):
+    """One key's records and corpus verdicts -> what to write and what to reject.
+
+    A verdict (the first corpus stage that rejected the key) applies to every
+    record with the key. Otherwise exactly one record is written; repeats of
+    the same (url, alt-text) pair are ``duplicate_pair/repeat``. The kept one
+    is chosen by content, not arrival order, so runs agree.
+    """
+    ordered = sorted(records, key=lambda r: (r.sha256, r.image))
+    if verdicts:
+        first = min(verdicts, key=lambda r: stages.STAGE_INDEX[stages.stage_of(r)])
+        return [], [(r, first) for r in ordered]
+    repeat = stages.reason("duplicate_pair", "repeat")
+    return ordered[:1], [(r, repeat) for r in ordered[1:]]
+
+
+class _ResolveVerdicts(beam.DoFn):
+    def process(self, element):
+        key, grouped = element
+        keep, reject = resolve_group(key, list(grouped["records"]), list(grouped["verdicts"]))
+        yield from keep
+        for record, reason in reject:
+            Metrics.counter(NS, reason).inc()
+            yield beam.pvalue.TaggedOutput("rejected", _rejection(record, reason))
+
+
+class JoinVerdicts(beam.PTransform):
+    """(survivors, (key, reason) verdicts) -> records to write + rejections."""
+
+    def expand(self, inputs):
+        survivors, verdicts = inputs
+        keyed = survivors | "KeyRecords" >> beam.Map(lambda r: (r.key, r))
+        return (
+            {"records": keyed, "verdicts": verdicts}
+            | "GroupByPairKey" >> beam.CoGroupByKey()
+            | "Resolve" >> beam.ParDo(_ResolveVerdicts()).with_outputs("rejected", main="written")
+        )
+
+
+# ---------------------------------------------------------------------------
+# Stats
+# ---------------------------------------------------------------------------
+
+
+def _sample_row(rejection: Rejection) -> dict:
+    return {
+        "reason": rejection.reason,
+        "stage": stages.stage_of(rejection.reason),
+        "key": rejection.key,
+        "url": rejection.url,
+        "alt_text": rejection.alt_text[:500],
+        "width": rejection.width,
+        "height": rejection.height,
+        "format": rejection.format,
+        "thumbnail": thumbnail_b64(rejection.image),
+    }
+
+
+def _write_stats_files(_, output_dir, input_count, rejected, written, histograms, extra, samples, meta):
+    funnel = stats_lib.build_funnel(
+        input_count, rejected, written, meta["ran"], meta["notes"], meta["dataset"], meta["preset"]
+    )
+    stats_dir = FileSystems.join(output_dir, "stats")
+    stats_lib.write_text(FileSystems.join(stats_dir, "funnel.json"), stats_lib.to_json(funnel))
+    distributions = {}
+    for name, hist in sorted(histograms.items()):
+        distributions[name] = dict(hist, description=stats_lib.HISTOGRAM_DESCRIPTIONS.get(name, ""))
+    distributions.update(extra)
+    stats_lib.write_text(FileSystems.join(stats_dir, "distributions.json"), stats_lib.to_json(distributions))
+    rows = sorted(samples, key=lambda row: (stages.STAGE_INDEX[row["stage"]], row["reason"], row["rank"]))
+    lines = "".join(json.dumps({k: v for k, v in row.items() if k != "rank"}) + "\n" for row in rows)
+    stats_lib.write_text(FileSystems.join(stats_dir, "rejected_samples.jsonl"), lines)
+    yield funnel
+
+
+class WriteStats(beam.PTransform):
+    """Funnel, distributions and rejected samples into ``<output>/stats/``."""
+
+    def __init__(self, output_dir, meta):
+        super().__init__()
+        self.output_dir = output_dir
+        self.meta = meta
+
+    def expand(self, inputs):
+        input_count, rejections, written_counts, histograms, extra = inputs
+        reason_counts = rejections | "ReasonOnly" >> beam.Map(lambda r: r.reason) | "CountReasons" >> beam.combiners.Count.PerElement()
+        samples = (
+            rejections
+            | "ByReason" >> beam.Map(lambda r: (r.reason, (stats_lib.sample_rank(r.key), r.key, r)))
+            | "SamplePerReason" >> beam.combiners.Top.SmallestPerKey(stats_lib.SAMPLES_PER_REASON)
+            | "SampleRows" >> beam.FlatMap(lambda kv: [dict(_sample_row(r), rank=rank) for rank, _, r in kv[1]])
+        )
+        p = input_count.pipeline
+        return (
+            p
+            | "StatsTrigger" >> beam.Create([None])
+            | "WriteStatsFiles" >> beam.FlatMap(
+                _write_stats_files,
+                self.output_dir,
+                beam.pvalue.AsSingleton(input_count),
+                beam.pvalue.AsDict(reason_counts),
+                beam.pvalue.AsDict(written_counts),
+                beam.pvalue.AsDict(histograms),
+                beam.pvalue.AsDict(extra),
+                beam.pvalue.AsList(samples),
+                self.meta,
+            )
+        )
+
+
+# ---------------------------------------------------------------------------
+# The job
+# ---------------------------------------------------------------------------
+
+
+def build_pipeline(p: beam.Pipeline, opts: BuildOptions, preset) -> None:
+    """Adds the whole build to ``p``."""
+    read = p | "ReadCandidates" >> ReadCandidates(opts.input)
+    input_count = read | "CountInput" >> beam.combiners.Count.Globally()
+    parsed = read | "SplitReadRejects" >> beam.Partition(lambda x, _: int(isinstance(x, Rejection)), 2)
+    candidates, read_rejects = parsed[0], parsed[1]
+
+    filtered = candidates | "ApplyRecordFilters" >> ApplyRecordFilters(preset)
+    survivors = filtered.survivors
+    rejections = [read_rejects, filtered.rejected]
+    verdicts = []
+    ran = ["read", "image_header", "image_format", "image_size", "image_aspect", "text", "text_length",
+           "text_repetition", "image_decode", "duplicate_pair"]
+    notes = {}
+
+    all_verdicts = (
+        verdicts | "FlattenVerdicts" >> beam.Flatten() if verdicts else p | "NoVerdicts" >> beam.Create([])
+    )
+    written_records, joined_rejects = (survivors, all_verdicts) | "JoinVerdicts" >> JoinVerdicts()
+    rejections.append(joined_rejects)
+    all_rejections = rejections | "FlattenRejections" >> beam.Flatten()
+
+    shard_lengths = written_records | "WriteShards" >> write_lib.WriteShards(opts.output, opts.name, preset)
+    written_counts = shard_lengths | "WrittenPerSplit" >> beam.FlatMap(lambda d: [(s, sum(c)) for s, c in d.items()])
+    _ = shard_lengths | "WriteShardList" >> beam.Map(
+        lambda d: stats_lib.write_text(FileSystems.join(opts.output, write_lib.SHARDS_FILE), json.dumps(d))
+    )
+    histograms = filtered.measures | "Distributions" >> stats_lib.HistogramPerKey()
+    extra = p | "NoExtraStats" >> beam.Create([])
+    meta = {"ran": ran, "notes": notes, "dataset": opts.name, "preset": preset}
+    _ = (input_count, all_rejections, written_counts, histograms, extra) | "WriteStats" >> WriteStats(opts.output, meta)
+
+
+def _prepare_output(output: str, overwrite: bool) -> None:
+    """Shards of an earlier run would mix with this one's: start empty."""
+    if not FileSystems.exists(output):
+        return
+    if not overwrite:
+        raise SystemExit(f"{output} exists; pass --overwrite to replace it")
+    FileSystems.delete([output])
+
+
+def _finalize(output: str, name: str, preset) -> dict:
+    with FileSystems.open(FileSystems.join(output, write_lib.SHARDS_FILE)) as handle:
+        shard_lengths = json.loads(handle.read())
+    description = f"Alt-text corpus built with preset {preset.name!r} by pipeline.build"
+    write_lib.write_tfds_metadata(output, name, shard_lengths, description)
+    with FileSystems.open(FileSystems.join(output, "stats", "funnel.json")) as handle:
+        funnel = json.loads(handle.read())
+    stats_lib.write_text(FileSystems.join(output, "COMPLETED"), "")
+    return funnel
+
+
+def run(argv: Optional[List[str]] = None) -> dict:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--print-preset" in argv:
+        parser = argparse.ArgumentParser()
+        BuildOptions._add_argparse_args(parser)
+        known, _ = parser.parse_known_args([a for a in argv if a != "--print-preset"])
+        print(format_preset(get_preset(known.preset, known.overrides)))
+        return {}
+    options = PipelineOptions(argv)
+    opts = options.view_as(BuildOptions)
+    if not opts.input or not opts.output:
+        raise SystemExit("--input and --output are required")
+    preset = get_preset(opts.preset, opts.overrides)
+    if options.view_as(StandardOptions).runner is None:
+        options.view_as(StandardOptions).runner = LOCAL_RUNNER
+    options.view_as(SetupOptions).save_main_session = False
+    _prepare_output(opts.output, opts.overwrite)
+    with beam.Pipeline(options=options) as p:
+        build_pipeline(p, opts, preset)
+    funnel = _finalize(opts.output, opts.name, preset)
+    try:
+        from pipeline.audit import format_funnel
+    except ImportError:  # the audit module is optional at this layer
+        format_funnel = stats_lib.to_json
+    print(format_funnel(funnel))
+    return funnel
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.WARNING)
+    funnel = run()
+    if funnel and not funnel.get("conserved", False):
+        sys.exit("conservation law violated: input != written + rejected")
+
+
+if __name__ == "__main__":
+    main()

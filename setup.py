@@ -1,0 +1,55 @@
+"""One distribution with the four packages: pipeline, filters, dedup, trainer.
+
+Exact versions that are known to co-install on Python 3.11 are pinned in
+requirements/lock.txt (used as a constraints file by scripts/setup_env.sh).
+Dataflow workers install this package with ``--setup_file ./setup.py``; they
+need only the base requirements (Beam, Pillow, imagehash, pyarrow, faiss).
+"""
+
+import setuptools
+
+BASE = [
+    "apache-beam[gcp]>=2.77,<2.78",
+    "google-crc32c>=1.5",   # TFRecord checksums (WriteShards, WriteToTFRecord)
+    "crcmod>=1.7",
+    "pyarrow>=15",
+    "pillow>=10",
+    "imagehash>=4.3",
+    "numpy>=1.26",
+    "scipy>=1.11",
+    "faiss-cpu>=1.8",
+    "scikit-learn>=1.4",
+]
+
+EXTRAS = {
+    # The launcher writes TFDS metadata; the trainer reads the shards.
+    "tfds": ["tensorflow-datasets>=4.9", "tensorflow>=2.16"],
+    "train": [
+        "jax>=0.10,<0.11",
+        "flax>=0.12,<0.13",
+        "optax>=0.2",
+        "orbax-checkpoint>=0.11",
+        "ml-collections>=1.0",
+        "tensorflow>=2.16",
+        "tensorflow-text>=2.16",
+        "tensorflow-datasets>=4.9",
+        "tensorboardX>=2.6",
+    ],
+    "audit": ["matplotlib>=3.8"],
+    # nudenet is AGPL-3.0: optional, never a base requirement.
+    "nsfw": ["nudenet>=3.4"],
+    "sample": ["scikit-image>=0.22", "pandas>=2"],
+    "dev": ["pytest>=8", "pytest-xdist>=3", "scikit-image>=0.22", "pandas>=2"],
+}
+EXTRAS["all"] = sorted({req for name, reqs in EXTRAS.items() if name != "nsfw" for req in reqs})
+
+setuptools.setup(
+    name="alt-text-corpus",
+    version="0.1.0",
+    description="Beam pipeline and JAX/Flax trainer for noisy alt-text image/text corpora (ALIGN, CC12M)",
+    python_requires=">=3.10",
+    packages=setuptools.find_packages(include=["pipeline*", "filters*", "dedup*", "trainer*"]),
+    install_requires=BASE,
+    extras_require=EXTRAS,
+    include_package_data=True,
+)

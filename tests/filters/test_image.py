@@ -1,0 +1,120 @@
+"""Per-record image rules on real encoded images made in the test."""
+
+import io
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from filters import image
+from filters.presets import get_preset
+
+ALIGN = get_preset("align")
+CC12M = get_preset("cc12m")
+
+
+def encode(size, fmt="JPEG", mode="RGB", exif_orientation=None, **kw):
+    rng = np.random.default_rng(sum(size))
+    arr = (rng.random((size[1], size[0], 3)) * 255).astype("uint8")
+    img = Image.fromarray(arr).convert(mode) if mode != "RGB" else Image.fromarray(arr)
+    out = io.BytesIO()
+    if exif_orientation:
+        exif = Image.Exif()
+        exif[0x0112] = exif_orientation
+        kw["exif"] = exif.tobytes()
+    img.save(out, format=fmt, **kw)
+    return out.getvalue()
+
+
+def verdict(data, preset=ALIGN):
+    header, reason = image.read_header(data, preset)
+    return reason or image.check_header(header, preset)
+
+
+@pytest.mark.parametrize(
+    "size, reason",
+    [
+        ((300, 199), "image_size/too_small"),
+        ((300, 200), "image_size/too_small"),  # "shorter side > 200" is exclusive
+        ((300, 201), None),
+        ((201 * 3 - 1, 201), None),  # ratio 2.995
+        ((603, 201), "image_aspect/too_elongated"),  # exactly 3.0: "< 3" rejects it
+        ((201, 604), "image_aspect/too_elongated"),
+    ],
+)
+def test_size_and_aspect_thresholds(size, reason):
+    assert verdict(encode(size)) == reason
+
+
+def test_cc12m_is_inclusive_at_2_5_and_needs_both_sides_over_400():
+    assert verdict(encode((1002, 401)), CC12M) is None  # 2.499
+    assert verdict(encode((1005, 402)), CC12M) is None  # exactly 2.5 is kept
+    assert verdict(encode((1010, 401)), CC12M) == "image_aspect/too_elongated"
+    assert verdict(encode((600, 400)), CC12M) == "image_size/too_small"
+    assert verdict(encode((600, 450), fmt="PNG"), CC12M) == "image_format/not_allowed"
+
+
+def test_exif_orientation_is_applied_to_the_stored_image():
+    raw_ok = encode((700, 300), exif_orientation=6)  # stored 700x300, shown 300x700
+    header, _ = image.read_header(raw_ok, ALIGN)
+    assert (header.width, header.height, header.orientation) == (300, 700, 6)
+    # The size and aspect rules are symmetric in width and height, so the
+    # orientation changes what is stored, never the verdict.
+    assert verdict(raw_ok) is None
+    decoded, reason = image.decode_image(raw_ok, header, ALIGN)
+    assert reason is None and (decoded.width, decoded.height) == (219, 512)  # portrait, capped at 512
+
+
+def test_bad_bytes_get_reasons():
+    assert image.read_header(b"", ALIGN)[1] == "image_header/undecodable"
+    assert image.read_header(b"<html>404</html>", ALIGN)[1] == "image_header/undecodable"
+    assert image.read_header(b"%PDF-1.4 ...", ALIGN)[1] == "image_header/undecodable"
+    bomb = io.BytesIO()
+    Image.new("1", (12000, 8000)).save(bomb, format="PNG")
+    assert image.read_header(bomb.getvalue(), ALIGN)[1] == "image_header/decompression_bomb"
+    good = encode((400, 300))
+    truncated = good[: len(good) * 6 // 10]
+    header, reason = image.read_header(truncated, ALIGN)
+    assert reason is None
+    assert image.decode_image(truncated, header, ALIGN)[1] == "image_decode/corrupt"
+
+
+@pytest.mark.parametrize(
+    "fmt, mode",
+    [("PNG", "RGBA"), ("PNG", "P"), ("GIF", "P"), ("WEBP", "RGB"), ("JPEG", "CMYK"), ("JPEG", "L"), ("PNG", "I;16"), ("BMP", "RGB"), ("TIFF", "RGB")],
+)
+def test_other_formats_and_modes_are_stored_as_rgb_jpeg(fmt, mode):
+    data = encode((320, 240), fmt=fmt, mode=mode)
+    header, reason = image.read_header(data, ALIGN)
+    assert reason is None and header.format == fmt
+    decoded, reason = image.decode_image(data, header, ALIGN)
+    assert reason is None
+    stored = Image.open(io.BytesIO(decoded.image))
+    assert stored.format == "JPEG" and stored.mode == "RGB" and stored.size == (320, 240)
+    assert len(decoded.phash) == 16 and len(decoded.sha256) == 64
+
+
+def test_small_rgb_jpeg_is_stored_unchanged_and_large_is_resized():
+    small = encode((400, 300))
+    header, _ = image.read_header(small, ALIGN)
+    assert image.decode_image(small, header, ALIGN)[0].image == small
+    large = encode((1600, 900))
+    header, _ = image.read_header(large, ALIGN)
+    decoded, _ = image.decode_image(large, header, ALIGN)
+    assert (decoded.width, decoded.height) == (512, 288)
+    assert Image.open(io.BytesIO(decoded.image)).size == (512, 288)
+
+
+def test_identity_of_reencoded_copy():
+    # A smooth photo-like image: pHash is meant for those, not for noise.
+    yy, xx = np.mgrid[0:300, 0:400]
+    arr = np.stack([xx * 255 // 400, yy * 255 // 300, (xx + yy) % 256], -1).astype("uint8")
+    a, b = io.BytesIO(), io.BytesIO()
+    Image.fromarray(arr).save(a, format="JPEG", quality=95)
+    Image.fromarray(arr).save(b, format="JPEG", quality=60)
+    a, b = a.getvalue(), b.getvalue()
+    ha, _ = image.read_header(a, ALIGN)
+    hb, _ = image.read_header(b, ALIGN)
+    da, db = image.decode_image(a, ha, ALIGN)[0], image.decode_image(b, hb, ALIGN)[0]
+    assert da.sha256 != db.sha256
+    assert da.phash == db.phash

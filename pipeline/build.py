@@ -232,8 +232,33 @@ class WriteStats(beam.PTransform):
 # ---------------------------------------------------------------------------
 
 
-def build_pipeline(p: beam.Pipeline, opts: BuildOptions, preset) -> None:
+class DropKeys(beam.PTransform):
+    """Light rows ``(key, ...)`` minus the keys in a ``(key, reason)`` PCollection."""
+
+    def expand(self, inputs):
+        rows, rejected = inputs
+        return (
+            {"row": rows | "KeyRows" >> beam.Map(lambda row: (row[0], row)), "rejected": rejected}
+            | "GroupRowsAndRejects" >> beam.CoGroupByKey()
+            | "KeepUnrejected" >> beam.FlatMap(lambda kv: [] if kv[1]["rejected"] else kv[1]["row"])
+        )
+
+
+def _texts_for_ngram_counts(element) -> List[str]:
+    """Every input record whose caption was read counts toward the n-gram table."""
+    from filters.text import normalize_text
+
+    if isinstance(element, Candidate) or element.reason in ("read/bad_status", "read/no_image"):
+        text = normalize_text(element.alt_text)
+        return [text] if text else []
+    return []
+
+
+def build_pipeline(p: beam.Pipeline, opts: BuildOptions, preset, notes: dict) -> None:
     """Adds the whole build to ``p``."""
+    from filters import nsfw
+    from filters.frequency import ApplyCorpusFilters
+
     read = p | "ReadCandidates" >> ReadCandidates(opts.input)
     input_count = read | "CountInput" >> beam.combiners.Count.Globally()
     parsed = read | "SplitReadRejects" >> beam.Partition(lambda x, _: int(isinstance(x, Rejection)), 2)
@@ -241,18 +266,30 @@ def build_pipeline(p: beam.Pipeline, opts: BuildOptions, preset) -> None:
 
     filtered = candidates | "ApplyRecordFilters" >> ApplyRecordFilters(preset)
     survivors = filtered.survivors
-    rejections = [read_rejects, filtered.rejected]
+    ran = [name for name, _ in stages.STAGES[:9]] + ["duplicate_pair"]
     verdicts = []
-    ran = ["read", "image_header", "image_format", "image_size", "image_aspect", "text", "text_length",
-           "text_repetition", "image_decode", "duplicate_pair"]
-    notes = {}
 
-    all_verdicts = (
-        verdicts | "FlattenVerdicts" >> beam.Flatten() if verdicts else p | "NoVerdicts" >> beam.Create([])
-    )
+    light = survivors | "LightRows" >> beam.Map(lambda r: (r.key, r.sha256, r.phash, r.text))
+    if nsfw.stage_enabled(preset.nsfw_threshold):
+        scored = (
+            survivors
+            | "KeyImages" >> beam.Map(lambda r: (r.key, r.image))
+            | "ScorePornography" >> beam.ParDo(nsfw.ScoreNsfw(preset.nsfw_threshold)).with_outputs(
+                nsfw.REJECTED_TAG, main="kept")
+        )
+        verdicts.append(scored.rejected)
+        light = (light, scored.rejected) | "DropPornographic" >> DropKeys()
+        ran.append("nsfw")
+
+    all_texts = read | "TextsForNgrams" >> beam.FlatMap(_texts_for_ngram_counts)
+    corpus = {"survivors": light, "all_texts": all_texts} | "ApplyCorpusFilters" >> ApplyCorpusFilters(preset)
+    verdicts.append(corpus["rejected"])
+    ran += ["texts_per_image", "images_per_text", "rare_ngrams"]
+    extra = [corpus["stats"]]
+
+    all_verdicts = verdicts | "FlattenVerdicts" >> beam.Flatten()
     written_records, joined_rejects = (survivors, all_verdicts) | "JoinVerdicts" >> JoinVerdicts()
-    rejections.append(joined_rejects)
-    all_rejections = rejections | "FlattenRejections" >> beam.Flatten()
+    all_rejections = (read_rejects, filtered.rejected, joined_rejects) | "FlattenRejections" >> beam.Flatten()
 
     shard_lengths = written_records | "WriteShards" >> write_lib.WriteShards(opts.output, opts.name, preset)
     written_counts = shard_lengths | "WrittenPerSplit" >> beam.FlatMap(lambda d: [(s, sum(c)) for s, c in d.items()])
@@ -260,9 +297,25 @@ def build_pipeline(p: beam.Pipeline, opts: BuildOptions, preset) -> None:
         lambda d: stats_lib.write_text(FileSystems.join(opts.output, write_lib.SHARDS_FILE), json.dumps(d))
     )
     histograms = filtered.measures | "Distributions" >> stats_lib.HistogramPerKey()
-    extra = p | "NoExtraStats" >> beam.Create([])
+    extra_stats = extra | "FlattenExtraStats" >> beam.Flatten()
     meta = {"ran": ran, "notes": notes, "dataset": opts.name, "preset": preset}
-    _ = (input_count, all_rejections, written_counts, histograms, extra) | "WriteStats" >> WriteStats(opts.output, meta)
+    _ = (input_count, all_rejections, written_counts, histograms, extra_stats) | "WriteStats" >> WriteStats(opts.output, meta)
+
+
+def stage_notes(preset) -> dict:
+    """What the funnel should say about stages that ran in a degraded way."""
+    from filters import nsfw
+
+    notes = {}
+    if not nsfw.stage_enabled(preset.nsfw_threshold):
+        notes["nsfw"] = "disabled: nsfw_threshold >= 1.0"
+    else:
+        scorer, status = nsfw.load_scorer()
+        if scorer is None:
+            notes["nsfw"] = f"records passed UNSCORED: {status}"
+        else:
+            notes["nsfw"] = status
+    return notes
 
 
 def _prepare_output(output: str, overwrite: bool) -> None:
@@ -302,8 +355,9 @@ def run(argv: Optional[List[str]] = None) -> dict:
         options.view_as(StandardOptions).runner = LOCAL_RUNNER
     options.view_as(SetupOptions).save_main_session = False
     _prepare_output(opts.output, opts.overwrite)
+    notes = stage_notes(preset)
     with beam.Pipeline(options=options) as p:
-        build_pipeline(p, opts, preset)
+        build_pipeline(p, opts, preset, notes)
     funnel = _finalize(opts.output, opts.name, preset)
     try:
         from pipeline.audit import format_funnel

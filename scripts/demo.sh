@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The main job on the embedded sample: generate it, build the corpus with the
+# ALIGN preset (filters, decontamination against the sample's evaluation
+# images, shards), audit it, build a WordPiece vocabulary and train the tiny
+# ALIGN model on the shards, printing held-out retrieval recall.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup_env.sh
+export TF_CPP_MIN_LOG_LEVEL=2
+OUT="${OUT:-out}"
+PY=.venv/bin/python
+
+$PY -m pipeline.sample --out "$OUT/sample"
+mapfile -t BUILD_FLAGS < <($PY - "$OUT/sample" <<'PYEOF'
+import json, os, sys
+info = json.load(open(os.path.join(sys.argv[1], "sample_info.json")))
+for override in info["build_overrides"]:
+    print("--set"); print(override)
+name, path = info["eval_images"].split("=", 1)
+print("--eval-images"); print(f"{name}={os.path.join(sys.argv[1], path)}")
+PYEOF
+)
+$PY -m pipeline.build --input "$OUT/sample/candidates/*.parquet" --output "$OUT/corpus" \
+    --preset align "${BUILD_FLAGS[@]}" --overwrite
+$PY -m pipeline.audit "$OUT/corpus" >/dev/null
+echo "audit report: $OUT/corpus/stats/report.html"
+$PY -m trainer.vocab --data_dir "$OUT/corpus" --vocab_size 2000
+$PY -m trainer.train --config trainer/configs/tiny.py --workdir "$OUT/train" \
+    --config.data_dir="$OUT/corpus" --config.eval_dir="$OUT/sample/eval"

@@ -1,0 +1,92 @@
+"""Pieces of the build job: pure functions without Beam, transforms with TestPipeline."""
+
+import apache_beam as beam
+import pyarrow as pa
+import pytest
+from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing.util import assert_that, equal_to
+
+from filters.presets import get_preset
+from pipeline import stats, write
+from pipeline.build import JoinVerdicts, resolve_group
+from pipeline.read import Rejection, rows_to_candidates
+from pipeline.schema import Candidate, make_key
+
+
+def cand(url, caption, sha="a", image=b"x"):
+    return Candidate(key=make_key(url, caption), url=url, alt_text=caption, image=image, sha256=sha)
+
+
+def test_key_depends_on_url_and_caption_only():
+    assert make_key("u", "c") == make_key("u", "c")
+    assert make_key("u", "c") != make_key("u", "c ")
+    assert make_key("ab", "c") != make_key("a", "bc")
+
+
+def test_resolve_group_keeps_one_and_names_repeats():
+    a, b = cand("u", "three word caption", sha="b"), cand("u", "three word caption", sha="a")
+    keep, reject = resolve_group(a.key, [a, b], [])
+    assert keep == [b] and reject == [(a, "duplicate_pair/repeat")]
+    # Arrival order does not matter.
+    assert resolve_group(a.key, [b, a], []) == (keep, reject)
+
+
+def test_resolve_group_verdict_applies_to_all_and_earliest_stage_wins():
+    a = cand("u", "three word caption")
+    keep, reject = resolve_group(a.key, [a, a], ["rare_ngrams/rare_ngram", "images_per_text/shared_text"])
+    assert keep == [] and [r for _, r in reject] == ["images_per_text/shared_text"] * 2
+
+
+def test_join_verdicts_transform():
+    a, b, c = cand("u1", "one two three"), cand("u2", "four five six"), cand("u3", "seven eight nine")
+    with TestPipeline(runner="FnApiRunner") as p:
+        survivors = p | "S" >> beam.Create([a, b, c, c])
+        verdicts = p | "V" >> beam.Create([(b.key, "images_per_text/shared_text")])
+        written, rejected = (survivors, verdicts) | JoinVerdicts()
+        assert_that(written | beam.Map(lambda r: r.key), equal_to([a.key, c.key]), label="written")
+        assert_that(
+            rejected | beam.Map(lambda r: (r.key, r.reason)),
+            equal_to([(b.key, "images_per_text/shared_text"), (c.key, "duplicate_pair/repeat")]),
+            label="rejected",
+        )
+
+
+def test_rows_missing_columns_or_bytes_are_rejected_with_reasons():
+    table = pa.table({"url": ["a", "b", "c", "d"], "caption": ["x y z", None, "x y z", "x y z"],
+                      "jpg": [b"img", b"img", None, b"img"], "status": ["success", "success", "success", "failed_to_download"]})
+    out = list(rows_to_candidates("f", table.to_batches(), set(table.column_names)))
+    assert isinstance(out[0], Candidate)
+    assert [o.reason for o in out[1:]] == ["read/missing_caption", "read/no_image", "read/bad_status"]
+    no_caption = pa.table({"url": ["a"], "jpg": [b"img"]})
+    (only,) = rows_to_candidates("f", no_caption.to_batches(), set(no_caption.column_names))
+    assert isinstance(only, Rejection) and only.reason == "read/missing_column"
+
+
+def test_funnel_conservation_and_order():
+    funnel = stats.build_funnel(10, {"image_size/too_small": 3, "text/empty": 1}, {"train": 5, "validation": 1}, ["image_size"])
+    assert funnel["conserved"] and funnel["rejected_total"] == 4
+    rows = {row["stage"]: row for row in funnel["stages"]}
+    assert rows["image_size"]["in"] == 10 and rows["image_size"]["out"] == 7 and rows["text"]["out"] == 6
+    broken = stats.build_funnel(10, {"text/empty": 1}, {"train": 5}, [])
+    assert not broken["conserved"]
+    with pytest.raises(ValueError):
+        stats.build_funnel(1, {"made_up/x": 1}, {}, [])
+
+
+def test_split_and_shard_are_functions_of_the_key():
+    keys = [make_key(f"u{i}", "c") for i in range(20_000)]
+    fraction = sum(write.split_of(k, 0.05) == "validation" for k in keys) / len(keys)
+    assert 0.04 < fraction < 0.06
+    counts = [0] * 8
+    for k in keys:
+        counts[write.shard_of(k, 8)] += 1
+    assert max(counts) < 1.1 * len(keys) / 8
+    assert write.num_shards_for(2000, 2000) == 2 and write.num_shards_for(0, 100) == 1
+
+
+def test_histogram_combine():
+    fn = stats.HistogramFn([0, 10, 100])
+    acc = fn.create_accumulator()
+    for v in [0, 5, 10, 99, 100, 1e9]:
+        acc = fn.add_input(acc, v)
+    assert fn.extract_output(fn.merge_accumulators([acc, acc]))["counts"] == [4, 4, 4]

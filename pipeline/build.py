@@ -296,6 +296,7 @@ def build_pipeline(p: beam.Pipeline, opts: BuildOptions, preset, notes: dict) ->
     _ = shard_lengths | "WriteShardList" >> beam.Map(
         lambda d: stats_lib.write_text(FileSystems.join(opts.output, write_lib.SHARDS_FILE), json.dumps(d))
     )
+    _ = (all_rejections, input_count) | "WriteRejectionLedger" >> write_lib.WriteRejectionLedger(opts.output)
     histograms = filtered.measures | "Distributions" >> stats_lib.HistogramPerKey()
     extra_stats = extra | "FlattenExtraStats" >> beam.Flatten()
     meta = {"ran": ran, "notes": notes, "dataset": opts.name, "preset": preset}

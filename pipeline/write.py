@@ -127,6 +127,51 @@ class WriteShards(beam.PTransform):
         )
 
 
+class _WriteLedgerFile(beam.DoFn):
+    def __init__(self, output_dir: str):
+        self.output_dir = output_dir
+
+    def process(self, element, num_files):
+        index, lines = element
+        name = f"rejected-{index:05d}-of-{num_files:05d}.jsonl"
+        path = FileSystems.join(self.output_dir, "stats", "rejected", name)
+        with FileSystems.create(path) as handle:
+            for _, line in sorted(lines):
+                handle.write(line.encode("utf-8") + b"\n")
+
+
+class WriteRejectionLedger(beam.PTransform):
+    """Every rejected record's key and reason, ``stats/rejected/*.jsonl``.
+
+    The per-record ledger behind the funnel: with the shards it accounts for
+    every input record. Files are keyed and sorted like the shards, so runs
+    agree byte for byte; about ``LEDGER_LINES_PER_FILE`` lines per file.
+    """
+
+    LEDGER_LINES_PER_FILE = 500_000
+
+    def __init__(self, output_dir: str):
+        super().__init__()
+        self.output_dir = output_dir
+
+    def expand(self, inputs):
+        rejections, input_count = inputs
+        per_file = self.LEDGER_LINES_PER_FILE
+        num_files = input_count | "LedgerFiles" >> beam.Map(lambda n: max(1, math.ceil(n / per_file)))
+        return (
+            rejections
+            | "LedgerLine" >> beam.Map(
+                lambda r, n: (
+                    shard_of(r.key, n),
+                    (r.key, json.dumps({"key": r.key, "reason": r.reason, "url": r.url})),
+                ),
+                n=beam.pvalue.AsSingleton(num_files),
+            )
+            | "GroupLedgerFile" >> beam.GroupByKey()
+            | "WriteLedgerFile" >> beam.ParDo(_WriteLedgerFile(self.output_dir), beam.pvalue.AsSingleton(num_files))
+        )
+
+
 def write_tfds_metadata(output_dir: str, name: str, shard_lengths: Dict[str, List[int]], description: str) -> None:
     """dataset_info.json + features.json, so tfds.builder_from_directory loads the dir."""
     import tensorflow_datasets as tfds

@@ -1,0 +1,779 @@
+"""Audit a built corpus: the funnel as a table, and a self-contained HTML report.
+
+    python -m pipeline.audit OUT_DIR [--no-html]
+
+reads ``OUT_DIR/stats/`` (written by ``pipeline.build``), prints the funnel
+(stage, in, rejected, out, % of input, top reasons) with the conservation
+check ``input == written + rejected``, and writes ``OUT_DIR/stats/report.html``:
+one file, every image and plot inlined as a ``data:`` URI, a Content Security
+Policy that forbids anything else (no scripts, no network), so it can be
+mailed, archived or opened offline. It shows what a person auditing a corpus
+looks at: the funnel, the distributions with the preset's cuts, sampled
+rejects of every reason with their alt-text, and the near-duplicate pairs.
+
+Exit status: 0 if the funnel checks pass, 1 if they fail (the report is
+still written, with the failure at the top), 2 if there is no funnel at all.
+
+Any stats file may be missing (its stage did not run); the report says so.
+Paths may be local or anything Beam's FileSystems reads (``gs://``).
+
+This module imports only the standard library at import time: the build
+prints its funnel with ``format_funnel``; matplotlib is imported only to
+render the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import binascii
+import html
+import io
+import json
+import math
+import os
+import sys
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from filters import stages
+
+STATS_DIR = "stats"
+FUNNEL_FILE = "funnel.json"
+SAMPLES_FILE = "rejected_samples.jsonl"
+DISTRIBUTIONS_FILE = "distributions.json"
+NEAR_DUPLICATES_FILE = "near_duplicates.jsonl"
+REPORT_FILE = "report.html"
+
+TOP_REASONS = 3
+MAX_NEAR_DUPLICATE_PAIRS = 200
+MIN_PAIRS_FOR_HISTOGRAM = 10
+
+# ---------------------------------------------------------------------------
+# Reading the stats (local paths or Beam FileSystems paths such as gs://)
+# ---------------------------------------------------------------------------
+
+
+def _is_remote(path: str) -> bool:
+    return "://" in path
+
+
+def _join(*parts: str) -> str:
+    if _is_remote(parts[0]):
+        return "/".join([parts[0].rstrip("/")] + [p.strip("/") for p in parts[1:]])
+    return os.path.join(*parts)
+
+
+def _exists(path: str) -> bool:
+    if _is_remote(path):
+        from apache_beam.io.filesystems import FileSystems
+
+        return FileSystems.exists(path)
+    return os.path.exists(path)
+
+
+def _read_text(path: str) -> Optional[str]:
+    if not _exists(path):
+        return None
+    if _is_remote(path):
+        from apache_beam.io.filesystems import FileSystems
+
+        with FileSystems.open(path) as handle:
+            return handle.read().decode("utf-8")
+    with open(path, encoding="utf-8") as handle:
+        return handle.read()
+
+
+def _write_text(path: str, text: str) -> None:
+    if _is_remote(path):
+        from apache_beam.io.filesystems import FileSystems
+
+        with FileSystems.create(path, mime_type="text/html") as handle:
+            handle.write(text.encode("utf-8"))
+        return
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(text)
+
+
+def stats_dir_of(data_dir: str) -> str:
+    """``DIR/stats`` for a build output; ``DIR`` itself if it is a stats dir."""
+    nested = _join(data_dir, STATS_DIR)
+    if not _exists(_join(nested, FUNNEL_FILE)) and _exists(_join(data_dir, FUNNEL_FILE)):
+        return data_dir
+    return nested
+
+
+def _read_jsonl(text: Optional[str]) -> Tuple[List[dict], int]:
+    """Rows and the number of unreadable lines (counted, not fatal)."""
+    if text is None:
+        return [], 0
+    rows, bad = [], 0
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            bad += 1
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+        else:
+            bad += 1
+    return rows, bad
+
+
+def load_stats(data_dir: str) -> dict:
+    """Everything the audit reads; a missing file is ``None`` (samples: ``[]``)."""
+    stats_dir = stats_dir_of(data_dir)
+    loaded = {"stats_dir": stats_dir, "missing": [], "unreadable": {}}
+
+    def read_json(name):
+        text = _read_text(_join(stats_dir, name))
+        if text is None:
+            loaded["missing"].append(name)
+            return None
+        try:
+            return json.loads(text)
+        except ValueError as err:
+            loaded["unreadable"][name] = str(err)
+            return None
+
+    def read_jsonl(name):
+        text = _read_text(_join(stats_dir, name))
+        if text is None:
+            loaded["missing"].append(name)
+        rows, bad = _read_jsonl(text)
+        if bad:
+            loaded["unreadable"][name] = f"{bad} unreadable line(s) skipped"
+        return rows
+
+    loaded["funnel"] = read_json(FUNNEL_FILE)
+    loaded["distributions"] = read_json(DISTRIBUTIONS_FILE)
+    loaded["samples"] = read_jsonl(SAMPLES_FILE)
+    loaded["near_duplicates"] = read_jsonl(NEAR_DUPLICATES_FILE)
+    return loaded
+
+
+# ---------------------------------------------------------------------------
+# The funnel: checks and the text table
+# ---------------------------------------------------------------------------
+
+
+def _int(value) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _stage_rejected(row: dict) -> int:
+    return sum(_int(c) for c in (row.get("rejected") or {}).values())
+
+
+def check_funnel(funnel: dict) -> List[str]:
+    """Every way the funnel breaks the conservation law; ``[]`` when it holds.
+
+    The law is recomputed from the numbers, never taken from the file's own
+    ``conserved`` flag (which is checked against it too).
+    """
+    problems = []
+    total_in = _int(funnel.get("input"))
+    written = sum(_int(v) for v in (funnel.get("written") or {}).values())
+    rows = funnel.get("stages") or []
+    by_stage = sum(_stage_rejected(row) for row in rows)
+    rejected_total = _int(funnel.get("rejected_total", by_stage))
+    if total_in != written + rejected_total:
+        diff = total_in - written - rejected_total
+        what = f"{diff:,} record(s) unaccounted for" if diff > 0 else f"{-diff:,} record(s) counted twice"
+        problems.append(
+            f"CONSERVATION CHECK FAILED: input {total_in:,} != written {written:,} + rejected {rejected_total:,} ({what})"
+        )
+    if rejected_total != by_stage:
+        problems.append(f"rejected_total {rejected_total:,} != sum of stage rejections {by_stage:,}")
+    if "conserved" in funnel and bool(funnel["conserved"]) != (total_in == written + rejected_total):
+        problems.append(f"funnel.json says conserved={funnel['conserved']} but the numbers say otherwise")
+    expected = total_in
+    for row in rows:
+        name = row.get("stage", "?")
+        if name not in stages.STAGE_INDEX:
+            problems.append(f"unknown stage {name!r}")
+        n_in, n_out = _int(row.get("in")), _int(row.get("out"))
+        if n_in != expected:
+            problems.append(f"stage {name}: in {n_in:,} != previous stage's out {expected:,}")
+        if n_in - _stage_rejected(row) != n_out:
+            problems.append(f"stage {name}: in {n_in:,} - rejected {_stage_rejected(row):,} != out {n_out:,}")
+        if not row.get("ran", True) and _stage_rejected(row):
+            problems.append(f"stage {name}: marked not run but rejected {_stage_rejected(row):,}")
+        expected = n_out
+    if rows and expected != written:
+        problems.append(f"last stage's out {expected:,} != written {written:,}")
+    order = [row.get("stage") for row in rows if row.get("stage") in stages.STAGE_INDEX]
+    if order != sorted(order, key=stages.STAGE_INDEX.get):
+        problems.append("stages are not in the order of filters/stages.py")
+    return problems
+
+
+def _pct(part: int, whole: int) -> str:
+    return f"{100.0 * part / whole:.1f}%" if whole else "-"
+
+
+def _top_reasons(row: dict, limit: int = TOP_REASONS) -> str:
+    reasons = sorted((row.get("rejected") or {}).items(), key=lambda kv: (-_int(kv[1]), kv[0]))
+    reasons = [(r, _int(c)) for r, c in reasons if _int(c)]
+    shown = [f"{r.split('/', 1)[-1]} {c:,}" for r, c in reasons[:limit]]
+    if len(reasons) > limit:
+        shown.append(f"+{len(reasons) - limit} more")
+    return ", ".join(shown)
+
+
+def format_funnel(funnel: dict) -> str:
+    """The funnel as an aligned text table, then written/rejected totals and checks."""
+    total_in = _int(funnel.get("input"))
+    rows = funnel.get("stages") or []
+    header = ("#", "stage", "in", "rejected", "out", "% of input", "top reasons")
+    table = []
+    for i, row in enumerate(rows, 1):
+        ran = row.get("ran", True)
+        rejected = _stage_rejected(row)
+        table.append(
+            (
+                str(i),
+                str(row.get("stage", "?")),
+                f"{_int(row.get('in')):,}",
+                f"{rejected:,}" if ran else "-",
+                f"{_int(row.get('out')):,}",
+                _pct(_int(row.get("out")), total_in),
+                _top_reasons(row) if ran else "(not run)",
+            )
+        )
+    widths = [max(len(r[c]) for r in table + [header]) for c in range(len(header))]
+    left = {1, 6}  # stage names and reasons read left to right, numbers right-aligned
+
+    def line(cells):
+        parts = [cell.ljust(w) if c in left else cell.rjust(w) for c, (cell, w) in enumerate(zip(cells, widths))]
+        return "  ".join(parts).rstrip()
+
+    dataset = funnel.get("dataset") or "?"
+    preset = funnel.get("preset_name") or "?"
+    out = [f"funnel of {dataset!r} (preset {preset!r}): {total_in:,} input records", line(header)]
+    out.append("  ".join("-" * w for w in widths))
+    out += [line(cells) for cells in table]
+    notes = [(row.get("stage", "?"), row["note"]) for row in rows if row.get("note")]
+    if notes:
+        out.append("notes:")
+        out += [f"  {name}: {note}" for name, note in notes]
+    written = {k: _int(v) for k, v in (funnel.get("written") or {}).items()}
+    written_total = sum(written.values())
+    rejected_total = _int(funnel.get("rejected_total", sum(_stage_rejected(r) for r in rows)))
+    splits = ", ".join(f"{k} {v:,}" for k, v in written.items()) or "nothing"
+    out.append(f"written: {splits} ({written_total:,} total, {_pct(written_total, total_in)} of input)")
+    out.append(f"rejected: {rejected_total:,} ({_pct(rejected_total, total_in)} of input)")
+    problems = check_funnel(funnel)
+    if problems:
+        bar = "!" * 78
+        out += [bar] + [f"!!! {p}" for p in problems] + [bar]
+    else:
+        out.append(f"conservation: input {total_in:,} == written {written_total:,} + rejected {rejected_total:,}  OK")
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------
+# Plots (matplotlib imported here only)
+# ---------------------------------------------------------------------------
+
+#: Which preset parameters cut each distribution, and on which side values
+#: are kept: ("param", op) keeps ``value op param``. ``aspect_ratio`` keeps
+#: ``<=`` instead of ``<`` when the preset says max_aspect_ratio_inclusive.
+#: A parameter set to 0 is disabled (min_both_sides in the align preset).
+DISTRIBUTION_CUTS = {
+    "shorter_side": (("min_shorter_side", ">"), ("min_both_sides", ">")),
+    "aspect_ratio": (("max_aspect_ratio", "<"),),
+    "words_per_text": (("min_words", ">="), ("max_words", "<=")),
+    "texts_per_image": (("max_texts_per_image", "<="),),
+    "images_per_text": (("max_images_per_text", "<="),),
+}
+
+_OPS = {
+    ">": lambda v, t: v > t,
+    ">=": lambda v, t: v >= t,
+    "<": lambda v, t: v < t,
+    "<=": lambda v, t: v <= t,
+}
+
+KEPT, CUT, MIXED, UNKNOWN = "#4c78a8", "#e45756", "#f2a33a", "#9d9da1"
+
+
+def distribution_cuts(name: str, dist: dict, preset: dict) -> List[Tuple[str, str, float]]:
+    """``[(label, op, value)]`` for a distribution: its own ``cut``, else the preset's."""
+    cuts = []
+    for param, op in DISTRIBUTION_CUTS.get(name, ()):
+        value = preset.get(param)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+            continue
+        if param == "max_aspect_ratio" and preset.get("max_aspect_ratio_inclusive"):
+            op = "<="
+        cuts.append((param, op, float(value)))
+    if not cuts and isinstance(dist.get("cut"), (int, float)):
+        cuts.append(("cut", "", float(dist["cut"])))
+    return cuts
+
+
+def _bins(dist: dict) -> List[Tuple[float, Optional[float], int]]:
+    """``[(lo, hi or None for an open last bin, count)]`` from edges/counts.
+
+    Two conventions are read: ``len(counts) == len(edges) - 1`` (bins between
+    edges) and ``len(counts) == len(edges)`` (the last bin is ``>= edges[-1]``).
+    """
+    edges = [float(e) for e in dist.get("edges") or []]
+    counts = [_int(c) for c in dist.get("counts") or []]
+    if len(counts) == len(edges) - 1:
+        return [(edges[i], edges[i + 1], counts[i]) for i in range(len(counts))]
+    if len(counts) == len(edges):
+        return [(edges[i], edges[i + 1] if i + 1 < len(edges) else None, counts[i]) for i in range(len(counts))]
+    raise ValueError(f"{len(counts)} counts for {len(edges)} edges")
+
+
+def _bin_label(lo: float, hi: Optional[float], integer: bool) -> str:
+    """Integer bins by their inclusive range ([3, 5) is "3–4"); real bins by edges."""
+
+    def num(x):
+        return f"{int(x):,}" if float(x).is_integer() else f"{x:g}"
+
+    if hi is None:
+        return f"≥{num(lo)}"
+    if integer:
+        return num(lo) if hi - lo <= 1 else f"{num(lo)}–{num(hi - 1)}"
+    return f"{num(lo)}–{num(hi)}"
+
+
+def _bin_colour(lo: float, hi: Optional[float], cuts, integer: bool) -> str:
+    """Kept, cut or mixed: does every value of the bin pass every cut?"""
+    ops = [(_OPS[op], value) for _, op, value in cuts if op in _OPS]
+    if not ops:
+        return UNKNOWN
+    last = (hi - 1 if integer else hi * (1 - 1e-9)) if hi is not None else math.inf
+    ends = [lo, max(lo, last)]
+    verdicts = {all(f(v, t) for f, t in ops) for v in ends}
+    return KEPT if verdicts == {True} else CUT if verdicts == {False} else MIXED
+
+
+def _figure(width: float, height: float, left: float = 0.8, bottom: float = 0.55):
+    """A pyplot-free Figure (no global state, Agg canvas); margins in inches."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=100)
+    fig.subplots_adjust(left=left / width, right=1 - 0.2 / width, bottom=bottom / height, top=1 - 0.35 / height)
+    return fig
+
+
+def _png_data_uri(fig) -> str:
+    buf = io.BytesIO()
+    # A fixed layout, not bbox_inches="tight": that draws every figure twice.
+    fig.savefig(buf, format="png", metadata={"Software": None})
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def plot_funnel(funnel: dict) -> str:
+    """Horizontal bars per stage: records out (kept) and rejected, in order."""
+    rows = funnel.get("stages") or []
+    fig = _figure(9, 0.3 * max(len(rows), 3) + 1.0, left=1.6, bottom=0.5)
+    ax = fig.add_subplot()
+    names = [row.get("stage", "?") for row in rows]
+    outs = [_int(row.get("out")) for row in rows]
+    rejected = [_stage_rejected(row) for row in rows]
+    ys = list(range(len(rows)))[::-1]
+    ax.barh(ys, outs, color=[KEPT if row.get("ran", True) else UNKNOWN for row in rows], label="out (kept)")
+    ax.barh(ys, rejected, left=outs, color=CUT, label="rejected by this stage")
+    total = max(_int(funnel.get("input")), 1)
+    for y, row, out, rej in zip(ys, rows, outs, rejected):
+        text = f"{out:,}" + (f"  (-{rej:,})" if rej else "") + ("" if row.get("ran", True) else "  not run")
+        ax.text(total * 1.01, y, text, va="center", fontsize=8)
+    ax.set_yticks(ys, names, fontsize=8)
+    ax.set_xlim(0, total * 1.3)
+    ax.set_xlabel("records")
+    ax.set_title("funnel: records remaining after each stage", fontsize=10)
+    ax.legend(loc="lower left", fontsize=8)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    return _png_data_uri(fig)
+
+
+def plot_distribution(name: str, dist: dict, preset: dict) -> str:
+    """Equal-width bars per bin (edges are uneven), coloured kept/cut by the preset."""
+    bins = _bins(dist)
+    cuts = distribution_cuts(name, dist, preset)
+    integer = all(float(lo).is_integer() and (hi is None or float(hi).is_integer()) for lo, hi, _ in bins)
+    fig = _figure(max(5.0, 0.4 * len(bins) + 1.2), 3.2, bottom=0.8)
+    ax = fig.add_subplot()
+    xs = list(range(len(bins)))
+    colours = [_bin_colour(lo, hi, cuts, integer) for lo, hi, _ in bins]
+    ax.bar(xs, [c for _, _, c in bins], width=0.9, color=colours)
+    ax.set_xticks(xs, [_bin_label(lo, hi, integer) for lo, hi, _ in bins], rotation=45, ha="right", fontsize=8)
+    if dist.get("log"):
+        ax.set_yscale("symlog")
+    for label, op, value in cuts:
+        x = _position(_boundary(op, value, integer), bins)
+        if x is None:
+            continue
+        ax.axvline(x, color="black", linestyle="--", linewidth=1)
+        ax.text(x, ax.get_ylim()[1] * 0.97, f" {label}={value:g}" + (f" (keep {op})" if op else ""),
+                rotation=90, va="top", ha="right", fontsize=7)
+    ax.set_title(name, fontsize=10)
+    ax.set_ylabel("count")
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    from matplotlib.patches import Patch
+
+    used = [(KEPT, "kept"), (CUT, "cut"), (MIXED, "partly cut")]
+    handles = [Patch(color=c, label=t) for c, t in used if c in colours]
+    if handles:
+        ax.legend(handles=handles, fontsize=7, loc="upper right")
+    return _png_data_uri(fig)
+
+
+def _position(value: float, bins) -> Optional[float]:
+    """x of ``value`` on the equal-width bin axis (bin i is centred on i)."""
+    for i, (lo, hi, _) in enumerate(bins):
+        if value < lo:
+            return None if i == 0 else i - 0.5
+        if hi is None or value < hi:
+            return i - 0.5 + (0.0 if hi is None else (value - lo) / (hi - lo))
+    return len(bins) - 0.5
+
+
+def _boundary(op: str, value: float, integer: bool) -> float:
+    """Where kept and cut values meet: for integers ``> 200`` cuts 200 itself."""
+    return value + 1 if integer and op in (">", "<=") else value
+
+
+def plot_count_of_counts(coc: dict) -> str:
+    """How many distinct n-grams occur exactly c times, log-log, with the cut."""
+    pairs = sorted((_int(c), _int(n)) for c, n in (coc.get("counts") or {}).items() if _int(c) > 0)
+    fig = _figure(6.5, 3.4)
+    ax = fig.add_subplot()
+    if pairs:
+        ax.scatter([c for c, _ in pairs], [n for _, n in pairs], s=8, color=KEPT)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+    cut = coc.get("cut_count")
+    if isinstance(cut, (int, float)) and cut > 0:
+        ax.axvline(cut, color=CUT, linestyle="--", linewidth=1)
+        ax.text(cut, 0.97, f" cut: seen < {cut:g} times -> out of vocabulary", transform=ax.get_xaxis_transform(),
+                va="top", fontsize=7, color=CUT)
+    ax.set_xlabel("times an n-gram occurs")
+    ax.set_ylabel("distinct n-grams")
+    ax.set_title("n-gram count of counts", fontsize=10)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    return _png_data_uri(fig)
+
+
+def plot_cosines(pairs: Sequence[dict], threshold: Optional[float]) -> str:
+    cosines = [float(p["cosine"]) for p in pairs if isinstance(p.get("cosine"), (int, float))]
+    fig = _figure(6.0, 2.6)
+    ax = fig.add_subplot()
+    ax.hist(cosines, bins=min(40, max(5, len(cosines) // 2)), color=KEPT)
+    if threshold:
+        ax.axvline(threshold, color=CUT, linestyle="--", linewidth=1)
+        ax.text(threshold, 0.97, f" threshold {threshold:g}", transform=ax.get_xaxis_transform(), va="top", fontsize=7)
+    ax.set_xlabel("cosine similarity of the pair")
+    ax.set_ylabel("pairs")
+    ax.set_title("near-duplicate pairs found", fontsize=10)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    return _png_data_uri(fig)
+
+
+# ---------------------------------------------------------------------------
+# HTML
+# ---------------------------------------------------------------------------
+
+# No scripts, no network: images only from data: URIs, styles only inline.
+CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
+
+CSS = """
+body { font: 14px/1.4 system-ui, -apple-system, "Segoe UI", "DejaVu Sans", sans-serif; margin: 0 2rem 3rem; color: #222; }
+h1 { margin: 1.2rem 0 .3rem; } h2 { margin-top: 2.2rem; border-bottom: 1px solid #ddd; } h3 { margin: 1.4rem 0 .4rem; font-size: 15px; }
+nav a { margin-right: 1rem; } .muted { color: #777; } code { background: #f4f4f4; padding: 0 .2em; }
+.banner { padding: .7rem 1rem; border-radius: 4px; margin: .8rem 0; font-weight: 600; }
+.banner.ok { background: #e7f4e4; border: 1px solid #7bb36e; }
+.banner.fail { background: #fde2e1; border: 2px solid #d62728; color: #8b0000; }
+.banner.fail ul { margin: .3rem 0 0; }
+table { border-collapse: collapse; margin: .5rem 0; } th, td { padding: .25rem .6rem; border-bottom: 1px solid #eee; vertical-align: top; }
+th { text-align: left; background: #fafafa; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
+tr.notrun td { color: #999; }
+.plots { display: flex; flex-wrap: wrap; gap: 1rem; } .plots figure { margin: 0; }
+figcaption { font-size: 12px; color: #555; max-width: 36rem; }
+.grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(150px, 1fr)); gap: .6rem; }
+.card { border: 1px solid #ddd; border-radius: 4px; padding: .35rem; font-size: 12px; overflow: hidden; background: #fff; }
+.card img, .pair img { display: block; max-width: 128px; max-height: 128px; margin: 0 auto .3rem; }
+.noimg { width: 128px; height: 64px; margin: 0 auto .3rem; display: flex; align-items: center; justify-content: center;
+  background: #f0f0f0; color: #888; font-size: 11px; }
+.alt { font-style: italic; word-break: break-word; } .meta { color: #666; word-break: break-all; }
+.blur img { filter: blur(14px); } .blur:hover img { filter: none; }
+.pair td { text-align: center; }
+"""
+
+
+def _e(value) -> str:
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+_IMAGE_MAGIC = (
+    (b"\xff\xd8\xff", "image/jpeg"),
+    (b"\x89PNG\r\n\x1a\n", "image/png"),
+    (b"GIF87a", "image/gif"),
+    (b"GIF89a", "image/gif"),
+)
+
+
+def thumbnail_uri(b64: Optional[str]) -> Optional[str]:
+    """A ``data:`` URI for a base64 thumbnail, or None if it is not a real image.
+
+    The stats files come from web data: a thumbnail string is decoded and
+    its magic bytes checked, so nothing but an image can reach the page.
+    """
+    if not isinstance(b64, str) or not b64:
+        return None
+    try:
+        raw = base64.b64decode(b64, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    mime = next((m for magic, m in _IMAGE_MAGIC if raw.startswith(magic)), None)
+    if mime is None and raw[:4] == b"RIFF" and raw[8:12] == b"WEBP":
+        mime = "image/webp"
+    if mime is None:
+        return None
+    return f"data:{mime};base64,{base64.b64encode(raw).decode('ascii')}"
+
+
+def _img(b64: Optional[str], alt: str) -> str:
+    uri = thumbnail_uri(b64)
+    if uri is None:
+        return '<div class="noimg">no thumbnail</div>'
+    return f'<img src="{uri}" alt="{_e(alt[:200])}">'
+
+
+def _truncate(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _section_funnel(funnel: Optional[dict]) -> str:
+    if funnel is None:
+        return '<h2 id="funnel">Funnel</h2><p class="banner fail">funnel.json is missing: the build did not finish.</p>'
+    total = _int(funnel.get("input"))
+    rows = []
+    for i, row in enumerate(funnel.get("stages") or [], 1):
+        ran = row.get("ran", True)
+        reasons = sorted((row.get("rejected") or {}).items(), key=lambda kv: (-_int(kv[1]), kv[0]))
+        reason_html = "<br>".join(
+            f'<a href="#r-{_e(r)}">{_e(r)}</a> {_int(c):,} ({_pct(_int(c), total)})' for r, c in reasons if _int(c)
+        )
+        note = f'<div class="muted">{_e(row["note"])}</div>' if row.get("note") else ""
+        rows.append(
+            f'<tr class="{"" if ran else "notrun"}"><td class="num">{i}</td>'
+            f'<td><b>{_e(row.get("stage"))}</b><div class="muted">{_e(row.get("description", ""))}</div>{note}</td>'
+            f'<td class="num">{_int(row.get("in")):,}</td>'
+            f'<td class="num">{(f"{_stage_rejected(row):,}" if ran else "not run")}</td>'
+            f'<td class="num">{_int(row.get("out")):,}</td>'
+            f'<td class="num">{_pct(_int(row.get("out")), total)}</td><td>{reason_html}</td></tr>'
+        )
+    written = funnel.get("written") or {}
+    written_html = ", ".join(f"{_e(k)} {_int(v):,}" for k, v in written.items()) or "nothing"
+    return (
+        '<h2 id="funnel">Funnel</h2>'
+        f"<p>{total:,} input records; written: {written_html}; rejected: {_int(funnel.get('rejected_total')):,}. "
+        "Every record is counted once, at the first stage that rejects it.</p>"
+        "<table><tr><th>#</th><th>stage</th><th>in</th><th>rejected</th><th>out</th><th>% of input</th>"
+        "<th>reasons</th></tr>" + "".join(rows) + "</table>"
+        f'<figure><img src="{plot_funnel(funnel)}" alt="funnel bar chart"></figure>'
+    )
+
+
+def _section_preset(funnel: Optional[dict]) -> str:
+    preset = (funnel or {}).get("preset") or {}
+    if not preset:
+        return ""
+    rows = "".join(f"<tr><td><code>{_e(k)}</code></td><td>{_e(v)}</td></tr>" for k, v in preset.items())
+    return (
+        f'<h2 id="preset">Preset <code>{_e((funnel or {}).get("preset_name", ""))}</code></h2>'
+        f"<details><summary>{len(preset)} parameters</summary><table>{rows}</table></details>"
+    )
+
+
+def _section_distributions(distributions: Optional[dict], preset: dict) -> str:
+    head = '<h2 id="distributions">Distributions</h2>'
+    if not distributions:
+        return head + '<p class="muted">distributions.json is missing or empty.</p>'
+    figures = []
+    for name, dist in distributions.items():
+        if name == "count_of_counts" or not isinstance(dist, dict):
+            continue
+        try:
+            uri = plot_distribution(name, dist, preset)
+        except (ValueError, TypeError) as err:
+            figures.append(f'<figure><figcaption><b>{_e(name)}</b>: cannot plot ({_e(err)})</figcaption></figure>')
+            continue
+        total = sum(_int(c) for c in dist.get("counts") or [])
+        caption = f"<b>{_e(name)}</b>: {_e(dist.get('description', ''))} ({total:,} values)"
+        figures.append(f'<figure><img src="{uri}" alt="{_e(name)} histogram"><figcaption>{caption}</figcaption></figure>')
+    coc = distributions.get("count_of_counts")
+    if isinstance(coc, dict):
+        caption = (
+            f"<b>count_of_counts</b>: {_int(coc.get('num_ngrams')):,} distinct unigrams+bigrams; "
+            f"vocabulary keeps {_int(coc.get('vocab_size')):,} (cut at count {_e(coc.get('cut_count'))}). "
+            "An alt-text with any n-gram outside the vocabulary is dropped (rare_ngrams)."
+        )
+        figures.append(
+            f'<figure><img src="{plot_count_of_counts(coc)}" alt="n-gram count of counts"><figcaption>{caption}</figcaption></figure>'
+        )
+    legend = (
+        '<p class="muted">Bars are bins (equal width whatever the bin size); colour says whether the '
+        "preset keeps the whole bin, cuts it, or cuts part of it. Dashed lines: the preset's thresholds.</p>"
+    )
+    return head + legend + '<div class="plots">' + "".join(figures) + "</div>"
+
+
+def _section_samples(samples: List[dict], funnel: Optional[dict]) -> str:
+    head = '<h2 id="rejects">Sampled rejects</h2>'
+    if not samples:
+        return head + '<p class="muted">rejected_samples.jsonl is missing or empty.</p>'
+    counts = {}
+    for row in (funnel or {}).get("stages") or []:
+        counts.update({r: _int(c) for r, c in (row.get("rejected") or {}).items()})
+    by_reason: Dict[str, List[dict]] = {}
+    for row in samples:
+        by_reason.setdefault(str(row.get("reason", "?")), []).append(row)
+    order = sorted(by_reason, key=lambda r: (stages.STAGE_INDEX.get(stages.stage_of(r), len(stages.STAGES)), r))
+    parts = [head, '<p class="muted">A deterministic sample of each reason (by key hash). '
+             "Thumbnails of <code>nsfw/*</code> rejects are blurred until hovered.</p>"]
+    for reason in order:
+        rows = by_reason[reason]
+        total = counts.get(reason)
+        count_text = f"{total:,} rejected, {len(rows)} shown" if total is not None else f"{len(rows)} shown"
+        blur = " blur" if stages.stage_of(reason) == "nsfw" else ""
+        cards = []
+        for row in rows:
+            alt = str(row.get("alt_text") or "")
+            size = f"{_int(row.get('width'))}×{_int(row.get('height'))}" if row.get("width") else ""
+            meta = " ".join(x for x in (size, str(row.get("format") or "")) if x)
+            cards.append(
+                f'<div class="card{blur}">{_img(row.get("thumbnail"), alt)}'
+                f'<div class="alt" title="{_e(alt)}">{_e(_truncate(alt, 160)) or "<span class=muted>(no alt-text)</span>"}</div>'
+                f'<div class="meta">{_e(meta)}</div>'
+                f'<div class="meta" title="{_e(row.get("url", ""))}">{_e(_truncate(str(row.get("url") or ""), 80))}</div>'
+                f'<div class="meta">key {_e(row.get("key", ""))}</div></div>'
+            )
+        parts.append(f'<h3 id="r-{_e(reason)}"><code>{_e(reason)}</code> <span class="muted">{count_text}</span></h3>')
+        parts.append('<div class="grid">' + "".join(cards) + "</div>")
+    return "".join(parts)
+
+
+def _section_near_duplicates(pairs: List[dict], missing: bool, preset: dict) -> str:
+    head = '<h2 id="near-duplicates">Near-duplicate pairs</h2>'
+    if missing:
+        return head + '<p class="muted">near_duplicates.jsonl is missing: near-duplicate removal did not run.</p>'
+    if not pairs:
+        return head + "<p>No near-duplicate pairs were found.</p>"
+
+    def cosine(p):
+        value = p.get("cosine")
+        return float(value) if isinstance(value, (int, float)) else -math.inf
+
+    ordered = sorted(pairs, key=lambda p: (-cosine(p), str(p.get("key")), str(p.get("index_key"))))
+    shown = ordered[:MAX_NEAR_DUPLICATE_PAIRS]
+    threshold = preset.get("near_duplicate_threshold")
+    threshold = float(threshold) if isinstance(threshold, (int, float)) and threshold > 0 else None
+    rows = []
+    for p in shown:
+        rows.append(
+            '<tr class="pair">'
+            f'<td>{_img(p.get("thumbnail"), "corpus image")}<div class="meta">{_e(p.get("key"))}</div></td>'
+            f'<td>{_img(p.get("index_thumbnail"), "index image")}<div class="meta">{_e(p.get("index_set"))}: '
+            f'{_e(p.get("index_key"))}</div></td>'
+            f'<td class="num"><b>{cosine(p):.4f}</b></td><td>{_e(p.get("variant", ""))}</td></tr>'
+        )
+    more = f" (showing the {len(shown)} most similar)" if len(shown) < len(pairs) else ""
+    return (
+        head + f"<p>{len(pairs):,} pairs{more}. Left: the corpus image that was dropped; right: the image it "
+        "duplicates (an evaluation set, or a kept corpus image).</p>"
+        + (f'<figure><img src="{plot_cosines(pairs, threshold)}" alt="cosine histogram"></figure>'
+           if len(pairs) >= MIN_PAIRS_FOR_HISTOGRAM else "")
+        + "<table><tr><th>corpus image</th><th>duplicates</th><th>cosine</th><th>variant</th></tr>" + "".join(rows) + "</table>"
+    )
+
+
+def build_html(loaded: dict) -> str:
+    funnel = loaded.get("funnel")
+    preset = (funnel or {}).get("preset") or {}
+    title = f"Corpus audit: {(funnel or {}).get('dataset') or os.path.basename(loaded['stats_dir'].rstrip('/'))}"
+    problems = check_funnel(funnel) if funnel is not None else ["funnel.json is missing"]
+    if problems:
+        banner = '<div class="banner fail">FUNNEL CHECK FAILED<ul>' + "".join(f"<li>{_e(p)}</li>" for p in problems) + "</ul></div>"
+    else:
+        banner = (
+            f'<div class="banner ok">Conserved: input {_int(funnel.get("input")):,} = written '
+            f'{sum(_int(v) for v in (funnel.get("written") or {}).values()):,} + rejected {_int(funnel.get("rejected_total")):,}</div>'
+        )
+    notices = [f"{name} is missing" for name in loaded.get("missing", []) if name != FUNNEL_FILE]
+    notices += [f"{name}: {why}" for name, why in loaded.get("unreadable", {}).items()]
+    notice_html = "".join(f'<p class="muted">{_e(n)}</p>' for n in notices)
+    body = [
+        f"<h1>{_e(title)}</h1>",
+        f'<p class="muted">preset <code>{_e((funnel or {}).get("preset_name", "?"))}</code> · stats from '
+        f"<code>{_e(loaded['stats_dir'])}</code></p>",
+        '<nav><a href="#funnel">funnel</a><a href="#distributions">distributions</a>'
+        '<a href="#rejects">sampled rejects</a><a href="#near-duplicates">near-duplicates</a><a href="#preset">preset</a></nav>',
+        banner,
+        notice_html,
+        _section_funnel(funnel),
+        _section_distributions(loaded.get("distributions"), preset),
+        _section_samples(loaded.get("samples") or [], funnel),
+        _section_near_duplicates(loaded.get("near_duplicates") or [], NEAR_DUPLICATES_FILE in loaded.get("missing", []), preset),
+        _section_preset(funnel),
+    ]
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{_e(title)}</title><style>{CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
+    )
+
+
+def render_report(data_dir: str) -> str:
+    """Writes ``<stats dir>/report.html`` and returns its path."""
+    loaded = load_stats(data_dir)
+    path = _join(loaded["stats_dir"], REPORT_FILE)
+    _write_text(path, build_html(loaded))
+    return path
+
+
+# ---------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m pipeline.audit", description="Print the funnel of a built corpus and write stats/report.html."
+    )
+    parser.add_argument("data_dir", help="build output directory (or its stats/ directory); local or gs://")
+    parser.add_argument("--no-html", action="store_true", help="print the funnel only")
+    args = parser.parse_args(argv)
+    stats_dir = stats_dir_of(args.data_dir)
+    text = _read_text(_join(stats_dir, FUNNEL_FILE))
+    funnel = json.loads(text) if text is not None else None
+    if funnel is None:
+        print(f"no {FUNNEL_FILE} in {stats_dir}: did the build finish?", file=sys.stderr)
+    else:
+        print(format_funnel(funnel))
+    if not args.no_html:
+        print(f"report: {render_report(args.data_dir)}")
+    if funnel is None:
+        return 2
+    return 1 if check_funnel(funnel) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,534 @@
+"""What the sample corpus shows: drawn shape scenes, photo crops, and their alt-texts.
+
+Two kinds of content, each a small picklable *spec* (plain dicts and tuples)
+that is sampled once with a seeded ``numpy.random.Generator`` and rendered
+deterministically at any size by ``render``:
+
+- **Scenes**: one or two groups of coloured shapes on a plain or gently
+  graded background, drawn with PIL at 2x and box-downsampled (smooth
+  edges). The first group is the *dominant* one: larger shapes, always named
+  in the alt-text, and the class a zero-shot evaluation asks about.
+- **Photos**: crops (location, scale, aspect, mirror) of the real
+  photographs that ship inside scikit-image and scikit-learn, so nothing is
+  downloaded.
+
+Alt-texts are worded from the spec by templates (``describe``), so they say
+what is in the picture ("two red circles above a blue square on a white
+background") in varied phrasing, like alt-texts written by many people.
+The wording is drawn from its own generator: the same picture can be
+re-worded without being redrawn.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import math
+import os
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+# ---------------------------------------------------------------------------
+# Vocabulary of the drawn world
+# ---------------------------------------------------------------------------
+
+#: Shape classes; also the zero-shot classes and the eval-set folders.
+SHAPES = ("circle", "square", "triangle", "star", "cross", "ring", "hexagon", "crescent")
+PLURALS = {s: s + ("es" if s.endswith("s") else "s") for s in SHAPES}
+
+COLOURS: Dict[str, Tuple[int, int, int]] = {
+    "red": (206, 38, 38),
+    "orange": (238, 132, 26),
+    "yellow": (240, 206, 36),
+    "green": (42, 150, 62),
+    "blue": (38, 84, 204),
+    "purple": (126, 58, 168),
+    "pink": (236, 124, 176),
+    "brown": (118, 74, 40),
+    "black": (24, 24, 24),
+    "white": (246, 246, 246),
+    "grey": (132, 132, 132),
+}
+#: Colours that survive a grey-scale encoding unchanged in meaning.
+GREY_COLOURS = ("black", "white", "grey")
+
+BACKGROUNDS: Dict[str, Tuple[int, int, int]] = {
+    "white": (250, 250, 248),
+    "black": (16, 16, 18),
+    "light grey": (208, 208, 206),
+    "dark grey": (62, 62, 64),
+    "pale blue": (198, 220, 242),
+    "navy blue": (22, 34, 82),
+    "cream": (244, 234, 208),
+    "pale green": (210, 234, 204),
+}
+GREY_BACKGROUNDS = ("white", "black", "light grey", "dark grey")
+
+NUMBER_WORDS = {2: "two", 3: "three", 4: "four", 5: "five"}
+# Which side of the second group the dominant group is on.
+RELATIONS = {
+    "above": ("above", "over", "on top of"),
+    "below": ("below", "under", "beneath"),
+    "left of": ("to the left of", "left of", "beside"),
+    "right of": ("to the right of", "right of", "beside"),
+}
+
+SUPERSAMPLE = 2
+
+
+def pick(rng: np.random.Generator, options: Sequence):
+    """One element, uniformly (``rng.choice`` converts to an array: 20x slower)."""
+    return options[int(rng.integers(len(options)))]
+
+
+def _luma(rgb) -> float:
+    r, g, b = rgb
+    return 0.299 * r + 0.587 * g + 0.114 * b
+
+
+def _contrasts(colour: str, background: str) -> bool:
+    a, b = COLOURS[colour], BACKGROUNDS[background]
+    return abs(_luma(a) - _luma(b)) > 45 and sum((x - y) ** 2 for x, y in zip(a, b)) > 110**2
+
+
+#: background -> colours that stand out on it
+VISIBLE_ON = {bg: tuple(c for c in COLOURS if _contrasts(c, bg)) for bg in BACKGROUNDS}
+
+
+# ---------------------------------------------------------------------------
+# Scene specs
+# ---------------------------------------------------------------------------
+
+
+def _place(rng, region, count, radius, taken) -> Optional[List[Tuple[float, float, float, float]]]:
+    """Non-overlapping (cx, cy, r, rotation) items inside ``region``, or None."""
+    x0, y0, x1, y1 = region
+    for _ in range(6):
+        # One block of uniforms per attempt: numpy scalar draws cost ~1 us each.
+        draws = rng.random((count, 60, 3)).tolist()
+        turns = rng.random(count).tolist()
+        items = []
+        for k in range(count):
+            for u, vx, vy in draws[k]:
+                r = radius * (0.85 + 0.3 * u)
+                margin = 0.06 * r + 2
+                lo_x, hi_x = x0 + r + margin, x1 - r - margin
+                lo_y, hi_y = y0 + r + margin, y1 - r - margin
+                if hi_x < lo_x or hi_y < lo_y:
+                    break
+                cx, cy = lo_x + vx * (hi_x - lo_x), lo_y + vy * (hi_y - lo_y)
+                if all(math.hypot(cx - a, cy - b) > 1.15 * (r + q) + 4 for a, b, q, _ in items + taken):
+                    items.append((round(cx, 2), round(cy, 2), round(r, 2), round(360.0 * turns[k], 1)))
+                    break
+            else:
+                break
+        if len(items) == count:
+            return items
+        radius *= 0.82
+    return None
+
+
+def _pick_colour(rng, background, colours, exclude=()):
+    options = [c for c in VISIBLE_ON[background] if c in colours and c not in exclude]
+    return options[int(rng.integers(len(options)))]
+
+
+def sample_scene(
+    rng: np.random.Generator,
+    size: Tuple[int, int],
+    dominant: Optional[str] = None,
+    second_group: float = 0.55,
+    grey: bool = False,
+    colour: Optional[str] = None,
+    background: Optional[str] = None,
+    count: Optional[int] = None,
+) -> Optional[dict]:
+    """A scene spec for a ``size`` canvas; None if the layout did not fit.
+
+    ``dominant``, ``colour``, ``count`` fix the first group; ``background``
+    the background; ``grey`` keeps to black, white and greys.
+    """
+    width, height = size
+    backgrounds = GREY_BACKGROUNDS if grey else tuple(BACKGROUNDS)
+    colours = GREY_COLOURS if grey else tuple(COLOURS)
+    background = background or pick(rng, backgrounds)
+    shape1 = dominant or pick(rng, SHAPES)
+    count1 = count or pick(rng, [1, 1, 1, 2, 2, 3, 4])
+    colour1 = colour or _pick_colour(rng, background, colours)
+    groups = [{"shape": shape1, "colour": colour1, "count": count1}]
+    relation = None
+    regions = [(0.0, 0.0, float(width), float(height))]
+    if rng.random() < second_group:
+        shape2 = pick(rng, [s for s in SHAPES if s != shape1])
+        colour2 = _pick_colour(rng, background, colours)
+        groups.append({"shape": shape2, "colour": colour2, "count": pick(rng, [1, 1, 2, 2, 3])})
+        aspect = width / height
+        if aspect > 1.6:
+            relation = pick(rng, ["left of", "right of"])
+        elif aspect < 1 / 1.6:
+            relation = pick(rng, ["above", "below"])
+        else:
+            relation = pick(rng, list(RELATIONS))
+        split = rng.uniform(0.5, 0.6)
+        if relation in ("above", "below"):
+            top, bottom = (0.0, 0.0, width, height * split), (0.0, height * split, width, height)
+            regions = [top, bottom] if relation == "above" else [bottom, top]
+        else:
+            left, right = (0.0, 0.0, width * split, height), (width * split, 0.0, width, height)
+            regions = [left, right] if relation == "left of" else [right, left]
+    taken: List[tuple] = []
+    for index, (group, region) in enumerate(zip(groups, regions)):
+        span = min(region[2] - region[0], region[3] - region[1])
+        if index == 0:
+            radius = span * rng.uniform(0.3, 0.42) / math.sqrt(group["count"])
+        else:
+            radius = min(groups[0]["items"][0][2] * rng.uniform(0.45, 0.7), span * 0.3 / math.sqrt(group["count"]))
+            radius = max(radius, 0.07 * min(width, height))
+        items = _place(rng, region, group["count"], radius, taken)
+        if items is None:
+            return None
+        group["items"] = items
+        taken += items
+    return {
+        "kind": "scene",
+        "size": (int(width), int(height)),
+        "background": background,
+        "gradient": (pick(rng, [0, 90]), int(rng.integers(0, 22))),
+        "groups": groups,
+        "relation": relation,
+    }
+
+
+def flip_scene(spec: dict) -> dict:
+    """The spec of the mirrored picture (what a mirrored copy's alt-text describes)."""
+    width = spec["size"][0]
+    groups = [
+        dict(g, items=[(round(width - cx, 2), cy, r, round((180 - rot) % 360, 1)) for cx, cy, r, rot in g["items"]])
+        for g in spec["groups"]
+    ]
+    swap = {"left of": "right of", "right of": "left of"}
+    return dict(spec, groups=groups, relation=swap.get(spec["relation"], spec["relation"]), mirrored=True)
+
+
+# ---------------------------------------------------------------------------
+# Scene rendering
+# ---------------------------------------------------------------------------
+
+
+def _regular_polygon(n, cx, cy, r, rot, inner=None):
+    points = []
+    steps = 2 * n if inner else n
+    for k in range(steps):
+        radius = r if (inner is None or k % 2 == 0) else r * inner
+        angle = math.radians(rot + 360.0 * k / steps - 90)
+        points.append((cx + radius * math.cos(angle), cy + radius * math.sin(angle)))
+    return points
+
+
+def _tilt(rot: float) -> float:
+    # Squares and crosses lean at most 20 degrees: at 45 a square reads as a diamond.
+    return rot % 40 - 20
+
+
+def _cross_polygon(cx, cy, r, rot):
+    t = 0.34 * r
+    outline = [(-t, -r), (t, -r), (t, -t), (r, -t), (r, t), (t, t), (t, r), (-t, r), (-t, t), (-r, t), (-r, -t), (-t, -t)]
+    a = math.radians(_tilt(rot))
+    c, s = math.cos(a), math.sin(a)
+    return [(cx + x * c - y * s, cy + x * s + y * c) for x, y in outline]
+
+
+def _draw_item(mask, draw, shape, item, sx, sy):
+    """Draw one shape in white (255) on a supersampled ``L`` mask."""
+    cx, cy, r, rot = item
+    px, py, rx, ry = cx * sx, cy * sy, r * sx, r * sy
+
+    def scaled(points):
+        return [(x * sx, y * sy) for x, y in points]
+
+    if shape == "circle":
+        draw.ellipse((px - rx, py - ry, px + rx, py + ry), fill=255)
+    elif shape == "ring":
+        draw.ellipse((px - rx, py - ry, px + rx, py + ry), outline=255, width=max(1, round(0.32 * (rx + ry) / 2)))
+    elif shape == "square":
+        draw.polygon(scaled(_regular_polygon(4, cx, cy, r, 45 + _tilt(rot))), fill=255)
+    elif shape == "triangle":
+        draw.polygon(scaled(_regular_polygon(3, cx, cy, r, rot)), fill=255)
+    elif shape == "hexagon":
+        draw.polygon(scaled(_regular_polygon(6, cx, cy, r, rot)), fill=255)
+    elif shape == "star":
+        draw.polygon(scaled(_regular_polygon(5, cx, cy, r, rot, inner=0.45)), fill=255)
+    elif shape == "cross":
+        draw.polygon(scaled(_cross_polygon(cx, cy, r, rot)), fill=255)
+    elif shape == "crescent":
+        # A disc with an offset disc cut out; the cut stays inside this item.
+        box = (int(px - rx) - 1, int(py - ry) - 1, int(px + rx) + 2, int(py + ry) + 2)
+        local = Image.new("L", (box[2] - box[0], box[3] - box[1]), 0)
+        ldraw = ImageDraw.Draw(local)
+        ox, oy = px - box[0], py - box[1]
+        ldraw.ellipse((ox - rx, oy - ry, ox + rx, oy + ry), fill=255)
+        a = math.radians(rot)
+        dx, dy = 0.42 * rx * math.cos(a), 0.42 * ry * math.sin(a)
+        ldraw.ellipse((ox + dx - 0.92 * rx, oy + dy - 0.92 * ry, ox + dx + 0.92 * rx, oy + dy + 0.92 * ry), fill=0)
+        mask.paste(255, box, local)
+    else:
+        raise ValueError(f"unknown shape {shape!r}")
+
+
+def _background(size, spec) -> Image.Image:
+    width, height = size
+    base = np.array(BACKGROUNDS[spec["background"]], np.float32)
+    angle, delta = spec["gradient"]
+    if delta == 0:
+        return Image.new("RGB", size, tuple(int(v) for v in base))
+    if angle:  # left to right
+        ramp = np.linspace(delta, -delta, width, dtype=np.float32)[None, :, None]
+    else:  # top to bottom
+        ramp = np.linspace(delta, -delta, height, dtype=np.float32)[:, None, None]
+    line = np.clip(base[None, None, :] + ramp, 0, 255).astype(np.uint8)
+    return Image.fromarray(line, "RGB").resize(size, Image.Resampling.NEAREST)
+
+
+def render_scene(spec: dict, size: Tuple[int, int]) -> Image.Image:
+    """The scene as an RGB image of ``size`` (the spec's layout, stretched if needed).
+
+    Shapes are drawn on a 2x coverage mask per group, box-reduced (smooth
+    edges) and composited in the group's colour: PIL draws no anti-aliased
+    polygons, and a 2x RGB canvas would cost four times the pixels.
+    """
+    width, height = spec["size"]
+    canvas = _background(size, spec)
+    big = (size[0] * SUPERSAMPLE, size[1] * SUPERSAMPLE)
+    sx, sy = big[0] / width, big[1] / height
+    # The second (smaller) group is composited first: the dominant one is never covered.
+    for group in reversed(spec["groups"]):
+        # Only the group's bounding box is drawn and composited.
+        pad = 2 * SUPERSAMPLE
+        x0 = max(0, int(min((cx - r * 1.2) * sx for cx, _, r, _ in group["items"])) - pad)
+        y0 = max(0, int(min((cy - r * 1.2) * sy for _, cy, r, _ in group["items"])) - pad)
+        x1 = min(big[0], int(max((cx + r * 1.2) * sx for cx, _, r, _ in group["items"])) + pad)
+        y1 = min(big[1], int(max((cy + r * 1.2) * sy for _, cy, r, _ in group["items"])) + pad)
+        x0, y0 = x0 - x0 % SUPERSAMPLE, y0 - y0 % SUPERSAMPLE
+        x1, y1 = x1 + (-x1) % SUPERSAMPLE, y1 + (-y1) % SUPERSAMPLE
+        mask = Image.new("L", (x1 - x0, y1 - y0), 0)
+        draw = ImageDraw.Draw(mask)
+        for cx, cy, r, rot in group["items"]:
+            _draw_item(mask, draw, group["shape"], (cx - x0 / sx, cy - y0 / sy, r, rot), sx, sy)
+        box = (x0 // SUPERSAMPLE, y0 // SUPERSAMPLE, x1 // SUPERSAMPLE, y1 // SUPERSAMPLE)
+        small = mask.reduce(SUPERSAMPLE)
+        canvas.paste(COLOURS[group["colour"]], (box[0], box[1], box[0] + small.size[0], box[1] + small.size[1]), small)
+    return canvas
+
+
+# ---------------------------------------------------------------------------
+# Photographs shipped inside installed packages
+# ---------------------------------------------------------------------------
+
+#: name -> ("package:path inside it", grey, subject phrases). The phrases describe the whole
+#: photograph; a crop keeps the subject in view often enough for web alt-text.
+PHOTOS: Dict[str, Tuple[str, bool, Tuple[str, ...]]] = {
+    "astronaut": ("skimage:data/astronaut.png", False, (
+        "an astronaut in an orange space suit", "a smiling astronaut in front of a flag",
+        "a portrait of an astronaut in a space suit")),
+    "coffee": ("skimage:data/coffee.png", False, (
+        "a cup of coffee on a saucer", "a red cup of coffee with a spoon", "a cup of coffee on a table")),
+    "chelsea": ("skimage:data/chelsea.png", False, (
+        "a tabby cat resting on a blanket", "a ginger tabby cat", "the face of a tabby cat")),
+    "rocket": ("skimage:data/rocket.jpg", False, (
+        "a rocket on the launch pad", "a rocket ready for launch", "a space rocket on the launch pad")),
+    "hubble": ("skimage:data/hubble_deep_field.jpg", False, (
+        "galaxies in deep space", "distant galaxies in deep space", "stars and galaxies in deep space")),
+    "retina": ("skimage:data/retina.jpg", False, (
+        "a photo of the retina of an eye", "the retina of a human eye", "blood vessels in the retina of an eye")),
+    "tissue": ("skimage:data/ihc.png", False, (
+        "stained tissue under a microscope", "a microscope image of stained tissue",
+        "cells in stained tissue under a microscope")),
+    "motorcycle": ("skimage:data/motorcycle_left.png", False, (
+        "a red motorcycle parked in a garage", "a red motorcycle in a workshop", "a motorcycle parked in a garage")),
+    "temple": ("sklearn:datasets/images/china.jpg", False, (
+        "a chinese temple on a hill above a lake", "a traditional chinese temple",
+        "a chinese temple among trees")),
+    "flower": ("sklearn:datasets/images/flower.jpg", False, (
+        "an orange dahlia flower", "an orange flower in a garden", "a close up of an orange dahlia flower")),
+    "cameraman": ("skimage:data/camera.png", True, (
+        "a man with a camera on a tripod", "a black and white photo of a photographer",
+        "a photographer with a camera on a tripod")),
+    "coins": ("skimage:data/coins.png", True, (
+        "old coins on a dark background", "a collection of old coins", "a black and white photo of old coins")),
+    "moon": ("skimage:data/moon.png", True, (
+        "the surface of the moon", "craters on the surface of the moon", "a black and white photo of the moon")),
+    "bricks": ("skimage:data/brick.png", True, (
+        "a brick wall", "the texture of a brick wall", "a black and white photo of a brick wall")),
+    "grass": ("skimage:data/grass.png", True, (
+        "grass in a meadow", "the texture of grass", "a black and white photo of grass")),
+    "gravel": ("skimage:data/gravel.png", True, (
+        "gravel on the ground", "the texture of gravel", "a black and white photo of gravel")),
+}
+GREY_PHOTOS = tuple(name for name, (_, grey, _) in PHOTOS.items() if grey)
+PHOTO_FRAMES = ("", "", "a photo of ", "close up of ", "picture of ", "detail of ", "cropped photo of ")
+
+
+@functools.lru_cache(maxsize=None)
+def load_photo(name: str) -> Image.Image:
+    """The photograph as a PIL image (RGB, or L for grey ones), cached per process.
+
+    Read straight from the installed package's folder: importing scikit-learn
+    or scikit-image themselves would cost seconds and is not needed.
+    """
+    source, grey, _ = PHOTOS[name]
+    package, path = source.split(":", 1)
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError(f"photo {name!r} needs the {package} package installed")
+    folder = list(spec.submodule_search_locations)[0]
+    with Image.open(os.path.join(folder, path)) as image:
+        return image.convert("L" if grey else "RGB")
+
+
+def sample_photo(rng: np.random.Generator, size: Tuple[int, int], grey: bool = False, photo: Optional[str] = None) -> dict:
+    """A crop of a packaged photograph with the aspect of ``size``."""
+    name = photo or pick(rng, GREY_PHOTOS if grey else tuple(PHOTOS))
+    photo_w, photo_h = load_photo(name).size
+    aspect = size[0] / size[1]
+    scale = rng.uniform(0.4, 1.0)
+    crop_h = scale * min(photo_h, photo_w / aspect)
+    crop_w = crop_h * aspect
+    x0 = rng.uniform(0, photo_w - crop_w)
+    y0 = rng.uniform(0, photo_h - crop_h)
+    return {
+        "kind": "photo",
+        "size": (int(size[0]), int(size[1])),
+        "photo": name,
+        "box": (round(x0, 2), round(y0, 2), round(x0 + crop_w, 2), round(y0 + crop_h, 2)),
+        "scale": round(scale, 3),
+        "mirror": bool(rng.random() < 0.3),
+    }
+
+
+def render_photo(spec: dict, size: Tuple[int, int]) -> Image.Image:
+    image = load_photo(spec["photo"]).resize(size, Image.Resampling.BICUBIC, box=spec["box"])
+    if spec["mirror"]:
+        image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    return image
+
+
+def render(spec: dict, size: Optional[Tuple[int, int]] = None) -> Image.Image:
+    """Any content spec -> PIL image (RGB for scenes; RGB or L for photos)."""
+    size = tuple(size or spec["size"])
+    if spec["kind"] == "scene":
+        return render_scene(spec, size)
+    if spec["kind"] == "photo":
+        return render_photo(spec, size)
+    raise ValueError(f"unknown content kind {spec['kind']!r}")
+
+
+# ---------------------------------------------------------------------------
+# Alt-text wording
+# ---------------------------------------------------------------------------
+
+SINGLE_TEMPLATES = (
+    "{g1} on a {bg} background",
+    "{g1} on a plain {bg} background",
+    "{g1} against a {bg} backdrop",
+    "a drawing of {g1} on a {bg} background",
+    "illustration of {g1} on a {bg} background",
+    "clip art of {g1}",
+    "a drawing of {g1}",
+    "{g1}",
+    "{g1} {pos}",
+    "a drawing of {g1} {pos}",
+    "{g1} {pos} on a {bg} background",
+)
+PAIR_TEMPLATES = (
+    "{g1} {rel} {g2}",
+    "{g1} {rel} {g2} on a {bg} background",
+    "{g1} {rel} {g2} on a plain {bg} background",
+    "a drawing of {g1} {rel} {g2}",
+    "illustration of {g1} {rel} {g2}",
+    "{g1} and {g2} on a {bg} background",
+    "clip art of {g1} and {g2}",
+    "simple shapes: {g1} {rel} {g2}",
+    "flat illustration showing {g1} {rel} {g2}",
+    "clip art illustration showing {g1} placed just {rel} {g2} on a plain {bg} background",
+)
+
+
+def _article(word: str) -> str:
+    return "an" if word[0] in "aeiou" else "a"
+
+
+def _group_phrase(rng, group, size_word: Optional[str], colour: bool) -> str:
+    count, shape = group["count"], group["shape"]
+    words = ([size_word] if size_word else []) + ([group["colour"]] if colour else [])
+    noun = shape if count == 1 else PLURALS[shape]
+    body = " ".join(words + [noun])
+    if count == 1:
+        lead = pick(rng, ["a", "a", "a", "one", "a single"])
+        if lead == "a":
+            lead = _article(body)
+        return f"{lead} {body}"
+    return f"{NUMBER_WORDS[count]} {body}"
+
+
+def _position_phrase(spec) -> Optional[str]:
+    group = spec["groups"][0]
+    if len(spec["groups"]) > 1 or group["count"] > 1:
+        return None
+    cx, cy, _, _ = group["items"][0]
+    width, height = spec["size"]
+    fx, fy = cx / width - 0.5, cy / height - 0.5
+    horizontal = "left" if fx < -0.14 else "right" if fx > 0.14 else ""
+    vertical = "top" if fy < -0.14 else "bottom" if fy > 0.14 else ""
+    if not horizontal and not vertical:
+        return "in the centre"
+    if horizontal and vertical:
+        return f"in the {vertical} {horizontal} corner"
+    return f"at the {vertical}" if vertical else f"on the {horizontal}"
+
+
+def describe_scene(spec: dict, rng: np.random.Generator) -> str:
+    groups = spec["groups"]
+    span = min(spec["size"])
+    g1_radius = groups[0]["items"][0][2] / span
+    size1 = pick(rng, ["large", "big"]) if g1_radius > 0.2 and rng.random() < 0.3 else None
+    g1 = _group_phrase(rng, groups[0], size1, colour=rng.random() < 0.88)
+    values = {"g1": g1, "bg": spec["background"], "pos": _position_phrase(spec)}
+    if len(groups) > 1:
+        size2 = pick(rng, ["small", "little"]) if rng.random() < 0.3 else None
+        values["g2"] = _group_phrase(rng, groups[1], size2, colour=rng.random() < 0.8)
+        values["rel"] = pick(rng, RELATIONS[spec["relation"]])
+        templates = PAIR_TEMPLATES
+    else:
+        templates = [t for t in SINGLE_TEMPLATES if values["pos"] or "{pos}" not in t]
+    text = pick(rng, templates).format(**values)
+    if rng.random() < 0.25:
+        text = text[0].upper() + text[1:]
+    return text
+
+
+def describe_photo(spec: dict, rng: np.random.Generator) -> str:
+    subject = pick(rng, PHOTOS[spec["photo"]][2])
+    framed = not any(w in subject for w in ("photo", "image", "texture", "close up"))
+    frame = pick(rng, PHOTO_FRAMES) if framed else ""
+    if frame.startswith(("close up", "detail")) and spec["scale"] > 0.7:
+        frame = ""
+    text = frame + subject
+    if rng.random() < 0.25:
+        text = text[0].upper() + text[1:]
+    return text
+
+
+def describe(spec: dict, rng: np.random.Generator) -> str:
+    """An alt-text for the content: what a person writing alt-text would say."""
+    return describe_scene(spec, rng) if spec["kind"] == "scene" else describe_photo(spec, rng)
+
+
+def dominant_class(spec: dict) -> Optional[str]:
+    return spec["groups"][0]["shape"] if spec["kind"] == "scene" else None
+
+
+def shape_words(spec: dict) -> Sequence[str]:
+    """Class words an alt-text of this scene names (for checks)."""
+    return [g["shape"] for g in spec["groups"]] if spec["kind"] == "scene" else []

@@ -159,6 +159,12 @@ class ImageEmbedder:
     def is_calibrated(self) -> bool:
         return self._threshold is not None
 
+    @property
+    def working_size(self) -> int:
+        """Decode size for callers that edit an image before embedding it
+        (index variants, calibration): enough detail for a crop to be exact."""
+        return int(getattr(self, "image_size", 256))
+
     # -- entry points --------------------------------------------------------
     def decode(self, data: bytes) -> Image.Image:
         raise NotImplementedError
@@ -251,7 +257,7 @@ class DctEmbedder(ImageEmbedder):
         self,
         size: int = 32,
         block: int = 12,
-        weight_exponent: float = 0.0,
+        weight_exponent: float = 1.5,
         min_contrast: float = 1.0,
         threshold: Optional[float] = None,
         batch_size: int = 512,
@@ -271,6 +277,10 @@ class DctEmbedder(ImageEmbedder):
         u, v = np.meshgrid(np.arange(self.block), np.arange(self.block), indexing="ij")
         weights = (1.0 + u**2 + v**2) ** (self.weight_exponent / 2.0)
         self._weights = weights.reshape(-1)[1:].astype(np.float32)
+
+    @property
+    def working_size(self) -> int:
+        return 4 * self.size
 
     def config(self) -> dict:
         return {

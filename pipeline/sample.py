@@ -237,7 +237,7 @@ class Plan:
         self.next_slot = 0
         self.num_candidates = 0
         self.evaluation: List[Tuple[str, str, int, dict]] = []  # (split, class, index, spec)
-        self.eval_test: List[Tuple[str, dict]] = []  # (class, spec) of eval/test images, in file order
+        self.eval_test: List[Tuple[str, dict]] = []  # (path, spec) of the eval/test images
         self.facts: Dict[str, object] = {}
 
     @property
@@ -844,29 +844,39 @@ def plant_frequency_cases(plan: Plan) -> None:
                  duplicated, count=copies, url=f"https://img.example.com/uploads/repeated-{copies}.jpg")
 
 
-def plant_near_duplicates(plan: Plan, count: int = 14) -> None:
+def plant_near_duplicates(plan: Plan, guard: "NearDuplicateGuard", count: int = 14) -> None:
+    """Edited copies of eval/test images, each one the near-duplicate embedder really detects.
+
+    Sources are taken class by class; a source whose edited copy does not
+    clear the embedder's threshold by ``NEAR_DUPLICATE_MARGIN / 5`` on the
+    production path (JPEG bytes in, index built by ``dedup.index_sets``) is
+    skipped for the next one, so the expectation is a fact, not a hope.
+    """
     reason = stages.reason("near_duplicate_eval", EVAL_SET)
     per_class = collections.defaultdict(list)
-    for index, (label, spec) in enumerate(plan.eval_test):
-        per_class[label].append((index, spec))
-    chosen = []
-    for rank in range(EVAL_PER_CLASS["test"]):
-        for label in scenes.SHAPES:
-            if len(chosen) < count:
-                chosen.append(per_class[label][rank])
-    for (index, spec), edit in zip(chosen, NEAR_DUPLICATE_EDITS):
+    for path, spec in plan.eval_test:
+        per_class[scenes.dominant_class(spec)].append((path, spec))
+    sources = [per_class[label][rank] for rank in range(EVAL_PER_CLASS["test"]) for label in scenes.SHAPES]
+    needed = guard.embedder.threshold + NEAR_DUPLICATE_MARGIN / 5
+    planted = 0
+    for edit in NEAR_DUPLICATE_EDITS[:count]:
         quality = edit[1] if edit[0] == "jpeg" else 88
+        while sources:
+            path, spec = sources.pop(0)
+            recipe = Recipe(content=spec, size=tuple(spec["size"]), encode=("jpeg", quality), edit=edit)
+            if guard.similarity_to(render_bytes(recipe), path) >= needed:
+                break
+        else:
+            raise PlanError(f"only {planted} eval/test images survive the near-duplicate edits as detectable copies")
         described = scenes.flip_scene(spec) if edit[0] == "mirror" else spec
 
-        def draw(unit, rng, spec=spec, described=described, edit=edit, quality=quality):
+        def draw(unit, rng, spec=spec, described=described, recipe=recipe):
             for row in unit.rows:
                 row.caption = draw_caption(described, rng) or scenes.SHAPES[0]
-                row.recipe = Recipe(content=spec, size=tuple(spec["size"]), encode=("jpeg", quality), edit=edit)
+                row.recipe = dataclasses.replace(recipe)
 
-        label = spec["groups"][0]["shape"]
-        plan.add("near_duplicate_eval", reason,
-                 f"copy of {eval_path('test', label, index % EVAL_PER_CLASS['test'])}, edit {'/'.join(map(str, edit))}",
-                 draw)
+        plan.add("near_duplicate_eval", reason, f"copy of {path}, edit {'/'.join(map(str, edit))}", draw)
+        planted += 1
 
 
 def plant_missing_column(plan: Plan, count: int = 8) -> None:
@@ -964,24 +974,28 @@ def overused_rows(plan: Plan) -> List[Row]:
 
 
 class NearDuplicateGuard:
-    """Keeps ordinary pictures away from the evaluation images under the embedder."""
+    """The build's near-duplicate embedder and eval/test index, for the plan's checks.
 
-    def __init__(self, eval_images: List[Image.Image], workers: Workers):
+    The index is built exactly as the build builds it (``dedup.index_sets``,
+    with its flipped and centre-cropped variants). Ordinary pictures are
+    embedded from a 32x32 rendering (cheap) and kept ``NEAR_DUPLICATE_MARGIN``
+    below the threshold; planted copies are embedded from their real bytes.
+    """
+
+    def __init__(self, eval_test: List[Tuple[str, bytes]], workers: Workers):
         from dedup import embedders
+        from dedup.index_sets import IndexImage, build_index
 
         self.embedder = embedders.get(NEAR_DUPLICATE_EMBEDDER)
         self.limit = self.embedder.threshold - NEAR_DUPLICATE_MARGIN
         self.workers = workers
-        variants = []
-        for image in eval_images:
-            w, h = image.size
-            variants.append(image)
-            variants.append(image.transpose(Image.Transpose.FLIP_LEFT_RIGHT))
-            for keep in (0.9, 0.8):
-                cw, ch = round(w * keep), round(h * keep)
-                variants.append(image.crop(((w - cw) // 2, (h - ch) // 2, (w - cw) // 2 + cw, (h - ch) // 2 + ch)))
-        self.index = self.embedder.embed_pil(variants)
+        index = build_index([IndexImage(EVAL_SET, path, data) for path, data in eval_test], self.embedder)
+        self.index, self.keys = index.vectors, index.keys
         self.cache: Dict[Tuple[int, int], float] = {}
+
+    def similarity_to(self, data: bytes, key: str) -> float:
+        vector = self.embedder.embed([data])[0]
+        return float((self.index[self.keys == key] @ vector).max())
 
     @staticmethod
     def applies(row: Row) -> bool:
@@ -1136,7 +1150,8 @@ def build_plan(num_candidates: int, seed: int, workers: Optional[Workers] = None
     plan = Plan(seed)
     plan.num_candidates = num_candidates
     plan.evaluation = eval_specs(seed)
-    plan.eval_test = [(label, spec) for split, label, _, spec in plan.evaluation if split == "test"]
+    plan.eval_test = [(eval_path(split, label, index), spec) for split, label, index, spec in plan.evaluation
+                      if split == "test"]
     plant_read_cases(plan)
     plant_header_cases(plan)
     plant_format_cases(plan)
@@ -1145,10 +1160,12 @@ def build_plan(num_candidates: int, seed: int, workers: Optional[Workers] = None
     plant_decode_cases(plan)
     plant_text_cases(plan)
     plant_frequency_cases(plan)
-    plant_near_duplicates(plan)
+    workers = workers or Workers(1)
+    pngs = workers.map(_render_png, [spec for _, spec in plan.eval_test], chunksize=8)
+    guard = NearDuplicateGuard([(path, png) for (path, _), png in zip(plan.eval_test, pngs)], workers)
+    plant_near_duplicates(plan, guard)
     plant_missing_column(plan)
     plant_ordinary(plan, num_candidates)
-    guard = NearDuplicateGuard([scenes.render(spec) for _, spec in plan.eval_test], workers or Workers(1))
     rounds = settle(plan, guard)
     assign_urls(plan)
     plan.facts = verify_plan(plan)

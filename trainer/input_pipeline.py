@@ -126,6 +126,9 @@ def make_dataset(
     )
     order_seed = tf.constant([seed, 1], tf.int64)
 
+    # Plain graph code, no Python control flow on tensors: skip autograph's
+    # conversion pass (it is most of the tracing time).
+    @tf.autograph.experimental.do_not_convert
     def epoch_records(epoch):
         """(epoch, index, serialized) of this host's records in epoch ``epoch``."""
         paths = tf.constant(host_files)
@@ -164,6 +167,7 @@ def make_dataset(
         records = epoch_records(tf.constant(0, tf.int64))
     records = records.skip(skip)
 
+    @tf.autograph.experimental.do_not_convert
     def parse_and_preprocess(epoch, index, serialized):
         data = parse_fields(serialized, ["image", "texts", "key"])
         rng = tf.random.experimental.stateless_fold_in(augment_seed, epoch)

@@ -1,0 +1,240 @@
+"""Preprocessing ops and the resumable, per-host input pipeline on the tiny corpus."""
+
+import io
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from PIL import Image
+
+from pipeline import schema
+from trainer import input_pipeline, preprocess
+from trainer.input_pipeline import make_dataset
+from trainer.tokenizer import Tokenizer
+
+IMAGE_SIZE = 32
+BATCH = 6  # does not divide 64: batches straddle epoch boundaries
+MAX_LEN = 16
+NUM_BATCHES = 14  # > one epoch (64 records = 10.7 batches)
+
+
+# ---------------------------------------------------------------------------
+# Preprocessing ops (eager, no pipeline)
+# ---------------------------------------------------------------------------
+
+
+def encoded(array, fmt):
+    buffer = io.BytesIO()
+    Image.fromarray(array).save(buffer, format=fmt)
+    return tf.constant(buffer.getvalue())
+
+
+def gradient_image(height=40, width=50):
+    y, x = np.mgrid[:height, :width]
+    return np.stack([x * 5, y * 6, (x + y) * 2], axis=-1).astype(np.uint8)
+
+
+def test_parse_op_reads_literal_args_and_kwargs():
+    assert preprocess.parse_op("flip_lr") == ("flip_lr", (), {})
+    assert preprocess.parse_op("value_range(-1, 1, key='img')") == ("value_range", (-1, 1), {"key": "img"})
+    assert preprocess.parse_op(" resize((20, 30)) ") == ("resize", ((20, 30),), {})
+    with pytest.raises(KeyError, match="unknown preprocessing op"):
+        preprocess.get_preprocess_fn("decode|sharpen(2)")
+
+
+def test_decode_resize_central_crop_value_range_on_png_and_jpeg():
+    image = gradient_image()
+    pp = preprocess.get_preprocess_fn("decode|resize(40)|central_crop(20)|value_range(-1,1)")
+    out = pp({"image": encoded(image, "PNG")})["image"].numpy()
+    assert out.shape == (20, 20, 3) and out.dtype == np.float32
+    assert -1.0 <= out.min() and out.max() <= 1.0
+    # central crop of the (40x40-resized) lossless image: row 10..29, cols 10..29.
+    resized = tf.cast(tf.round(tf.image.resize(image, (40, 40))), tf.uint8).numpy()
+    np.testing.assert_allclose(out, resized[10:30, 10:30] / 127.5 - 1.0, atol=1e-6)
+    jpeg = pp({"image": encoded(image, "JPEG")})["image"].numpy()
+    assert np.abs(jpeg - out).mean() < 0.05  # same picture, lossy
+
+
+def test_value_range_maps_the_endpoints():
+    pp = preprocess.get_preprocess_fn("value_range(-1,1)")
+    out = pp({"image": tf.constant([[[0, 255, 51]]], tf.uint8)})["image"].numpy()
+    np.testing.assert_allclose(out.ravel(), [-1.0, 1.0, -0.6], atol=1e-6)
+
+
+def test_random_ops_are_a_function_of_the_example_seed():
+    pp = preprocess.get_preprocess_fn("random_crop(16)|flip_lr")
+    image = tf.constant(gradient_image())
+
+    def run(seed):
+        return pp({"image": image, preprocess.RNG_KEY: tf.constant(seed, tf.int64)})["image"].numpy()
+
+    np.testing.assert_array_equal(run([1, 2]), run([1, 2]))
+    outputs = {run([1, k]).tobytes() for k in range(8)}
+    assert len(outputs) > 4
+    with pytest.raises(KeyError, match="is random"):
+        pp({"image": image})
+
+
+def test_tokenize_op_needs_a_tokenizer_from_context(tiny_corpus):
+    with pytest.raises(ValueError, match="tokenizer"):
+        preprocess.get_preprocess_fn("tokenize")
+    tokenizer = Tokenizer(os.path.join(tiny_corpus, "vocab.txt"), max_len=MAX_LEN)
+    pp = preprocess.get_preprocess_fn("tokenize|keep('text')", tokenizer=tokenizer)
+    out = pp({"texts": tf.constant("red circle"), "key": tf.constant("k")})
+    assert list(out) == ["text"]
+    assert out["text"].numpy().tolist() == tokenizer.tokenize_numpy(["red circle"])[0].tolist()
+
+
+# ---------------------------------------------------------------------------
+# make_dataset
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_corpus):
+    return Tokenizer(os.path.join(tiny_corpus, "vocab.txt"), max_len=MAX_LEN)
+
+
+@pytest.fixture(scope="module")
+def split_keys(tiny_corpus):
+    """Keys of every record per split, read straight from the shards."""
+    keys = {}
+    for split in schema.SPLITS:
+        records = tf.data.TFRecordDataset(input_pipeline.list_shards(tiny_corpus, split))
+        keys[split] = [input_pipeline.parse_fields(r, ["key"])["key"].numpy() for r in records]
+    return keys
+
+
+def dataset(tiny_corpus, tokenizer, split="train", *, train=True, seed=0, batch=BATCH, **kwargs):
+    kwargs.setdefault("process_index", 0)
+    kwargs.setdefault("process_count", 1)
+    return make_dataset(
+        tiny_corpus, split, global_batch_size=batch, image_size=IMAGE_SIZE, train=train,
+        seed=seed, tokenizer=tokenizer, resize_size=36, **kwargs,
+    )
+
+
+def take(ds, n):
+    iterator = ds.as_numpy_iterator()
+    return [next(iterator) for _ in range(n)]
+
+
+def assert_batches_equal(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert x.keys() == y.keys()
+        for k in x:
+            np.testing.assert_array_equal(x[k], y[k], err_msg=k)
+
+
+@pytest.fixture(scope="module")
+def train_stream(tiny_corpus, tokenizer):
+    """The first NUM_BATCHES batches of the uninterrupted seed-0 train stream."""
+    return take(dataset(tiny_corpus, tokenizer), NUM_BATCHES)
+
+
+def test_train_batch_shapes_dtypes_and_ranges(train_stream, tokenizer):
+    batch = train_stream[0]
+    assert set(batch) == {"image", "text", "key"}
+    assert batch["image"].shape == (BATCH, IMAGE_SIZE, IMAGE_SIZE, 3)
+    assert batch["image"].dtype == np.float32
+    assert -1.0 <= batch["image"].min() < 0.0 < batch["image"].max() <= 1.0
+    assert batch["text"].shape == (BATCH, MAX_LEN) and batch["text"].dtype == np.int32
+    assert (batch["text"][:, 0] == tokenizer.cls_id).all()
+    assert batch["key"].shape == (BATCH,) and isinstance(batch["key"][0], bytes)
+
+
+def test_each_epoch_is_a_reshuffled_pass_over_all_records(train_stream, split_keys):
+    keys = [k for batch in train_stream for k in batch["key"]]
+    first, second = keys[:64], keys[64:]
+    assert sorted(first) == sorted(split_keys["train"])
+    assert first != split_keys["train"]  # shuffled
+    assert second != first[: len(second)]  # epoch 1 has its own order
+
+
+def test_same_seed_same_stream_other_seed_other_stream(tiny_corpus, tokenizer, train_stream):
+    assert_batches_equal(take(dataset(tiny_corpus, tokenizer), 3), train_stream[:3])
+    other = take(dataset(tiny_corpus, tokenizer, seed=1), 1)[0]
+    assert other["key"].tolist() != train_stream[0]["key"].tolist()
+
+
+def test_start_batch_resumes_exactly_across_the_epoch_boundary(tiny_corpus, tokenizer, train_stream):
+    # Batch 10 holds records 60..65: the end of epoch 0 and the start of epoch 1.
+    resumed = take(dataset(tiny_corpus, tokenizer, start_batch=9), NUM_BATCHES - 9)
+    assert_batches_equal(resumed, train_stream[9:])
+
+
+def test_resume_with_two_hosts_uses_this_hosts_epoch_length(tiny_corpus, tokenizer, split_keys):
+    # Host 1 of 2 reads shard 1 only (21 records): batch 5 of 3 starts in its epoch 0, 7 in epoch 1.
+    host = dict(process_index=1, process_count=2, batch=2 * 3)
+    stream = take(dataset(tiny_corpus, tokenizer, **host), 9)
+    first_epoch = [k for batch in stream for k in batch["key"]][:21]
+    assert sorted(first_epoch) == sorted(split_keys["train"][22:43])
+    assert_batches_equal(take(dataset(tiny_corpus, tokenizer, start_batch=5, **host), 4), stream[5:])
+
+
+def test_shard_lengths_counted_when_dataset_info_is_missing(tiny_corpus, tmp_path):
+    files = input_pipeline.list_shards(tiny_corpus, "train")
+    with open(os.path.join(tiny_corpus, "dataset_info.json")) as f:
+        info = json.load(f)
+    expected = [int(n) for s in info["splits"] if s["name"] == "train" for n in s["shardLengths"]]
+    assert input_pipeline.shard_lengths(tiny_corpus, "train", files) == expected
+    assert input_pipeline.shard_lengths(str(tmp_path), "train", files) == expected
+
+
+@pytest.mark.parametrize(
+    "split, process_count",
+    [("train", 2), ("validation", 3)],  # 3 files >= 2 hosts: by file; 2 files < 3 hosts: by record
+)
+def test_eval_hosts_partition_the_split_in_order_keeping_partial_batches(
+    tiny_corpus, tokenizer, split_keys, split, process_count
+):
+    files = input_pipeline.list_shards(tiny_corpus, split)
+    lengths = input_pipeline.shard_lengths(tiny_corpus, split, files)
+    file_keys = np.split(np.array(split_keys[split], dtype=object), np.cumsum(lengths)[:-1])
+    host_batch = 4
+    seen = []
+    for index in range(process_count):
+        ds = dataset(
+            tiny_corpus, tokenizer, split, train=False, batch=host_batch * process_count,
+            process_index=index, process_count=process_count,
+        )
+        batches = list(ds.as_numpy_iterator())
+        keys = [k for b in batches for k in b["key"]]
+        if len(files) >= process_count:
+            expected = [k for f in file_keys[index::process_count] for k in f]
+        else:
+            expected = split_keys[split][index::process_count]
+        assert keys == expected  # one pass, file order, this host's share
+        full, rest = divmod(len(keys), host_batch)
+        assert [len(b["key"]) for b in batches] == [host_batch] * full + ([rest] if rest else [])
+        seen += keys
+    assert len(seen) == len(set(seen))  # disjoint
+    assert sorted(seen) == sorted(split_keys[split])  # covering
+
+
+def test_global_batch_must_split_evenly_over_hosts(tiny_corpus, tokenizer):
+    with pytest.raises(ValueError, match="not divisible"):
+        dataset(tiny_corpus, tokenizer, batch=5, process_index=0, process_count=2)
+
+
+def test_to_global_array_puts_the_batch_on_the_data_axis(train_stream):
+    import jax
+
+    devices = jax.devices()
+    mesh = jax.make_mesh((len(devices),), ("data",), devices=devices)
+    rows = 2 * len(devices)
+    batch = {
+        "image": np.arange(rows * 3, dtype=np.float32).reshape(rows, 3),
+        "text": np.arange(rows, dtype=np.int32)[:, None],
+        "key": train_stream[0]["key"][:1].repeat(rows),
+    }
+    out = input_pipeline.to_global_array(batch, mesh)
+    assert isinstance(out["key"], np.ndarray)  # strings stay on the host
+    assert out["image"].shape == (rows, 3)
+    assert out["image"].sharding.spec == jax.sharding.PartitionSpec("data")
+    for shard in out["image"].addressable_shards:
+        np.testing.assert_array_equal(np.asarray(shard.data), batch["image"][shard.index])
+    np.testing.assert_array_equal(np.asarray(out["text"]), batch["text"])

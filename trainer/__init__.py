@@ -1,0 +1,1 @@
+"""ALIGN trainer: models, loss, optimizer, train loop, checkpoints, configs."""

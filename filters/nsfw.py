@@ -76,6 +76,8 @@ PORNOGRAPHIC_CLASSES = (
 REJECT_REASON = stages.reason("nsfw", "pornographic")
 UNDECODABLE_REASON = stages.reason("nsfw", "undecodable")
 REJECTED_TAG = "rejected"
+#: Beam Metrics namespace of the stage's counters (names are "nsfw/...").
+METRICS_NAMESPACE = "nsfw"
 
 NUDENET_MISSING = "nudenet not installed: pip install '.[nsfw]' (AGPL-3.0)"
 
@@ -277,7 +279,7 @@ if beam is not None:
         buffered and scored ``batch_size`` at a time; the last partial batch
         is scored in ``finish_bundle``.
 
-        Counters (namespace ``nsfw``): ``nsfw/scored``, ``nsfw/pornographic``
+        Counters (namespace ``METRICS_NAMESPACE``): ``nsfw/scored``, ``nsfw/pornographic``
         and, when the scorer's extra is absent, ``nsfw/scorer_unavailable``:
         every record that passed unscored.
 
@@ -298,10 +300,10 @@ if beam is not None:
             self.scorer_name = scorer_name
             self.batch_size = int(batch_size)
             self.scorer_factory = scorer_factory
-            self.scored = Metrics.counter("nsfw", "nsfw/scored")
-            self.pornographic = Metrics.counter("nsfw", "nsfw/pornographic")
-            self.unavailable = Metrics.counter("nsfw", "nsfw/scorer_unavailable")
-            self.undecodable = Metrics.counter("nsfw", "nsfw/undecodable")
+            self.scored = Metrics.counter(METRICS_NAMESPACE, "nsfw/scored")
+            self.pornographic = Metrics.counter(METRICS_NAMESPACE, "nsfw/pornographic")
+            self.unavailable = Metrics.counter(METRICS_NAMESPACE, "nsfw/scorer_unavailable")
+            self.undecodable = Metrics.counter(METRICS_NAMESPACE, "nsfw/undecodable")
 
         def setup(self):
             self._scorer = None

@@ -301,6 +301,10 @@ _OPS = {
     "<=": lambda v, t: v <= t,
 }
 
+#: A distribution is drawn on a log count axis when its largest bin is at
+#: least this many times its smallest non-empty one (unless it says "log").
+LOG_SCALE_RATIO = 50
+
 KEPT, CUT, MIXED, UNKNOWN = "#4c78a8", "#e45756", "#f2a33a", "#9d9da1"
 
 
@@ -399,8 +403,19 @@ def plot_funnel(funnel: dict) -> str:
     return _png_data_uri(fig)
 
 
+def _wants_log(dist: dict) -> bool:
+    """The file's ``log`` flag, else log when small bins would vanish next to big ones."""
+    if "log" in dist:
+        return bool(dist["log"])
+    positive = [_int(c) for c in dist.get("counts") or [] if _int(c) > 0]
+    return bool(positive) and max(positive) >= LOG_SCALE_RATIO * min(positive)
+
+
 def plot_distribution(name: str, dist: dict, preset: dict) -> str:
     """Equal-width bars per bin (edges are uneven), coloured kept/cut by the preset."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
     bins = _bins(dist)
     cuts = distribution_cuts(name, dist, preset)
     integer = all(float(lo).is_integer() and (hi is None or float(hi).is_integer()) for lo, hi, _ in bins)
@@ -409,26 +424,29 @@ def plot_distribution(name: str, dist: dict, preset: dict) -> str:
     xs = list(range(len(bins)))
     colours = [_bin_colour(lo, hi, cuts, integer) for lo, hi, _ in bins]
     ax.bar(xs, [c for _, _, c in bins], width=0.9, color=colours)
+    ax.margins(y=0.08)
     ax.set_xticks(xs, [_bin_label(lo, hi, integer) for lo, hi, _ in bins], rotation=45, ha="right", fontsize=8)
-    if dist.get("log"):
-        ax.set_yscale("symlog")
+    if _wants_log(dist):
+        ax.set_yscale("symlog", linthresh=1)
+        ax.set_ylabel("count (log)")
+    else:
+        ax.set_ylabel("count")
+    used = [(KEPT, "kept"), (CUT, "cut"), (MIXED, "partly cut")]
+    handles = [Patch(color=c, label=t) for c, t in used if c in colours]
+    styles = iter(("--", ":", "-."))
     for label, op, value in cuts:
         x = _position(_boundary(op, value, integer), bins)
         if x is None:
             continue
-        ax.axvline(x, color="black", linestyle="--", linewidth=1)
-        ax.text(x, ax.get_ylim()[1] * 0.97, f" {label}={value:g}" + (f" (keep {op})" if op else ""),
-                rotation=90, va="top", ha="right", fontsize=7)
+        style = next(styles, "--")
+        ax.axvline(x, color="black", linestyle=style, linewidth=1)
+        text = f"{label} = {value:g}" + (f" (keep {op} {value:g})" if op else "")
+        handles.append(Line2D([], [], color="black", linestyle=style, linewidth=1, label=text))
     ax.set_title(name, fontsize=10)
-    ax.set_ylabel("count")
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
-    from matplotlib.patches import Patch
-
-    used = [(KEPT, "kept"), (CUT, "cut"), (MIXED, "partly cut")]
-    handles = [Patch(color=c, label=t) for c, t in used if c in colours]
     if handles:
-        ax.legend(handles=handles, fontsize=7, loc="upper right")
+        ax.legend(handles=handles, fontsize=7, loc="best", framealpha=0.9)
     return _png_data_uri(fig)
 
 
@@ -450,7 +468,7 @@ def _boundary(op: str, value: float, integer: bool) -> float:
 def plot_count_of_counts(coc: dict) -> str:
     """How many distinct n-grams occur exactly c times, log-log, with the cut."""
     pairs = sorted((_int(c), _int(n)) for c, n in (coc.get("counts") or {}).items() if _int(c) > 0)
-    fig = _figure(6.5, 3.4)
+    fig = _figure(6.5, 3.4, bottom=0.75)
     ax = fig.add_subplot()
     if pairs:
         ax.scatter([c for c, _ in pairs], [n for _, n in pairs], s=8, color=KEPT)
@@ -459,8 +477,8 @@ def plot_count_of_counts(coc: dict) -> str:
     cut = coc.get("cut_count")
     if isinstance(cut, (int, float)) and cut > 0:
         ax.axvline(cut, color=CUT, linestyle="--", linewidth=1)
-        ax.text(cut, 0.97, f" cut: seen < {cut:g} times -> out of vocabulary", transform=ax.get_xaxis_transform(),
-                va="top", fontsize=7, color=CUT)
+        ax.text(cut, 0.03, f" n-grams seen < {cut:g} times: out of vocabulary", transform=ax.get_xaxis_transform(),
+                va="bottom", fontsize=7, color=CUT)
     ax.set_xlabel("times an n-gram occurs")
     ax.set_ylabel("distinct n-grams")
     ax.set_title("n-gram count of counts", fontsize=10)

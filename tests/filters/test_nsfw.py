@@ -212,7 +212,7 @@ def _run(dofn, elements):
 def _counters(result):
     return {
         c.key.metric.name: c.committed
-        for c in result.metrics().query(MetricsFilter().with_namespace("nsfw"))["counters"]
+        for c in result.metrics().query(MetricsFilter().with_namespace(nsfw.METRICS_NAMESPACE))["counters"]
     }
 
 

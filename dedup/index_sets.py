@@ -14,13 +14,14 @@ as ``name=path`` where path is
 The embedder is not invariant to mirroring and cropping, so every index image
 is also added flipped and centre-cropped (``DEFAULT_VARIANTS``). Variants share
 the original's key and record the variant name: a query matching any variant
-is a near-duplicate of that key. Paths go through Beam's FileSystems, so
-``gs://`` works as well as local paths.
+is a near-duplicate of that key. Remote paths (``gs://...``) go through
+Beam's FileSystems; local ones through the OS.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import glob
 import io
 import logging
 import os
@@ -30,7 +31,7 @@ import numpy as np
 from PIL import Image, ImageOps
 
 from dedup import edits
-from dedup.embedders import decode_rgb, valid_rows
+from dedup.embedders import decode_rgb, is_remote, path_exists, read_bytes, valid_rows
 
 log = logging.getLogger(__name__)
 
@@ -110,28 +111,21 @@ def parse_spec(spec: str) -> Tuple[str, str]:
 
 
 def _match(pattern: str) -> List[str]:
+    """Files matching a glob; ``**`` matches across folders."""
+    if not is_remote(pattern):
+        return sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
     from apache_beam.io.filesystems import FileSystems
 
-    results = FileSystems.match([pattern])[0].metadata_list
-    return sorted(m.path for m in results)
-
-
-def _read_bytes(path: str) -> bytes:
-    from apache_beam.io.filesystems import FileSystems
-
-    with FileSystems.open(path, compression_type="uncompressed") as f:
-        return f.read()
+    return sorted(m.path for m in FileSystems.match([pattern])[0].metadata_list)
 
 
 def _kind_and_files(path: str) -> Tuple[str, List[str]]:
-    from apache_beam.io.filesystems import FileSystems
-
     if any(ch in path for ch in "*?["):
         files = _match(path)
-    elif FileSystems.exists(path) and not _match(path.rstrip("/") + "/*"):
-        files = [path]  # a single file
     else:
         files = _match(path.rstrip("/") + "/**")
+        if not files and path_exists(path):
+            files = [path]  # a single file
     tfrecords = [f for f in files if ".tfrecord" in os.path.basename(f)]
     parquets = [f for f in files if f.endswith(".parquet")]
     if tfrecords:
@@ -148,7 +142,7 @@ def _iter_folder(set_name: str, root: str, files: Sequence[str]) -> Iterator[Ind
     prefix = root.rstrip("/") + "/"
     for path in files:
         key = path[len(prefix) :] if path.startswith(prefix) else os.path.basename(path)
-        yield IndexImage(set_name, key, _read_bytes(path), path)
+        yield IndexImage(set_name, key, read_bytes(path), path)
 
 
 def _iter_tfrecords(set_name: str, files: Sequence[str]) -> Iterator[IndexImage]:
@@ -178,11 +172,9 @@ def _image_bytes(value) -> Optional[bytes]:
 
 def _iter_parquet(set_name: str, files: Sequence[str]) -> Iterator[IndexImage]:
     import pyarrow.parquet as pq
-    from apache_beam.io.filesystems import FileSystems
 
     for path in files:
-        with FileSystems.open(path, compression_type="uncompressed") as f:
-            parquet = pq.ParquetFile(io.BytesIO(f.read()))
+        parquet = pq.ParquetFile(io.BytesIO(read_bytes(path)))
         columns = parquet.schema_arrow.names
         image_column = next((c for c in IMAGE_COLUMNS if c in columns), None)
         if image_column is None or "key" not in columns:

@@ -36,6 +36,7 @@ from trainer import preprocess
 
 #: ALIGN: resize to 346 then crop 289; other image sizes keep that ratio.
 RESIZE_RATIO = 346 / 289
+OUTPUT_KEYS = ("image", "text", "key")
 DEFAULT_SHUFFLE_BUFFER = 10_000
 MAX_INTERLEAVE = 16
 _MAX_EPOCHS = 2**40  # "forever", kept inside int64 position arithmetic
@@ -77,9 +78,17 @@ def shard_lengths(data_dir: str, split: str, files: list[str]) -> list[int]:
     return [int(tf.data.TFRecordDataset(path).reduce(np.int64(0), lambda n, _: n + 1)) for path in files]
 
 
-def default_preprocess(image_size: int, resize_size: int, train: bool) -> str:
+def image_preprocess(image_size: int, resize_size: Optional[int], train: bool) -> str:
+    """ALIGN's image ops: resize, random crop + flip (train) or central crop (eval)."""
+    resize_size = resize_size or round(image_size * RESIZE_RATIO)
     crop = f"random_crop({image_size})|flip_lr" if train else f"central_crop({image_size})"
-    return f"decode|resize({resize_size})|{crop}|value_range(-1,1)|tokenize|keep('image','text','key')"
+    return f"decode|resize({resize_size})|{crop}|value_range(-1,1)"
+
+
+def pair_preprocess(image_size: int, resize_size: Optional[int], train: bool, keep=OUTPUT_KEYS) -> str:
+    """Image ops, tokenised alt-text, and only the ``keep`` features."""
+    keep_args = ",".join(repr(k) for k in keep)
+    return f"{image_preprocess(image_size, resize_size, train)}|tokenize|keep({keep_args})"
 
 
 def make_dataset(
@@ -103,8 +112,8 @@ def make_dataset(
     Train: repeats forever, shuffled, augmented, drops the remainder; batch
     ``n`` is a pure function of ``(data, seed, n)``. Eval: one pass in file
     order, central crop, keeps the final partial batch. ``preprocess_spec``
-    overrides the paper's default ops (``trainer.preprocess`` syntax; must end
-    with ``image``, ``text`` and ``key``).
+    overrides the paper's default ops (``trainer.preprocess`` syntax over the
+    parsed ``schema.FEATURES``, e.g. ``pair_preprocess(..., keep=(..., "sha256"))``).
     """
     if process_index is None or process_count is None:
         import jax
@@ -114,8 +123,7 @@ def make_dataset(
     if global_batch_size % process_count:
         raise ValueError(f"global batch {global_batch_size} not divisible by {process_count} hosts")
     host_batch = global_batch_size // process_count
-    resize_size = resize_size or round(image_size * RESIZE_RATIO)
-    spec = preprocess_spec or default_preprocess(image_size, resize_size, train)
+    spec = preprocess_spec or pair_preprocess(image_size, resize_size, train)
     preprocess_fn = preprocess.get_preprocess_fn(spec, tokenizer=tokenizer)
 
     files = list_shards(data_dir, split)
@@ -169,7 +177,7 @@ def make_dataset(
 
     @tf.autograph.experimental.do_not_convert
     def parse_and_preprocess(epoch, index, serialized):
-        data = parse_fields(serialized, ["image", "texts", "key"])
+        data = parse_fields(serialized, schema.FEATURES)  # ``keep`` drops the unused ones
         rng = tf.random.experimental.stateless_fold_in(augment_seed, epoch)
         data[preprocess.RNG_KEY] = tf.random.experimental.stateless_fold_in(rng, index)
         return preprocess_fn(data)

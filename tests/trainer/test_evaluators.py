@@ -1,0 +1,237 @@
+"""Evaluators on hand-made embeddings and fake encoders whose answers are known."""
+
+import os
+
+import numpy as np
+import pytest
+
+from trainer import evaluators
+from trainer.evaluators import knn, retrieval, zeroshot
+from trainer.input_pipeline import make_dataset
+from trainer.tokenizer import Tokenizer
+
+IMAGE_SIZE = 32
+BATCH = 4
+SHAPES = ("circle", "square", "triangle")  # tiny_eval_folder's classes
+FILL_FRACTION = {"circle": np.pi / 4, "square": 1.0, "triangle": 0.5}  # of the bounding box
+
+
+def one_hot(indices, depth):
+    return np.eye(depth, dtype=np.float32)[np.asarray(indices)]
+
+
+def fixed_batch(encode, batch_size):
+    """Wraps a fake encoder, checking the evaluator always sends ``batch_size`` rows."""
+
+    def wrapped(x):
+        assert len(x) == batch_size, len(x)
+        return encode(x)
+
+    return wrapped
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_corpus):
+    return Tokenizer(os.path.join(tiny_corpus, "vocab.txt"), max_len=16)
+
+
+# ---------------------------------------------------------------------------
+# Registry
+# ---------------------------------------------------------------------------
+
+
+def test_registry_maps_names_to_evaluators():
+    assert evaluators.names() == ["knn", "retrieval", "zeroshot"]
+    assert evaluators.get("retrieval") is retrieval.RetrievalEvaluator
+    assert evaluators.get("zeroshot") is zeroshot.ZeroShotEvaluator
+    assert evaluators.get("knn") is knn.KnnEvaluator
+    with pytest.raises(KeyError, match="unknown evaluator"):
+        evaluators.get("linear_probe")
+
+
+def test_encode_in_batches_pads_the_last_batch_and_drops_the_padding():
+    batches = [np.arange(8.0).reshape(4, 2), np.arange(4.0).reshape(2, 2)]
+    out = evaluators.encode_in_batches(fixed_batch(lambda x: x * 2, 4), batches, 4)
+    np.testing.assert_array_equal(out, np.concatenate(batches) * 2)
+
+
+# ---------------------------------------------------------------------------
+# Retrieval metrics
+# ---------------------------------------------------------------------------
+
+
+def test_identity_embeddings_retrieve_perfectly_with_chance_reported():
+    n = 50
+    metrics = retrieval.retrieval_metrics(np.eye(n), np.eye(n), range(n), range(n))
+    for direction in ("i2t", "t2i"):
+        for k in (1, 5, 10):
+            assert metrics[f"{direction}_R@{k}"] == 1.0
+        assert metrics[f"{direction}_R@1_chance"] == pytest.approx(1 / n)
+        assert metrics[f"{direction}_R@5_chance"] == pytest.approx(5 / n)
+    assert metrics["num_pairs"] == metrics["num_images"] == metrics["num_captions"] == n
+
+
+def test_random_embeddings_score_near_chance():
+    rng = np.random.default_rng(0)
+    n, dim = 1000, 32
+    images = evaluators.l2_normalize(rng.normal(size=(n, dim)))
+    texts = evaluators.l2_normalize(rng.normal(size=(n, dim)))
+    metrics = retrieval.retrieval_metrics(images, texts, range(n), range(n))
+    for direction in ("i2t", "t2i"):
+        assert metrics[f"{direction}_R@10_chance"] == pytest.approx(0.01)
+        assert abs(metrics[f"{direction}_R@10"] - 0.01) < 0.01  # 1000 queries: sd ~0.003
+        assert metrics[f"{direction}_R@1"] < 0.006
+
+
+def test_a_permutation_of_captions_scores_zero_at_rank_one():
+    n = 20
+    metrics = retrieval.retrieval_metrics(np.eye(n), np.roll(np.eye(n), 1, axis=0), range(n), range(n))
+    assert metrics["i2t_R@1"] == metrics["t2i_R@1"] == 0.0
+
+
+def test_ties_count_against_the_query_so_a_collapsed_model_scores_zero():
+    n = 20
+    same = np.ones((n, 4)) / 2.0
+    metrics = retrieval.retrieval_metrics(same, same, range(n), range(n))
+    assert all(metrics[f"{d}_R@{k}"] == 0.0 for d in ("i2t", "t2i") for k in (1, 5, 10))
+
+
+def test_duplicate_captions_and_images_are_one_candidate_with_several_positives():
+    e = np.eye(4, dtype=np.float32)
+    shared = evaluators.l2_normalize(e[0] + e[1])
+    # Pairs 0 and 1: two images with the same caption; pairs 2 and 3: one image with two captions.
+    images = np.stack([e[0], e[1], e[2], e[2]])
+    texts = np.stack([shared, shared, e[2] + 0.1 * e[3], e[2] + 0.2 * e[3]])
+    texts = evaluators.l2_normalize(texts)
+    metrics = retrieval.retrieval_metrics(images, texts, ["a", "b", "c", "c"], ["x", "x", "y", "z"])
+    assert (metrics["num_pairs"], metrics["num_images"], metrics["num_captions"]) == (4, 3, 3)
+    # Any tie-break among the copies is a hit: both directions are perfect.
+    assert metrics["i2t_R@1"] == metrics["t2i_R@1"] == 1.0
+    # i2t: images a, b have 1 positive of 3 captions, c has 2 -> (1/3 + 1/3 + 2/3) / 3.
+    assert metrics["i2t_R@1_chance"] == pytest.approx(4 / 9)
+    # t2i: caption x has 2 positive images of 3, y and z have 1 each.
+    assert metrics["t2i_R@1_chance"] == pytest.approx(4 / 9)
+
+
+def test_chance_recall_formula():
+    assert retrieval.chance_recall(np.array([1]), 10, 5) == pytest.approx(0.5)
+    assert retrieval.chance_recall(np.array([2]), 4, 1) == pytest.approx(0.5)
+    assert retrieval.chance_recall(np.array([2]), 4, 2) == pytest.approx(1 - (2 / 4) * (1 / 3))
+    assert retrieval.chance_recall(np.array([1]), 3, 10) == 1.0
+
+
+def test_retrieval_evaluator_end_to_end_with_an_oracle_encoder(tiny_corpus, tokenizer):
+    # The oracle knows which caption each validation image came with, read
+    # through the same eval pipeline, so its recalls must be exactly 1.
+    dataset = make_dataset(
+        tiny_corpus, "validation", global_batch_size=BATCH, image_size=IMAGE_SIZE, train=False,
+        seed=0, tokenizer=tokenizer, process_index=0, process_count=1,
+    )
+    caption_of_image, caption_index = {}, {}
+    for batch in dataset.as_numpy_iterator():
+        for image, text in zip(batch["image"], batch["text"]):
+            caption = caption_index.setdefault(text.tobytes(), len(caption_index))
+            caption_of_image[image.tobytes()] = caption
+    depth = len(caption_index)
+
+    def encode_texts(tokens):
+        return one_hot([caption_index[row.tobytes()] for row in tokens], depth)
+
+    def encode_images(images, shift=0):
+        return one_hot([(caption_of_image[im.tobytes()] + shift) % depth for im in images], depth)
+
+    evaluator = evaluators.get("retrieval")(
+        data_dir=tiny_corpus, split="validation", image_size=IMAGE_SIZE, tokenizer=tokenizer, batch_size=BATCH
+    )
+    metrics = evaluator.run(fixed_batch(encode_images, BATCH), fixed_batch(encode_texts, BATCH))
+    assert metrics["num_pairs"] == 16 and metrics["num_captions"] == depth
+    assert all(metrics[f"{d}_R@{k}"] == 1.0 for d in ("i2t", "t2i") for k in (1, 5, 10))
+    assert metrics["i2t_R@1_chance"] == pytest.approx(1 / depth)
+
+    wrong = evaluator.run(lambda x: encode_images(x, shift=1), encode_texts)
+    assert wrong["i2t_R@1"] == 0.0
+
+
+# ---------------------------------------------------------------------------
+# Zero-shot and kNN with a fake encoder that recognises shapes
+# ---------------------------------------------------------------------------
+
+
+def shape_of(image):
+    """Circle / square / triangle from how much of its bounding box the shape fills."""
+    background = np.median(np.concatenate([image[0], image[-1], image[:, 0], image[:, -1]]), axis=0)
+    mask = np.abs(image - background).max(axis=-1) > 0.25
+    ys, xs = np.nonzero(mask)
+    fill = mask.sum() / ((np.ptp(ys) + 1) * (np.ptp(xs) + 1))
+    return min(SHAPES, key=lambda s: abs(FILL_FRACTION[s] - fill))
+
+
+def encode_shapes(images):
+    return one_hot([SHAPES.index(shape_of(image)) for image in images], len(SHAPES))
+
+
+def shape_text_encoder(tokenizer, order=SHAPES):
+    """One-hot of the shape word in the tokens, in ``order`` (permute it to be wrong)."""
+    ids = [tokenizer.tokens.index(word) for word in order]
+
+    def encode(tokens):
+        found = np.stack([(tokens == i).any(axis=1) for i in ids], axis=1).astype(np.float32)
+        assert (found.sum(axis=1) == 1).all()  # every prompt names exactly one class
+        return found
+
+    return encode
+
+
+def test_zeroshot_with_a_shape_recognising_encoder(tiny_eval_folder, tokenizer):
+    evaluator = evaluators.get("zeroshot")(
+        image_dir=os.path.join(tiny_eval_folder, "test"), image_size=IMAGE_SIZE, tokenizer=tokenizer,
+        batch_size=BATCH,
+    )
+    metrics = evaluator.run(fixed_batch(encode_shapes, BATCH), fixed_batch(shape_text_encoder(tokenizer), BATCH))
+    assert metrics == {"top1": 1.0, "top5": 1.0, "top1_chance": 1 / 3, "num_images": 9.0, "num_classes": 3.0}
+
+    rotated = shape_text_encoder(tokenizer, order=SHAPES[1:] + SHAPES[:1])
+    assert evaluator.run(encode_shapes, rotated)["top1"] == 0.0
+
+
+def test_class_embedding_is_the_normalised_mean_over_templates(tokenizer):
+    table = np.random.default_rng(0).normal(size=(tokenizer.vocab_size, 8))
+
+    def encode(tokens):  # a bag-of-wordpieces text encoder
+        return evaluators.l2_normalize(table[tokens].sum(axis=1))
+
+    templates = ("a {}.", "photo of a {}", "{} drawn on white")
+    got = zeroshot.class_embeddings(fixed_batch(encode, 4), tokenizer, ["circle", "large_square"], templates, 4)
+    for row, name in zip(got, ["circle", "large square"]):
+        per_template = encode(tokenizer.tokenize_numpy([t.format(name) for t in templates]))
+        np.testing.assert_allclose(row, evaluators.l2_normalize(per_template.mean(axis=0)), rtol=1e-5)
+
+
+def test_topk_accuracy():
+    scores = np.array([[0.1, 0.9, 0.0], [0.8, 0.1, 0.3], [0.2, 0.3, 0.5]])
+    labels = np.array([1, 2, 0])
+    assert zeroshot.topk_accuracy(scores, labels, 1) == pytest.approx(1 / 3)
+    assert zeroshot.topk_accuracy(scores, labels, 2) == pytest.approx(2 / 3)
+    assert zeroshot.topk_accuracy(scores, labels, 5) == 1.0
+
+
+def test_knn_with_a_shape_recognising_encoder(tiny_eval_folder):
+    evaluator = evaluators.get("knn")(
+        train_dir=os.path.join(tiny_eval_folder, "train"), test_dir=os.path.join(tiny_eval_folder, "test"),
+        image_size=IMAGE_SIZE, batch_size=BATCH, k=3,
+    )
+    metrics = evaluator.run(fixed_batch(encode_shapes, BATCH), None)
+    assert metrics == {"knn_top1": 1.0, "knn_top1_chance": 1 / 3, "num_train": 12.0, "num_test": 9.0}
+
+
+def test_knn_votes_are_similarity_weighted():
+    # Test point at angle 0; one class-1 neighbour very close, two class-0 ones further away.
+    angles = np.array([0.05, 0.6, 0.65, 2.5])
+    train = np.stack([np.cos(angles), np.sin(angles)], axis=1)
+    labels = np.array([1, 0, 0, 0])
+    test = np.array([[1.0, 0.0]])
+    sharp = knn.knn_class_scores(train, labels, test, num_classes=2, k=3, temperature=0.05)
+    flat = knn.knn_class_scores(train, labels, test, num_classes=2, k=3, temperature=100.0)
+    assert sharp.argmax() == 1  # the close neighbour outweighs the two far ones
+    assert flat.argmax() == 0  # near-uniform weights: majority of the 3 nearest
+    np.testing.assert_allclose(flat[0], [2.0, 1.0], rtol=0.02)  # the 4th point is not a neighbour

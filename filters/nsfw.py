@@ -246,6 +246,9 @@ def decode_for_scoring(data: bytes, size: int = 320) -> Image.Image:
     JPEG draft mode decodes at 1/2, 1/4 or 1/8 scale while both sides stay at
     least ``size``: the model sees a ``size``-pixel square anyway, and a
     reduced decode of a large photo is several times faster than a full one.
+    Anything still larger than ``2 * size`` is shrunk to that, so a batch of
+    buffered images stays a few MB whatever the input (a 5000 px PNG would
+    be 75 MB decoded); the final resize to ``size`` stays NudeNet's own.
     """
     img = Image.open(io.BytesIO(data))
     img.draft("RGB", (size, size))
@@ -253,7 +256,10 @@ def decode_for_scoring(data: bytes, size: int = 320) -> Image.Image:
     if img.mode in ("P", "PA"):
         img = img.convert("RGBA")  # palette transparency is resolved via RGBA
     # Alpha is dropped, not composited: NudeNet's own reader does the same.
-    return img.convert("RGB")
+    img = img.convert("RGB")
+    if max(img.size) > 2 * size:
+        img.thumbnail((2 * size, 2 * size), Image.Resampling.BILINEAR)
+    return img
 
 
 # ---------------------------------------------------------------------------
@@ -402,7 +408,8 @@ def main(argv=None) -> int:
     for path, score in zip(args.images, scores):
         verdict = "REJECT" if is_pornographic(float(score), args.threshold) else "keep"
         print(f"{score:.3f}  {verdict:6s}  {path}")
-    print(f"median {1000 * float(np.median(times)) / len(images):.1f} ms/image over {len(images)} images")
+    per_image = 1000 * float(np.median(times)) / len(images)
+    print(f"scoring (decoded images, batch {getattr(scorer, 'batch_size', '?')}): median {per_image:.1f} ms/image over {len(images)} images")
     return 0
 
 

@@ -101,7 +101,8 @@ def test_decode_for_scoring_is_rgb_upright_and_reduced_but_not_below_model_size(
     Image.new("RGB", (2000, 1000), (200, 10, 10)).save(buf, "JPEG", exif=exif)
     img = nsfw.decode_for_scoring(buf.getvalue(), size=320)
     assert img.mode == "RGB"
-    assert img.size == (500, 1000)  # upright, and JPEG-draft decoded at 1/2 scale (1/4 would be < 320)
+    # upright; JPEG-draft decoded at 1/2 scale (1/4 would be < 320), then fit in 640
+    assert img.size == (320, 640)
 
 
 def test_decode_for_scoring_converts_palette_transparency_to_rgb():
@@ -138,8 +139,21 @@ def test_class_list_matches_installed_nudenet():
     assert tuple(getattr(module, "__labels")) == nsfw.NUDENET_CLASSES
 
 
+@pytest.fixture
+def no_network(monkeypatch):
+    """Any connection attempt fails: the model must come from the wheel."""
+    import socket
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("network access attempted")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+
+
 @needs_nudenet
-def test_nudenet_scores_benign_images_low_and_matches_nudenet_detect():
+def test_nudenet_scores_benign_images_low_and_matches_nudenet_detect(no_network):
     from nudenet import NudeDetector
 
     images = _benign_images()

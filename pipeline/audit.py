@@ -625,7 +625,11 @@ def _section_distributions(distributions: Optional[dict], preset: dict) -> str:
     if not distributions:
         return head + '<p class="muted">distributions.json is missing or empty.</p>'
     figures = []
-    for name, dist in distributions.items():
+    # In the order the stages run; unknown distributions after the known ones.
+    known = list(DISTRIBUTION_CUTS)
+    names = sorted(distributions, key=lambda n: (known.index(n) if n in known else len(known), n))
+    for name in names:
+        dist = distributions[name]
         if name == "count_of_counts" or not isinstance(dist, dict):
             continue
         try:

@@ -144,7 +144,8 @@ def thumbnail_b64(data: Optional[bytes], size: int = 128) -> Optional[str]:
     if not data:
         return None
     try:
-        with Image.open(io.BytesIO(data)) as img:
+        with warnings.catch_warnings(), Image.open(io.BytesIO(data)) as img:
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             if img.size[0] * img.size[1] > 50_000_000:
                 return None
             img.draft("RGB", (size, size))

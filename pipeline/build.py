@@ -40,6 +40,7 @@ from filters import stages
 from filters.presets import format_preset, get_preset
 from filters.record import filter_record
 from filters.image import thumbnail_b64
+from pipeline import near_duplicates as near_dup
 from pipeline import stats as stats_lib
 from pipeline import write as write_lib
 from pipeline.read import ReadCandidates, Rejection
@@ -254,8 +255,8 @@ def _texts_for_ngram_counts(element) -> List[str]:
     return []
 
 
-def build_pipeline(p: beam.Pipeline, opts: BuildOptions, preset, notes: dict) -> None:
-    """Adds the whole build to ``p``."""
+def build_pipeline(p: beam.Pipeline, opts: BuildOptions, preset, notes: dict, eval_index=None) -> None:
+    """Adds the whole build to ``p``; ``eval_index`` is a loaded ``EvalIndex`` or None."""
     from filters import nsfw
     from filters.frequency import ApplyCorpusFilters
 
@@ -287,8 +288,43 @@ def build_pipeline(p: beam.Pipeline, opts: BuildOptions, preset, notes: dict) ->
     ran += ["texts_per_image", "images_per_text", "rare_ngrams"]
     extra = [corpus["stats"]]
 
+    pairs = None
+    if eval_index is not None:
+        from dedup.transforms import RemoveNearDuplicates
+
+        earlier = verdicts | "EarlierVerdicts" >> beam.Flatten()
+        embedded = (
+            survivors
+            | "KeyImagesForEmbedding" >> beam.Map(lambda r: (r.key, r.image))
+            | "EmbedImages" >> near_dup.EmbedImages(opts.embedder)
+        )
+        embedded = (embedded, earlier) | "DropEarlierRejects" >> DropKeys()
+        found = embedded | "RemoveNearDuplicates" >> RemoveNearDuplicates(
+            eval_index.index,
+            threshold=eval_index.threshold,
+            num_clusters=preset.num_clusters,
+            nearest_clusters=preset.nearest_clusters,
+            bucket_size=preset.bucket_size,
+        )
+        verdicts.append(found["rejected"])
+        pairs = found["pairs"]
+        ran.append("near_duplicate_eval")
+
     all_verdicts = verdicts | "FlattenVerdicts" >> beam.Flatten()
     written_records, joined_rejects = (survivors, all_verdicts) | "JoinVerdicts" >> JoinVerdicts()
+    if pairs is not None:
+        near_dup_rejects = (
+            joined_rejects
+            | "NearDuplicateRejects" >> beam.Filter(lambda r: stages.stage_of(r.reason) == "near_duplicate_eval")
+            | "KeyNearDuplicateRejects" >> beam.Map(lambda r: (r.key, r))
+        )
+        _ = (
+            {"pair": pairs | "KeyPairs" >> beam.Map(lambda d: (d["key"], d)), "rejection": near_dup_rejects}
+            | "GroupPairs" >> beam.CoGroupByKey()
+            | "PairRows" >> beam.FlatMap(near_dup.pair_rows, eval_index.thumbnails)
+            | "CollectPairs" >> beam.combiners.ToList()
+            | "WritePairs" >> beam.Map(_write_pairs, opts.output)
+        )
     all_rejections = (read_rejects, filtered.rejected, joined_rejects) | "FlattenRejections" >> beam.Flatten()
 
     shard_lengths = written_records | "WriteShards" >> write_lib.WriteShards(opts.output, opts.name, preset)
@@ -301,6 +337,29 @@ def build_pipeline(p: beam.Pipeline, opts: BuildOptions, preset, notes: dict) ->
     extra_stats = extra | "FlattenExtraStats" >> beam.Flatten()
     meta = {"ran": ran, "notes": notes, "dataset": opts.name, "preset": preset}
     _ = (input_count, all_rejections, written_counts, histograms, extra_stats) | "WriteStats" >> WriteStats(opts.output, meta)
+
+
+def _write_pairs(rows, output_dir) -> None:
+    rows = sorted(rows, key=lambda r: (r["key"], r["index_set"], r["index_key"]))
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    stats_lib.write_text(FileSystems.join(output_dir, "stats", "near_duplicates.jsonl"), text)
+
+
+class EvalIndex:
+    """Evaluation sets read and embedded in the launcher, with their threshold."""
+
+    def __init__(self, specs, embedder_name, preset):
+        from dedup import embedders
+        from dedup.index_sets import load_index_sets
+
+        embedder = embedders.get(embedder_name)
+        self.index = load_index_sets(specs, embedder)
+        self.threshold = near_dup.resolve_threshold(preset, embedder)
+        self.thumbnails = near_dup.index_thumbnails(self.index)
+        self.note = (
+            f"{self.index.num_images} evaluation images ({len(self.index)} rows with variants) "
+            f"from {', '.join(specs)}; embedder {embedder_name}, cosine > {self.threshold}"
+        )
 
 
 def stage_notes(preset) -> dict:
@@ -357,8 +416,11 @@ def run(argv: Optional[List[str]] = None) -> dict:
     options.view_as(SetupOptions).save_main_session = False
     _prepare_output(opts.output, opts.overwrite)
     notes = stage_notes(preset)
+    eval_index = EvalIndex(opts.eval_images, opts.embedder, preset) if opts.eval_images else None
+    if eval_index is not None:
+        notes["near_duplicate_eval"] = eval_index.note
     with beam.Pipeline(options=options) as p:
-        build_pipeline(p, opts, preset, notes)
+        build_pipeline(p, opts, preset, notes, eval_index)
     funnel = _finalize(opts.output, opts.name, preset)
     try:
         from pipeline.audit import format_funnel

@@ -144,14 +144,15 @@ def thumbnail_b64(data: Optional[bytes], size: int = 128) -> Optional[str]:
     if not data:
         return None
     try:
-        with warnings.catch_warnings(), Image.open(io.BytesIO(data)) as img:
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            if img.size[0] * img.size[1] > 50_000_000:
-                return None
-            img.draft("RGB", (size, size))
-            img.thumbnail((size, size))
-            out = io.BytesIO()
-            to_rgb(img).save(out, format="JPEG", quality=80)
+            with Image.open(io.BytesIO(data)) as img:
+                if img.size[0] * img.size[1] > 50_000_000:
+                    return None
+                img.draft("RGB", (size, size))
+                img.thumbnail((size, size))
+                out = io.BytesIO()
+                to_rgb(img).save(out, format="JPEG", quality=80)
     except Exception:
         return None
     return base64.b64encode(out.getvalue()).decode("ascii")

@@ -310,6 +310,8 @@ def compute_scores(
 #: report), and evaluation sets hold 10^4-10^5 images. For the "dct" embedder
 #: 1e-5 still keeps photometric recall above 99.5%, so that is the default.
 DEFAULT_MAX_FPR = 1e-5
+#: budgets the report shows side by side
+FPR_BUDGETS = (1e-3, 1e-4, 1e-5)
 
 
 def recommend_threshold(negatives: np.ndarray, max_fpr: float, resolution: float = 1e-3) -> float:
@@ -386,7 +388,8 @@ def summarise(scores: Scores, max_fpr: float, threshold: Optional[float] = None,
     recommended = recommend_threshold(negatives, max_fpr)
     chosen = recommended if threshold is None else threshold
     families, per_edit = per_edit_recall(scores, chosen)
-    table = table if table is not None else np.round(np.arange(0.80, 0.9951, 0.01), 3)
+    if table is None:
+        table = np.round(np.r_[np.arange(0.50, 0.79, 0.05), np.arange(0.80, 0.9951, 0.01)], 3)
     rows = sorted(set(float(t) for t in table) | {recommended, chosen})
     return {
         "micro_ap": average_precision(positives, negatives),
@@ -396,8 +399,13 @@ def summarise(scores: Scores, max_fpr: float, threshold: Optional[float] = None,
         "recall_per_family": families,
         "recall_per_edit": per_edit,
         "table": [at_threshold(scores, t) for t in rows],
+        "at_fpr_budgets": {
+            f"{budget:g}": at_threshold(scores, recommend_threshold(negatives, budget)) for budget in FPR_BUDGETS
+        },
         "positive_pairs": int(len(positives)),
         "unrelated_pairs": int(len(negatives)),
+        # Below ~10 expected false pairs the budget is not really measured.
+        "fpr_budget_measurable": bool(max_fpr * len(negatives) >= 10),
     }
 
 
@@ -468,12 +476,25 @@ def format_report(report: dict) -> str:
         f"threshold table, index with variants (recall/FPR in %; drop = distractor queries dropped):",
         f"{'cos >':>7}{'recall':>8}{'photo':>8}{'geom':>8}{'FPR':>9}{'FPR same':>9}{'prec':>8}{'drop':>8}",
     ]
+    if not aug["fpr_budget_measurable"]:
+        lines.insert(
+            3,
+            f"WARNING: {aug['unrelated_pairs']} unrelated pairs are too few to measure an FPR of {report['max_fpr']:g}; "
+            "use more sources/seeds before trusting the recommended threshold",
+        )
     for row in aug["table"]:
         mark = " <" if abs(row["threshold"] - report["reported_threshold"]) < 1e-9 else ""
         lines.append(
             f"{row['threshold']:7.3f}{_pct(row['recall']):>8}{_pct(row['recall_photometric']):>8}"
             f"{_pct(row['recall_geometric']):>8}{100 * row['fpr']:9.4f}{100 * row['fpr_same_photograph']:9.4f}"
             f"{_pct(row['precision']):>8}{_pct(row['distractor_drop_rate']):>8}{mark}"
+        )
+    lines += ["", "threshold per unrelated-pair FPR budget, index with variants:"]
+    lines.append(f"{'budget':>8}{'cos >':>8}{'recall':>8}{'photo':>8}{'geom':>8}{'FPR':>9}{'drop':>8}")
+    for budget, row in aug["at_fpr_budgets"].items():
+        lines.append(
+            f"{budget:>8}{row['threshold']:8.3f}{_pct(row['recall']):>8}{_pct(row['recall_photometric']):>8}"
+            f"{_pct(row['recall_geometric']):>8}{100 * row['fpr']:9.4f}{_pct(row['distractor_drop_rate']):>8}"
         )
     t = report["reported_threshold"]
     lines += ["", f"recall per edit at cos > {t:.3f}:", f"{'edit':24}{'+variants':>10}{'orig only':>10}"]

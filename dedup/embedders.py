@@ -408,12 +408,18 @@ class DctEmbedder(ImageEmbedder):
 ImageEncoder = Tuple[Callable[[np.ndarray], np.ndarray], int]
 
 
-def resize_to_unit_range(images: Sequence[Image.Image], size: int) -> np.ndarray:
-    """RGB PIL images -> float32 [B, size, size, 3] in [-1, 1] (squashed, whole image kept)."""
+def resize_to_unit_range(images: Sequence[Image.Image], size: int, center_crop: bool = False) -> np.ndarray:
+    """RGB PIL images -> float32 [B, size, size, 3] in [-1, 1]: squashed (whole
+    image kept) or, with ``center_crop``, the central square of the image."""
     batch = np.empty((len(images), size, size, 3), np.float32)
     for i, image in enumerate(images):
         image = image if image.mode == "RGB" else image.convert("RGB")
-        image = image.resize((size, size), Image.Resampling.BILINEAR, reducing_gap=3.0)
+        box = None
+        if center_crop:
+            side = min(image.size)
+            left, top = (image.width - side) // 2, (image.height - side) // 2
+            box = (left, top, left + side, top + side)
+        image = image.resize((size, size), Image.Resampling.BILINEAR, box=box, reducing_gap=3.0)
         batch[i] = np.asarray(image, np.float32)
     return batch / 127.5 - 1.0
 
@@ -423,8 +429,9 @@ class CheckpointEmbedder(ImageEmbedder):
     """The image tower of an ALIGN trainer checkpoint, via
     ``trainer.checkpoint.load_image_encoder(workdir) -> (fn, image_size)``.
 
-    The image is squashed (not centre-cropped) to ``image_size``: a
-    near-duplicate test should see the whole image. Threshold: ``threshold=``,
+    By default the image is squashed to ``image_size`` so that the whole image
+    is compared; ``center_crop=True`` uses the trainer's eval view (central
+    square) instead. Calibrate each choice separately. Threshold: ``threshold=``,
     else ``<workdir>/near_duplicate_calibration.json`` written by
     ``python -m dedup.calibrate --embedder checkpoint --embedder-arg workdir=W
     --out W/near_duplicate_calibration.json``.
@@ -438,11 +445,15 @@ class CheckpointEmbedder(ImageEmbedder):
         workdir: str = "",
         threshold: Optional[float] = None,
         batch_size: int = 64,
+        step: Optional[int] = None,
+        center_crop: bool = False,
         encoder: Optional[ImageEncoder] = None,
     ):
         if not workdir and encoder is None:
             raise ValueError("checkpoint embedder needs workdir=...")
         self.workdir = workdir
+        self.step = step
+        self.center_crop = bool(center_crop)
         self.batch_size = int(batch_size)
         self._encoder = encoder
         self._injected = encoder is not None  # tests inject a fake; it must survive pickling
@@ -460,13 +471,13 @@ class CheckpointEmbedder(ImageEmbedder):
         return state
 
     def config(self) -> dict:
-        return {"name": self.name, "workdir": self.workdir}
+        return {"name": self.name, "workdir": self.workdir, "step": self.step, "center_crop": self.center_crop}
 
     def _load(self) -> ImageEncoder:
         if self._encoder is None:
             from trainer.checkpoint import load_image_encoder  # lazy: pulls in JAX
 
-            self._encoder = load_image_encoder(self.workdir)
+            self._encoder = load_image_encoder(self.workdir, self.step)
         return self._encoder
 
     @property
@@ -486,7 +497,7 @@ class CheckpointEmbedder(ImageEmbedder):
     def embed_pil(self, images: Sequence[Image.Image]) -> np.ndarray:
         fn, size = self._load()
         # Re-normalise: cheap, and the threshold assumes unit rows.
-        return l2_normalise(np.asarray(fn(resize_to_unit_range(images, size))))
+        return l2_normalise(np.asarray(fn(resize_to_unit_range(images, size, self.center_crop))))
 
 
 # ---------------------------------------------------------------------------

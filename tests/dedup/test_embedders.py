@@ -236,3 +236,13 @@ def test_onnx_embedder_reads_its_calibration_file(tmp_path):
     assert embedder.threshold == 0.97
     clone = pickle.loads(pickle.dumps(embedder))
     assert clone._session is None and clone.embed_arrays(np.zeros((1, 8, 8, 3), np.uint8)).shape == (1, 192)
+
+
+def test_checkpoint_adapter_centre_crop_shows_the_tower_the_central_square():
+    tower = FakeImageTower(size=16)
+    wide = np.zeros((100, 300, 3), np.uint8)
+    wide[:, 100:200] = 255  # white central square, black sides
+    embedders.get("checkpoint", encoder=(tower, 16), threshold=0.9, center_crop=True).embed_arrays(wide[None])
+    assert tower.calls[-1][:, :, 1:-1].min() > 0.99  # only the white square (edges blend a little)
+    embedders.get("checkpoint", encoder=(tower, 16), threshold=0.9).embed_arrays(wide[None])
+    assert tower.calls[-1].min() == -1.0  # squashed: the black sides too

@@ -305,9 +305,9 @@ def compute_scores(
 
 
 #: Unrelated-pair false-positive budget of the recommended threshold. The
-#: acceptance bar is 1e-3, but at 1e-3 one unrelated image in five or six
-#: matches *some* image of a 200-image index (the "drop" column of the
-#: report), and evaluation sets hold 10^4-10^5 images. For the "dct" embedder
+#: acceptance bar is 1e-3, but at 1e-3 one unrelated image in seven matches
+#: *some* image of a 200-image index (the "drop" column of the report), and
+#: evaluation sets hold 10^4-10^5 images. For the "dct" embedder
 #: 1e-5 still keeps photometric recall above 99.5%, so that is the default.
 DEFAULT_MAX_FPR = 1e-5
 #: budgets the report shows side by side

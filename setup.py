@@ -38,8 +38,9 @@ EXTRAS = {
     "audit": ["matplotlib>=3.8"],
     # nudenet is AGPL-3.0: optional, never a base requirement.
     "nsfw": ["nudenet>=3.4"],
+    "onnx": ["onnxruntime>=1.17"],  # dedup's "onnx" embedder (a user-supplied model file)
     "sample": ["scikit-image>=0.22", "pandas>=2"],
-    "dev": ["pytest>=8", "pytest-xdist>=3", "scikit-image>=0.22", "pandas>=2"],
+    "dev": ["pytest>=8", "pytest-xdist>=3", "scikit-image>=0.22", "pandas>=2", "onnx>=1.15", "onnxruntime>=1.17"],
 }
 EXTRAS["all"] = sorted({req for name, reqs in EXTRAS.items() if name != "nsfw" for req in reqs})
 

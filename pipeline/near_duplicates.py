@@ -72,8 +72,9 @@ def index_thumbnails(index) -> Dict[tuple, str]:
             continue
         preview = index.thumbnail(i)
         if isinstance(preview, str):
-            with open(preview, "rb") as handle:
-                preview = handle.read()
+            from dedup.embedders import read_bytes
+
+            preview = read_bytes(preview)
         out[ident] = thumbnail_b64(preview) if preview else None
     return out
 

@@ -104,7 +104,7 @@ class _Builder:
         self.noun_weights = [1 / (i + 1) ** 1.1 for i in range(len(NOUNS))]
 
     def hexdigits(self, n: int) -> str:
-        return "".join(self.rng.choice("0123456789abcdef") for _ in range(n))
+        return f"{self.rng.getrandbits(4 * n):0{n}x}"
 
     def new_image(self) -> Tuple[str, str]:
         return self.hexdigits(64), self.hexdigits(16)

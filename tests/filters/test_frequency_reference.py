@@ -40,7 +40,11 @@ def run_beam(corpus, preset, out_dir, workers=1, **transform_kw):
         "survivors": pipeline | "Survivors" >> beam.Create(corpus.survivors),
         "all_texts": pipeline | "AllTexts" >> beam.Create(corpus.all_texts),
     } | ApplyCorpusFilters(preset, **transform_kw)
-    for name in ("rejected", "stats"):
+    if workers > 1:
+        # Which processes ran the per-element work: shows the option is honoured.
+        out["pids"] = (out["rejected"] | "Pid" >> beam.Map(lambda _: os.getpid())
+                       | "Pids" >> beam.Distinct())
+    for name in out:
         (out[name]
          | f"Json{name}" >> beam.Map(json.dumps, sort_keys=True)
          | f"Write{name}" >> beam.io.WriteToText(os.path.join(out_dir, name)))
@@ -58,6 +62,9 @@ def run_beam(corpus, preset, out_dir, workers=1, **transform_kw):
     rejected = dict(rejected_rows)
     assert len(rejected) == len(rejected_rows), "a key was rejected more than once"
     stats = dict(read("stats"))
+    if workers > 1:
+        pids = set(read("pids"))
+        assert len(pids) == workers and os.getpid() not in pids, pids
     counters = {
         c.key.metric.name: c.committed
         for c in result.metrics().query(MetricsFilter().with_namespace("filters"))["counters"]
@@ -136,6 +143,13 @@ def test_agrees_with_reference_small(small_corpus, preset_name, tmp_path):
     assert_planted(small_corpus, rejected, preset)
     assert stats["count_of_counts"]["cut_count"] == (
         small_corpus.tie_count if preset_name == "align" else small_corpus.rare_count)
+
+
+def test_two_worker_processes_give_identical_output(small_corpus, tmp_path):
+    preset = presets_for(small_corpus)["cc12m"]
+    one, one_stats = assert_agrees(small_corpus, preset, str(tmp_path / "one"))
+    two, two_stats = assert_agrees(small_corpus, preset, str(tmp_path / "two"), workers=2)
+    assert two == one and two_stats == one_stats
 
 
 def test_agrees_with_reference_small_sha256_identity(small_corpus, tmp_path):

@@ -1,0 +1,83 @@
+"""k-means centroids and top-n assignment (dedup.kmeans)."""
+
+import pickle
+
+import numpy as np
+import pytest
+
+from dedup import kmeans
+
+
+def _blobs(n, dim=16, centers=8, spread=0.05, seed=0):
+    rng = np.random.default_rng(seed)
+    c = kmeans.l2_normalize(rng.standard_normal((centers, dim)))
+    labels = rng.integers(0, centers, n)
+    x = c[labels] + spread * rng.standard_normal((n, dim)).astype(np.float32)
+    return kmeans.l2_normalize(x), c, labels
+
+
+def test_effective_num_clusters_rule():
+    assert kmeans.effective_num_clusters(4096, 250_000) == 4096
+    assert kmeans.effective_num_clusters(4096, 39 * 4096) == 4096
+    assert kmeans.effective_num_clusters(4096, 39 * 4096 - 1) == 4095
+    assert kmeans.effective_num_clusters(4096, 20_000) == 20_000 // 39
+    assert kmeans.effective_num_clusters(4096, 77) == 1
+    assert kmeans.effective_num_clusters(4096, 0) == 1
+    with pytest.raises(ValueError):
+        kmeans.effective_num_clusters(0, 100)
+
+
+def test_sample_priority_is_a_deterministic_hash_of_the_key():
+    assert kmeans.sample_priority("abc") == kmeans.sample_priority("abc")
+    assert kmeans.sample_priority("abc") != kmeans.sample_priority("abd")
+    assert kmeans.sample_priority("abc", seed=1) != kmeans.sample_priority("abc", seed=0)
+    assert 0 <= kmeans.sample_priority("x") < 2**64
+
+
+def test_centroids_are_unit_vectors_near_the_true_centers():
+    x, centers, _ = _blobs(8 * 200)
+    # Twice as many centroids as blobs: Lloyd from a random start can leave a
+    # centroid between two blobs when K equals their number.
+    c = kmeans.train_spherical_kmeans(x, num_clusters=16, niter=20)
+    assert c.shape == (16, 16) and c.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(c, axis=1), 1.0, atol=1e-5)
+    # Every true center has a centroid within a small angle.
+    assert (centers @ c.T).max(axis=1).min() > 0.99
+
+
+def test_num_clusters_clamped_on_small_samples():
+    x, _, _ = _blobs(39 * 5 + 3)
+    assert kmeans.train_spherical_kmeans(x, num_clusters=4096, niter=5).shape == (5, 16)
+    one = kmeans.train_spherical_kmeans(x[:50], num_clusters=4096)
+    assert one.shape == (1, 16)
+    assert kmeans.train_spherical_kmeans(np.zeros((0, 16), np.float32), 4096).shape == (0, 16)
+
+
+def test_training_from_a_sample_ignores_its_order():
+    x, _, _ = _blobs(600)
+    sample = [kmeans.sample_element(f"k{i}", v) for i, v in enumerate(x)]
+    a = kmeans.train_from_sample(sample, num_clusters=8, niter=10)
+    b = kmeans.train_from_sample(list(reversed(sample)), num_clusters=8, niter=10)
+    np.testing.assert_array_equal(a, b)
+    assert kmeans.train_from_sample([], num_clusters=8).shape[0] == 0
+
+
+def test_top_clusters_match_brute_force_and_batching():
+    x, _, _ = _blobs(500, spread=0.3)
+    c = kmeans.train_spherical_kmeans(x, num_clusters=12, niter=5)
+    assigner = kmeans.CentroidAssigner(c)
+    ids, scores = assigner.top_clusters(x * 3.0, 4, with_scores=True)  # scale does not matter
+    sims = x @ c.T
+    expected = np.argsort(-sims, axis=1)[:, :4]
+    # Same sets (order may differ only on exact ties, which random data lacks).
+    np.testing.assert_array_equal(ids, expected)
+    np.testing.assert_allclose(scores / 3.0, np.take_along_axis(sims, expected, 1), rtol=1e-5, atol=1e-5)
+    one_by_one = np.concatenate([assigner.top_clusters(x[i : i + 1], 4) for i in range(0, 500, 50)])
+    np.testing.assert_array_equal(one_by_one, ids[::50])
+    # n larger than K is capped; empty batches work; pickling drops the faiss index.
+    assert assigner.top_clusters(x[:3], 50).shape == (3, 12)
+    assert assigner.top_clusters(np.zeros((0, 16), np.float32), 4).shape == (0, 4)
+    clone = pickle.loads(pickle.dumps(assigner))
+    np.testing.assert_array_equal(clone.top_clusters(x, 4), ids)
+    with pytest.raises(ValueError):
+        assigner.top_clusters(np.zeros((2, 5), np.float32), 4)

@@ -1,14 +1,16 @@
 """Preprocessing ops by name, so a pipeline reads like the paper (big_vision style).
 
-    train: "decode|resize(346)|random_crop(289)|flip_lr|value_range(-1,1)|tokenize"
-    eval:  "decode|resize(346)|central_crop(289)|value_range(-1,1)|tokenize"
+    train: "decode|resize(346)|random_crop(289)|flip_lr|value_range(-1,1)"
+    eval:  "decode|resize(346)|central_crop(289)|value_range(-1,1)"
 
 ``get_preprocess_fn(spec, **context)`` turns such a string into one function
 ``dict -> dict`` over a single example, for ``tf.data.Dataset.map``. Each op is
 a factory registered under its name; the text in parentheses is its
 arguments (Python literals). Context objects that cannot be written in a
 string (the tokenizer) are passed to ``get_preprocess_fn`` and handed to the
-ops that take a parameter of that name.
+ops that take a parameter of that name. (``make_dataset`` tokenises whole
+batches after batching, which is much cheaper; the per-example ``tokenize``
+op is for other pipelines.)
 
 Random ops are stateless: they draw from the example's ``"_rng"`` entry (a
 ``[2]`` int64 seed the input pipeline derives from the run seed and the
@@ -92,11 +94,33 @@ def _size2(size):
 
 
 @register("decode")
-def decode(key="image"):
-    """Encoded JPEG/PNG/GIF/BMP bytes -> uint8 ``[H, W, 3]`` (greyscale/alpha become RGB)."""
+def decode(size=None, key="image"):
+    """Encoded JPEG/PNG/GIF/BMP bytes -> uint8 ``[H, W, 3]`` (greyscale/alpha become RGB).
+
+    With ``size``, a JPEG whose shorter side is at least 2, 4 or 8 times
+    ``size`` is decoded at 1/2, 1/4 or 1/8 scale in the DCT domain (libjpeg's
+    scaled decoding: several times faster, and an area-averaging downscale),
+    never below ``size`` on either side. Meant as ``decode(S)|resize(S)``.
+    """
+    ratios = (1, 2, 4, 8)
+
+    def decode_any(raw):
+        return tf.io.decode_image(raw, channels=3, expand_animations=False)
+
+    def decode_jpeg_scaled(raw):
+        shape = tf.io.extract_jpeg_shape(raw)
+        shorter = tf.minimum(shape[0], shape[1])
+        branch = tf.add_n([tf.cast(shorter // r >= size, tf.int32) for r in ratios[1:]])
+        return tf.switch_case(
+            branch, [lambda r=r: tf.io.decode_jpeg(raw, channels=3, ratio=r) for r in ratios]
+        )
 
     def op(data):
-        data[key] = tf.io.decode_image(data[key], channels=3, expand_animations=False)
+        raw = data[key]
+        if size is None:
+            data[key] = decode_any(raw)
+        else:
+            data[key] = tf.cond(tf.io.is_jpeg(raw), lambda: decode_jpeg_scaled(raw), lambda: decode_any(raw))
         return data
 
     return op

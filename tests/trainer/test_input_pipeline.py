@@ -57,6 +57,24 @@ def test_decode_resize_central_crop_value_range_on_png_and_jpeg():
     assert np.abs(jpeg - out).mean() < 0.05  # same picture, lossy
 
 
+def test_decode_with_size_uses_the_coarsest_jpeg_scale_that_covers_it():
+    image = np.repeat(np.repeat(gradient_image(75, 100), 4, axis=0), 4, axis=1)  # 300 x 400
+    jpeg, png = encoded(image, "JPEG"), encoded(image, "PNG")
+
+    def decoded(spec, raw):
+        return preprocess.get_preprocess_fn(spec)({"image": raw})["image"].numpy()
+
+    full = decoded("decode", jpeg)
+    assert full.shape == (300, 400, 3)
+    assert decoded("decode(300)", jpeg).shape == (300, 400, 3)
+    assert decoded("decode(100)", jpeg).shape == (150, 200, 3)
+    assert decoded("decode(72)", jpeg).shape == (75, 100, 3)  # 1/8 would give 38 < 72
+    assert decoded("decode(72)", png).shape == (300, 400, 3)  # only JPEGs have DCT scales
+    small = decoded("decode(72)|resize(72)", jpeg).astype(np.float32)
+    reference = decoded("decode|resize(72)", jpeg).astype(np.float32)
+    assert np.abs(small - reference).mean() < 3.0  # same picture, on the 0..255 scale
+
+
 def test_value_range_maps_the_endpoints():
     pp = preprocess.get_preprocess_fn("value_range(-1,1)")
     out = pp({"image": tf.constant([[[0, 255, 51]]], tf.uint8)})["image"].numpy()

@@ -154,9 +154,7 @@ class RetrievalEvaluator:
             tokenizer=self.tokenizer,
             process_index=0,
             process_count=1,
-            preprocess_spec=input_pipeline.pair_preprocess(
-                self.image_size, self.resize_size, train=False, keep=("image", "text", "sha256")
-            ),
+            extra_features=("sha256",),
         )
         if self.max_pairs is not None:
             dataset = dataset.unbatch().take(self.max_pairs).batch(self.batch_size)

@@ -185,8 +185,8 @@ def _write_stats_files(_, output_dir, input_count, rejected, written, histograms
     distributions = {}
     for name, hist in sorted(histograms.items()):
         distributions[name] = dict(hist, description=stats_lib.HISTOGRAM_DESCRIPTIONS.get(name, ""))
-    distributions.update(extra)
-    stats_lib.write_text(FileSystems.join(stats_dir, "distributions.json"), stats_lib.to_json(distributions))
+    distributions.update(sorted(extra.items()))
+    stats_lib.write_text(FileSystems.join(stats_dir, "distributions.json"), stats_lib.to_json(distributions, sort_keys=True))
     rows = sorted(samples, key=lambda row: (stages.STAGE_INDEX[row["stage"]], row["reason"], row["rank"]))
     lines = "".join(json.dumps({k: v for k, v in row.items() if k != "rank"}) + "\n" for row in rows)
     stats_lib.write_text(FileSystems.join(stats_dir, "rejected_samples.jsonl"), lines)
@@ -330,7 +330,7 @@ def build_pipeline(p: beam.Pipeline, opts: BuildOptions, preset, notes: dict, ev
     shard_lengths = written_records | "WriteShards" >> write_lib.WriteShards(opts.output, opts.name, preset)
     written_counts = shard_lengths | "WrittenPerSplit" >> beam.FlatMap(lambda d: [(s, sum(c)) for s, c in d.items()])
     _ = shard_lengths | "WriteShardList" >> beam.Map(
-        lambda d: stats_lib.write_text(FileSystems.join(opts.output, write_lib.SHARDS_FILE), json.dumps(d))
+        lambda d: stats_lib.write_text(FileSystems.join(opts.output, write_lib.SHARDS_FILE), json.dumps(d, sort_keys=True))
     )
     _ = (all_rejections, input_count) | "WriteRejectionLedger" >> write_lib.WriteRejectionLedger(opts.output)
     histograms = filtered.measures | "Distributions" >> stats_lib.HistogramPerKey()

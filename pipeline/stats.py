@@ -130,8 +130,8 @@ def write_text(path: str, text: str) -> None:
         handle.write(text.encode("utf-8"))
 
 
-def to_json(obj) -> str:
-    return json.dumps(obj, indent=1, sort_keys=False, default=_jsonable)
+def to_json(obj, sort_keys: bool = False) -> str:
+    return json.dumps(obj, indent=1, sort_keys=sort_keys, default=_jsonable)
 
 
 def _jsonable(value):

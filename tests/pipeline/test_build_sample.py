@@ -10,8 +10,9 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
-from PIL import Image
+from PIL import Image, ImageOps
 
+from filters.image import to_rgb
 from filters.text import normalize_text
 from pipeline import build
 from pipeline.schema import make_key, shard_glob, tf_feature_spec
@@ -98,10 +99,8 @@ def test_shards_load_with_tfds_and_hold_what_went_in(sample_dir, sample_build):
         stored = Image.open(io.BytesIO(record["image"]))
         assert stored.format == "JPEG" and stored.size == (record["width"], record["height"])
         if record["image"] != row["jpg"]:  # re-encoded: same picture, maybe resized/rotated
-            original = Image.open(io.BytesIO(row["jpg"]))
-            from PIL import ImageOps
-
-            original = ImageOps.exif_transpose(original).convert("RGB").resize(stored.size)
+            # The pipeline's own colour rule (transparency on white, 16-bit scaled).
+            original = to_rgb(ImageOps.exif_transpose(Image.open(io.BytesIO(row["jpg"])))).resize(stored.size)
             diff = np.abs(np.asarray(original, np.float32) - np.asarray(stored.convert("RGB"), np.float32))
             assert diff.mean() < 12, (row["url"], diff.mean())
 

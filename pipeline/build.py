@@ -363,18 +363,22 @@ class EvalIndex:
 
 
 def stage_notes(preset) -> dict:
-    """What the funnel should say about stages that ran in a degraded way."""
+    """What the funnel should say about stages that run degraded or not at all.
+
+    Judged from the launcher's environment without loading any model; on a
+    remote runner the ``nsfw/scorer_unavailable`` counter is the worker's word.
+    """
+    import importlib.util
+
     from filters import nsfw
 
     notes = {}
     if not nsfw.stage_enabled(preset.nsfw_threshold):
         notes["nsfw"] = "disabled: nsfw_threshold >= 1.0"
+    elif importlib.util.find_spec("nudenet") is None:
+        notes["nsfw"] = f"records passed UNSCORED: {nsfw.NUDENET_MISSING}"
     else:
-        scorer, status = nsfw.load_scorer()
-        if scorer is None:
-            notes["nsfw"] = f"records passed UNSCORED: {status}"
-        else:
-            notes["nsfw"] = status
+        notes["nsfw"] = f"scored by nudenet, rejected if score >= {preset.nsfw_threshold}"
     return notes
 
 

@@ -34,13 +34,21 @@ not name it.
 Expected fates of the whole-corpus stages (texts per image, images per text,
 rare n-grams) assume the build runs with ``sample_info.json``'s
 ``build_overrides``: the corpus is tiny, so the ALIGN vocabulary of 100M
-n-grams would keep every n-gram; a minimum n-gram count is used instead.
+n-grams would keep every n-gram; a minimum n-gram count is used instead, and
+k-means gets fewer clusters than the sample has images. No picture is
+pornographic (the NSFW stage, if it runs, should reject nothing).
 The generator checks its own expectations before writing (``verify_plan``)
 and fails loudly if one does not hold: ordinary alt-texts are re-worded or
 re-drawn (deterministically) until every n-gram of every alt-text that should
 be written is frequent, no ordinary alt-text is used by more than 3 images,
 and no ordinary image is close to an evaluation image under the
-near-duplicate embedder.
+near-duplicate embedder (``dedup.embedders``); each planted near-duplicate
+is checked to be detected by it.
+
+Not planted: ``read/caption_not_utf8`` (a Parquet string column cannot hold
+invalid UTF-8). EXIF orientation cannot change an ALIGN verdict (shorter
+side and longer/shorter ratio do not change when width and height swap);
+the EXIF rows check that the upright picture is the one kept and described.
 
 Deterministic: every row draws from ``numpy.random.default_rng([seed,
 stream, slot, attempt])``; the same seed gives byte-identical files whatever
@@ -60,10 +68,11 @@ import multiprocessing
 import os
 import struct
 import sys
+import threading
 import time
 import unicodedata
 import zlib
-from typing import Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -127,9 +136,7 @@ NEAR_DUPLICATE_EMBEDDER = "dct"
 SAMPLE_NUM_CLUSTERS = 16
 
 # Random streams (the second entry of every seed sequence).
-STREAM_ROW, STREAM_URL, STREAM_SHUFFLE, STREAM_EVAL, STREAM_RAW = 1, 2, 3, 4, 5
-
-SURVIVING_STAGES = ("rare_ngrams", "near_duplicate_eval", "near_duplicate_corpus", "duplicate_pair")
+STREAM_ROW, STREAM_URL, STREAM_SHUFFLE, STREAM_EVAL = 1, 2, 3, 4
 
 
 def _rng(seed: int, *stream: int) -> np.random.Generator:
@@ -498,9 +505,11 @@ class Workers:
         if self.processes > 1:
             for name in scenes.PHOTOS:
                 scenes.load_photo(name)
+            # fork shares the loaded photographs; but forking a process that
+            # already runs threads (Beam, gRPC, TF in a test session) can deadlock.
             methods = multiprocessing.get_all_start_methods()
-            context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-            self.pool = context.Pool(self.processes)
+            method = "fork" if "fork" in methods and threading.active_count() == 1 else "spawn"
+            self.pool = multiprocessing.get_context(method).Pool(self.processes)
         return self
 
     def __exit__(self, *exc):

@@ -528,7 +528,3 @@ def describe(spec: dict, rng: np.random.Generator) -> str:
 def dominant_class(spec: dict) -> Optional[str]:
     return spec["groups"][0]["shape"] if spec["kind"] == "scene" else None
 
-
-def shape_words(spec: dict) -> Sequence[str]:
-    """Class words an alt-text of this scene names (for checks)."""
-    return [g["shape"] for g in spec["groups"]] if spec["kind"] == "scene" else []

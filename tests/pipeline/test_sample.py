@@ -13,6 +13,8 @@ import glob
 import io
 import json
 import os
+import subprocess
+import sys
 import warnings
 
 import numpy as np
@@ -29,6 +31,7 @@ from pipeline.schema import make_key
 
 NUM_CANDIDATES = 200
 SEED = 0
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 REASONS = {
     "read/missing_column", "read/no_image", "read/bad_status", "read/missing_caption", "read/caption_not_utf8",
@@ -43,7 +46,7 @@ REASONS = {
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("sample"))
-    info = sample.write_sample(out, NUM_CANDIDATES, SEED, processes=2, log=lambda *_: None)
+    info = sample.write_sample(out, NUM_CANDIDATES, SEED, processes=1, log=lambda *_: None)
     return out, info
 
 
@@ -139,8 +142,9 @@ def test_manifest_reasons_are_in_the_catalogue(manifest):
 def test_same_seed_same_bytes_whatever_the_processes(generated, tmp_path):
     out, _ = generated
     again = str(tmp_path / "again")
-    assert sample.main(["--out", again, "--num-candidates", str(NUM_CANDIDATES), "--seed", str(SEED),
-                        "--processes", "1"]) == 0
+    # The command line, in a fresh interpreter, with a process pool (the fixture used none).
+    subprocess.run([sys.executable, "-m", "pipeline.sample", "--out", again, "--num-candidates", str(NUM_CANDIDATES),
+                    "--seed", str(SEED), "--processes", "2"], check=True, cwd=ROOT, capture_output=True)
     names = sorted(os.path.relpath(p, out) for p in glob.glob(os.path.join(out, "**", "*"), recursive=True)
                    if os.path.isfile(p))
     assert names == sorted(os.path.relpath(p, again) for p in glob.glob(os.path.join(again, "**", "*"), recursive=True)

@@ -29,6 +29,7 @@ CORPUS_NAME = "tiny_corpus"
 SPLIT_SIZES = {"train": 64, "validation": 16}
 SPLIT_NUM_SHARDS = {"train": 3, "validation": 2}
 TINY_VOCAB_SIZE = 200
+TINY_MAX_LEN = 16
 
 SHAPES = ("circle", "square", "triangle")
 COLOURS = {
@@ -125,6 +126,17 @@ def tiny_corpus(tmp_path_factory):
     write_tfds_metadata(data_dir, CORPUS_NAME, shard_lengths, description="trainer test corpus")
     build_vocab(data_dir, TINY_VOCAB_SIZE)
     return data_dir
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_corpus):
+    """``Tokenizer`` over the tiny corpus's vocab, ``max_len=TINY_MAX_LEN``.
+
+    Shared because building one traces the BERT ops (seconds on a busy core).
+    """
+    from trainer.tokenizer import Tokenizer
+
+    return Tokenizer(os.path.join(tiny_corpus, "vocab.txt"), max_len=TINY_MAX_LEN)
 
 
 @pytest.fixture(scope="session")

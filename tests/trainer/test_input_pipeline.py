@@ -12,7 +12,6 @@ from PIL import Image
 from pipeline import schema
 from trainer import input_pipeline, preprocess
 from trainer.input_pipeline import make_dataset
-from trainer.tokenizer import Tokenizer
 
 IMAGE_SIZE = 32
 BATCH = 6  # does not divide 64: batches straddle epoch boundaries
@@ -95,10 +94,9 @@ def test_random_ops_are_a_function_of_the_example_seed():
         pp({"image": image})
 
 
-def test_tokenize_op_needs_a_tokenizer_from_context(tiny_corpus):
+def test_tokenize_op_needs_a_tokenizer_from_context(tokenizer):
     with pytest.raises(ValueError, match="tokenizer"):
         preprocess.get_preprocess_fn("tokenize")
-    tokenizer = Tokenizer(os.path.join(tiny_corpus, "vocab.txt"), max_len=MAX_LEN)
     pp = preprocess.get_preprocess_fn("tokenize|keep('text')", tokenizer=tokenizer)
     out = pp({"texts": tf.constant("red circle"), "key": tf.constant("k")})
     assert list(out) == ["text"]
@@ -111,8 +109,9 @@ def test_tokenize_op_needs_a_tokenizer_from_context(tiny_corpus):
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tiny_corpus):
-    return Tokenizer(os.path.join(tiny_corpus, "vocab.txt"), max_len=MAX_LEN)
+def tokenizer(tiny_tokenizer):
+    assert tiny_tokenizer.max_len == MAX_LEN
+    return tiny_tokenizer
 
 
 @pytest.fixture(scope="module")

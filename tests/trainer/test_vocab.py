@@ -24,8 +24,9 @@ def vocab_path(tiny_corpus):
 
 
 @pytest.fixture(scope="module")
-def tokenizer(vocab_path):
-    return Tokenizer(vocab_path, max_len=8)
+def tokenizer(tiny_tokenizer):
+    assert tiny_tokenizer.max_len == 16
+    return tiny_tokenizer
 
 
 def test_vocab_starts_with_reserved_tokens_pad_is_zero(vocab_path):
@@ -52,15 +53,16 @@ def test_cli_with_smaller_target_writes_smaller_vocab(tiny_corpus, vocab_path, t
 
 def test_tokenize_cls_first_sep_last_zero_padding(tokenizer):
     ids = tokenizer.tokenize_numpy(["red circle"])
-    assert ids.dtype == np.int32 and ids.shape == (1, 8)
+    assert ids.dtype == np.int32 and ids.shape == (1, 16)
     assert tokenizer.decode(ids[0]) == ["[CLS]", "red", "circle", "[SEP]"]
-    assert ids[0, 4:].tolist() == [0, 0, 0, 0]
+    assert ids[0, 4:].tolist() == [0] * 12
 
 
 def test_tokenize_truncates_at_max_len(tokenizer):
-    ids = tokenizer.tokenize_numpy(["red green blue yellow purple orange red green blue"])[0]
-    assert len(ids) == 8 and (ids != 0).all()
-    assert tokenizer.decode(ids) == ["[CLS]", "red", "green", "blue", "yellow", "purple", "orange", "[SEP]"]
+    colours = ["red", "green", "blue", "yellow", "purple", "orange"]
+    ids = tokenizer.tokenize_numpy([" ".join(colours * 3)])[0]
+    assert len(ids) == 16 and (ids != 0).all()
+    assert tokenizer.decode(ids) == ["[CLS]"] + (colours * 3)[:14] + ["[SEP]"]
 
 
 def test_tokenize_lower_cases_and_maps_unknown_words(tokenizer):

@@ -42,7 +42,7 @@ DEFAULT_NITER = 20
 DEFAULT_SEED = 1234
 
 
-def sample_priority(key: str, seed: int = 0) -> int:
+def sample_priority(key: str, seed: int = DEFAULT_SEED) -> int:
     """A 64-bit number per key; the k-means sample is the smallest of these.
 
     A hash of the key only, so the sample does not depend on input order,
@@ -171,7 +171,7 @@ def sample_order(item) -> tuple:
     return item[0], item[1]
 
 
-def sample_element(key: str, embedding: np.ndarray, seed: int = 0) -> tuple:
+def sample_element(key: str, embedding: np.ndarray, seed: int = DEFAULT_SEED) -> tuple:
     """``(priority, key, embedding)``: what the sampling combiner ranks."""
     return sample_priority(key, seed), key, np.asarray(embedding, dtype=np.float32)
 
@@ -181,14 +181,23 @@ def train_from_sample(
     num_clusters: int,
     niter: int = DEFAULT_NITER,
     seed: int = DEFAULT_SEED,
+    merge_cosine: Optional[float] = None,
     dim: Optional[int] = None,
 ) -> np.ndarray:
-    """Centroids from a list of ``sample_element`` tuples (any order)."""
+    """Centroids from a list of ``sample_element`` tuples (any order).
+
+    With ``merge_cosine`` the trained centroids are thinned
+    (``thin_centroids``), sizes counted on the sample itself.
+    """
     ordered = sorted(sample, key=sample_order)
     if not ordered:
         return np.zeros((0, dim or 0), np.float32)
     vectors = np.stack([np.asarray(e[2], np.float32) for e in ordered])
-    return train_spherical_kmeans(vectors, num_clusters, niter=niter, seed=seed)
+    centroids = train_spherical_kmeans(vectors, num_clusters, niter=niter, seed=seed)
+    if merge_cosine is not None and len(centroids) > 1:
+        top1 = CentroidAssigner(centroids).top_clusters(vectors, 1)[:, 0]
+        centroids = thin_centroids(centroids, np.bincount(top1, minlength=len(centroids)), merge_cosine)
+    return centroids
 
 
 def merge_cosine_for(threshold: float) -> float:

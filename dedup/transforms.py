@@ -1,0 +1,587 @@
+"""Beam composites for near-duplicate removal against evaluation images.
+
+    result = corpus | "RemoveNearDuplicates" >> RemoveNearDuplicates(
+        index, threshold=embedder.threshold, num_clusters=4096)
+    result["pairs"]     # {key, index_set, index_key, variant, cosine}
+    result["rejected"]  # (corpus_key, "near_duplicate_eval/<index_set>")
+
+``corpus`` is a PCollection of ``(corpus_key, embedding float32 [D])``. The
+stages, in order (labels are stable):
+
+1. ``SampleForKMeans`` / ``TrainKMeans`` (``TrainCentroids``): the
+   ``sample_size`` corpus rows with the smallest key hash (a ``Top`` combine,
+   so no worker ever holds more than the sample) -> faiss spherical k-means
+   with a fixed seed -> the centroids, a small singleton side input.
+2. ``ClusterIndex``: the evaluation index gets its top-n clusters; the
+   result (vectors, keys, clusters) is a singleton side input. Evaluation
+   sets are small (~1e5 rows), so broadcasting them is cheap.
+3. ``MatchBatches``: corpus rows in batches (``BatchElements``): one faiss
+   search gives each batch its top-n clusters, one sparse product its
+   candidates (index rows sharing >= bucket_size clusters, i.e. sharing one
+   of the C(n, b) buckets: ``dedup.buckets``), blocked dot products verify
+   them (``dedup.verify``). The corpus is never shuffled or collected.
+
+With ``join="buckets"`` step 2-3 become a keyed join on bucket keys instead
+(``BucketJoin``: for an index too large to broadcast, and reused for
+in-corpus dedup). Every image emits its C(n, b) bucket keys with its vector;
+a bucket's members are compared by one matrix product and a pair is kept
+only in its canonical bucket (the lexicographically smallest it shares), so
+each pair comes out once. Buckets with more than ``max_bucket_members``
+members on a side are salted: split into chunks compared in a grid of cells.
+The price is shuffling every vector C(n, b) = 120 times.
+
+Counters (namespace ``dedup``): corpus images, candidate pairs, near-duplicate
+pairs and rejected images per index set.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.metrics import Metrics
+
+from dedup import buckets as buckets_lib
+from dedup import kmeans as kmeans_lib
+from dedup import verify as verify_lib
+from filters import stages
+
+METRICS_NAMESPACE = "dedup"
+PAIRS = "pairs"
+REJECTED = "rejected"
+
+DEFAULT_SAMPLE_SIZE = 250_000
+DEFAULT_BATCH_SIZE = 4096
+DEFAULT_MAX_BUCKET_MEMBERS = 1000
+
+
+# ---------------------------------------------------------------------------
+# The index as a light, picklable object
+# ---------------------------------------------------------------------------
+
+
+class IndexRows:
+    """The four arrays of an IndexSet-like object that matching needs, nothing else.
+
+    ``dedup.index_sets.IndexSet`` also carries previews (image bytes) for the
+    audit; those stay out of the side input.
+    """
+
+    def __init__(self, vectors, keys, set_names, variants):
+        self.vectors = kmeans_lib.l2_normalize(np.asarray(vectors, np.float32).reshape(len(keys), -1))
+        self.keys = np.asarray([str(k) for k in keys], dtype=object)
+        self.set_names = np.asarray([str(s) for s in set_names], dtype=object)
+        self.variants = np.asarray([str(v) for v in variants], dtype=object)
+        if not (len(self.vectors) == len(self.keys) == len(self.set_names) == len(self.variants)):
+            raise ValueError("index vectors, keys, set_names and variants must have the same length")
+
+    @classmethod
+    def of(cls, index) -> "IndexRows":
+        if isinstance(index, cls):
+            return index
+        return cls(index.vectors, index.keys, index.set_names, index.variants)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def row_key(self, i: int) -> Tuple[str, str, str]:
+        return self.set_names[i], self.keys[i], self.variants[i]
+
+    def rows(self) -> List[Tuple[Tuple[str, str, str], np.ndarray]]:
+        """``((set_name, key, variant), vector)`` per row: the index as join input."""
+        return [(self.row_key(i), self.vectors[i]) for i in range(len(self))]
+
+
+class ClusteredIndex:
+    """The broadcast side input: index rows, their top-n clusters and the centroids."""
+
+    def __init__(self, rows: IndexRows, centroids: np.ndarray, nearest_clusters: int, bucket_size: int):
+        self.rows = rows
+        self.assigner = kmeans_lib.CentroidAssigner(centroids) if len(centroids) else None
+        num_clusters = len(centroids)
+        self.nearest_clusters = kmeans_lib.nearest_clusters_for(num_clusters, nearest_clusters)
+        self.bucket_size = buckets_lib.effective_bucket_size(bucket_size, self.nearest_clusters)
+        if self.assigner is not None and len(rows):
+            if rows.vectors.shape[1] != centroids.shape[1]:
+                raise ValueError(
+                    f"index vectors have dimension {rows.vectors.shape[1]}, corpus embeddings {centroids.shape[1]}"
+                )
+            clusters = self.assigner.top_clusters(rows.vectors, self.nearest_clusters)
+        else:
+            clusters = np.zeros((len(rows), self.nearest_clusters), np.int32)
+        self.shared = buckets_lib.SharedClusterIndex(clusters, max(1, num_clusters), self.bucket_size)
+        digest = hashlib.sha256(np.ascontiguousarray(centroids, np.float32).tobytes())
+        digest.update(clusters.tobytes())
+        digest.update(rows.vectors.tobytes())
+        self.token = digest.hexdigest()
+
+
+def build_clustered_index(rows: IndexRows, centroids: np.ndarray, nearest_clusters: int, bucket_size: int):
+    return ClusteredIndex(IndexRows.of(rows), centroids, nearest_clusters, bucket_size)
+
+
+# ---------------------------------------------------------------------------
+# Shared per-element helpers
+# ---------------------------------------------------------------------------
+
+
+def reduce_matches(corpus_key: str, matches: Iterable[Tuple[Tuple[str, str, str], float]]):
+    """One corpus key's verified matches -> (pair records, rejection reason).
+
+    ``matches`` are ``((index_set, index_key, variant), cosine)``. One record
+    per (index_set, index_key): the variant with the highest cosine (ties:
+    smallest variant name). The reason names the set of the best match
+    overall (ties: smallest set name, then key). Records are sorted by
+    (index_set, index_key).
+    """
+    best: Dict[Tuple[str, str], Tuple[float, str]] = {}
+    for (set_name, key, variant), cosine in matches:
+        cosine = float(cosine)
+        target = (set_name, key)
+        current = best.get(target)
+        if current is None or (-cosine, variant) < (-current[0], current[1]):
+            best[target] = (cosine, variant)
+    if not best:
+        return [], None
+    records = [
+        dict(key=corpus_key, index_set=s, index_key=k, variant=v, cosine=c)
+        for (s, k), (c, v) in sorted(best.items())
+    ]
+    top = min(records, key=lambda r: (-r["cosine"], r["index_set"], r["index_key"]))
+    return records, stages.reason("near_duplicate_eval", top["index_set"])
+
+
+def _check_threshold(threshold) -> float:
+    if threshold is None:
+        raise ValueError("threshold is required: take it from the embedder (embedder.threshold)")
+    threshold = float(threshold)
+    if not 0.0 < threshold < 1.0:
+        raise ValueError(
+            f"near-duplicate threshold must be in (0, 1), got {threshold}; "
+            "0 in the preset means 'use the embedder's calibrated value' and must be resolved by the caller"
+        )
+    return threshold
+
+
+def _stack_batch(batch: Sequence[Tuple[object, np.ndarray]]) -> Tuple[list, np.ndarray]:
+    keys = [k for k, _ in batch]
+    vectors = kmeans_lib.l2_normalize(np.stack([np.asarray(v, np.float32).reshape(-1) for _, v in batch]))
+    return keys, vectors
+
+
+# ---------------------------------------------------------------------------
+# k-means centroids inside the job
+# ---------------------------------------------------------------------------
+
+
+class TrainCentroids(beam.PTransform):
+    """``(key, embedding)`` -> singleton PCollection of unit centroids ``float32 [K, D]``.
+
+    ``K = min(num_clusters, max(1, n // 39))`` for a sample of n rows (see
+    ``dedup.kmeans``), fewer after ``merge_cosine`` thinning. The sample is
+    the ``sample_size`` rows with the smallest ``sample_priority(key, seed)``:
+    the same corpus always trains on the same rows in the same order,
+    whatever the input order or runner.
+    """
+
+    def __init__(
+        self,
+        num_clusters: int,
+        sample_size: int = DEFAULT_SAMPLE_SIZE,
+        niter: int = kmeans_lib.DEFAULT_NITER,
+        seed: int = kmeans_lib.DEFAULT_SEED,
+        merge_cosine: Optional[float] = None,
+    ):
+        super().__init__()
+        if sample_size < 1:
+            raise ValueError("sample_size must be >= 1")
+        self.num_clusters = int(num_clusters)
+        self.sample_size = int(sample_size)
+        self.niter = int(niter)
+        self.seed = int(seed)
+        self.merge_cosine = None if merge_cosine is None else float(merge_cosine)
+
+    def expand(self, corpus):
+        return (
+            corpus
+            | "SampleKeys" >> beam.MapTuple(kmeans_lib.sample_element, seed=self.seed)
+            | "SampleForKMeans" >> beam.combiners.Top.Of(self.sample_size, key=kmeans_lib.sample_order, reverse=True)
+            | "TrainKMeans"
+            >> beam.Map(
+                kmeans_lib.train_from_sample,
+                num_clusters=self.num_clusters,
+                niter=self.niter,
+                seed=self.seed,
+                merge_cosine=self.merge_cosine,
+            )
+        )
+
+
+# ---------------------------------------------------------------------------
+# Broadcast index: match corpus batches against the side input
+# ---------------------------------------------------------------------------
+
+
+class _MatchBatchesFn(beam.DoFn):
+    """A batch of ``(key, embedding)`` -> pair records and rejections for the keys that match."""
+
+    def __init__(self, threshold: float):
+        self.threshold = threshold
+        self.images = Metrics.counter(METRICS_NAMESPACE, "near_duplicate_eval/corpus_images")
+        self.candidates = Metrics.counter(METRICS_NAMESPACE, "near_duplicate_eval/candidate_pairs")
+        self.matched = Metrics.counter(METRICS_NAMESPACE, "near_duplicate_eval/near_duplicate_pairs")
+        self.rejected = Metrics.counter(METRICS_NAMESPACE, "near_duplicate_eval/rejected")
+
+    def setup(self):
+        self._index = None
+
+    def _prepared(self, index: ClusteredIndex) -> ClusteredIndex:
+        # The side input may be decoded again for every bundle; keep the first
+        # copy (its faiss index and inverted lists are built lazily, once).
+        if self._index is None or self._index.token != index.token:
+            self._index = index
+        return self._index
+
+    def process(self, batch, index):
+        index = self._prepared(index)
+        if not batch:
+            return
+        self.images.inc(len(batch))
+        if index.assigner is None or len(index.rows) == 0:
+            return
+        keys, vectors = _stack_batch(batch)
+        if vectors.shape[1] != index.rows.vectors.shape[1]:
+            raise ValueError(f"corpus embeddings have dimension {vectors.shape[1]}, index {index.rows.vectors.shape[1]}")
+        clusters = index.assigner.top_clusters(vectors, index.nearest_clusters)
+        query_rows, index_rows = index.shared.candidates(clusters)
+        self.candidates.inc(len(query_rows))
+        cosines = verify_lib.pair_cosines(vectors, index.rows.vectors, query_rows, index_rows, normalized=True)
+        hit = verify_lib.above_threshold(cosines, self.threshold)
+        if not hit.any():
+            return
+        self.matched.inc(int(hit.sum()))
+        per_query: Dict[int, list] = {}
+        for q, r, c in zip(query_rows[hit].tolist(), index_rows[hit].tolist(), cosines[hit].tolist()):
+            per_query.setdefault(q, []).append((index.rows.row_key(r), c))
+        for q in sorted(per_query):
+            records, reason = reduce_matches(keys[q], per_query[q])
+            for record in records:
+                yield beam.pvalue.TaggedOutput(PAIRS, record)
+            self.rejected.inc()
+            Metrics.counter(METRICS_NAMESPACE, f"{reason}/rejected").inc()
+            yield beam.pvalue.TaggedOutput(REJECTED, (keys[q], reason))
+
+
+# ---------------------------------------------------------------------------
+# Keyed join on bucket keys
+# ---------------------------------------------------------------------------
+
+
+class AssignTopClusters(beam.PTransform):
+    """``(key, embedding)`` -> ``(key, unit vector, clusters tuple)`` using a centroids side input."""
+
+    def __init__(self, centroids, nearest_clusters: int, batch_size: int = DEFAULT_BATCH_SIZE):
+        super().__init__()
+        self.centroids = centroids
+        self.nearest_clusters = int(nearest_clusters)
+        self.batch_size = int(batch_size)
+
+    def expand(self, rows):
+        return (
+            rows
+            | "Batch" >> beam.BatchElements(min_batch_size=min(256, self.batch_size), max_batch_size=self.batch_size)
+            | "Assign" >> beam.ParDo(_AssignFn(self.nearest_clusters), beam.pvalue.AsSingleton(self.centroids))
+        )
+
+
+class _AssignFn(beam.DoFn):
+    def __init__(self, nearest_clusters: int):
+        self.nearest_clusters = nearest_clusters
+
+    def setup(self):
+        self._assigner = None
+        self._token = None
+
+    def process(self, batch, centroids):
+        if not batch or len(centroids) == 0:
+            return
+        token = hashlib.sha256(np.ascontiguousarray(centroids, np.float32).tobytes()).hexdigest()
+        if token != self._token:
+            self._assigner, self._token = kmeans_lib.CentroidAssigner(centroids), token
+        keys, vectors = _stack_batch(batch)
+        n = kmeans_lib.nearest_clusters_for(len(centroids), self.nearest_clusters)
+        clusters = self._assigner.top_clusters(vectors, n)
+        for key, vector, row in zip(keys, vectors, clusters):
+            yield key, vector, tuple(int(c) for c in row)
+
+
+def _bucket_emissions(member, bucket_size: int, radix: int):
+    key, vector, clusters = member
+    b = buckets_lib.effective_bucket_size(bucket_size, len(clusters))
+    ids = buckets_lib.bucket_ids(np.asarray([clusters]), radix, b)[0]
+    for bucket in ids.tolist():
+        yield bucket, member
+
+
+def _count_one(bucket_member):
+    return bucket_member[0], 1
+
+
+def _hot_salts(bucket_count, max_members: int):
+    bucket, count = bucket_count
+    if count > max_members:
+        yield bucket, buckets_lib.num_salts(count, max_members)
+
+
+def _cross_cells(bucket_member, side: str, left_salts: dict, right_salts: dict):
+    bucket, (key, vector, clusters) = bucket_member
+    ls, rs = left_salts.get(bucket, 1), right_salts.get(bucket, 1)
+    own = buckets_lib.salt_of(str(key), ls if side == "left" else rs)
+    for cell in buckets_lib.cross_join_cells(side, own, ls, rs):
+        yield (bucket, cell[0], cell[1]), (side, key, vector, clusters)
+
+
+def _self_cells(bucket_member, salts: dict):
+    bucket, (key, vector, clusters) = bucket_member
+    s = salts.get(bucket, 1)
+    own = buckets_lib.salt_of(str(key), s)
+    for cell in buckets_lib.self_join_cells(own, s):
+        yield (bucket, cell[0], cell[1]), (own, key, vector, clusters)
+
+
+class _JoinCellFn(beam.DoFn):
+    """One cell of a bucket: one matrix product of its members, cosine > threshold, canonical bucket only."""
+
+    def __init__(self, threshold: float, radix: int, bucket_size: int, self_join: bool):
+        self.threshold = threshold
+        self.radix = radix
+        self.bucket_size = bucket_size
+        self.self_join = self_join
+        self.cells = Metrics.counter(METRICS_NAMESPACE, "bucket_join/cells")
+        self.compared = Metrics.counter(METRICS_NAMESPACE, "bucket_join/compared_pairs")
+        self.matched = Metrics.counter(METRICS_NAMESPACE, "bucket_join/near_duplicate_pairs")
+
+    def process(self, element):
+        (bucket, cell_i, cell_j), members = element
+        members = list(members)
+        same = self.self_join and cell_i == cell_j
+        if same:
+            left = right = sorted(members, key=lambda m: m[1])
+        else:
+            left_tag, right_tag = (cell_i, cell_j) if self.self_join else ("left", "right")
+            left = sorted((m for m in members if m[0] == left_tag), key=lambda m: m[1])
+            right = sorted((m for m in members if m[0] == right_tag), key=lambda m: m[1])
+        if not left or not right:
+            return
+        self.cells.inc()
+        cosines = verify_lib.block_cosines(
+            np.stack([m[2] for m in left]), np.stack([m[2] for m in right]), normalized=True
+        )
+        hits = verify_lib.above_threshold(cosines, self.threshold)
+        if same:
+            hits = np.triu(hits, k=1)
+            self.compared.inc(len(left) * (len(left) - 1) // 2)
+        else:
+            self.compared.inc(len(left) * len(right))
+        if not hits.any():
+            return
+        b = buckets_lib.effective_bucket_size(self.bucket_size, len(left[0][3]))
+        bucket_tuple = buckets_lib.decode_bucket(bucket, self.radix, b)
+        for i, j in zip(*np.nonzero(hits)):
+            a, c = left[i], right[j]
+            if a[1] == c[1]:
+                continue  # the same key twice in the input is not a pair
+            # Each pair is emitted only in its canonical (smallest shared)
+            # bucket, so it comes out exactly once over all buckets.
+            if buckets_lib.canonical_bucket(a[3], c[3], b) != bucket_tuple:
+                continue
+            self.matched.inc()
+            first, second = (a[1], c[1]) if not self.self_join or a[1] < c[1] else (c[1], a[1])
+            yield first, second, float(cosines[i, j])
+
+
+class BucketJoin(beam.PTransform):
+    """Near-duplicate pairs through a keyed join on bucket keys.
+
+    Input: ``left`` (and ``right``, unless ``self_join``) of ``(key, unit
+    vector, clusters tuple)`` (``AssignTopClusters``). Output: ``(left_key,
+    right_key, cosine)`` for every pair that shares a bucket and has cosine >
+    threshold, each pair once (self-join: ``left_key < right_key``).
+    ``radix`` is the requested number of clusters (an upper bound on cluster
+    ids; bucket ids are the sorted cluster ids in that base).
+    """
+
+    def __init__(self, threshold: float, radix: int, bucket_size: int, self_join: bool = False, max_bucket_members: int = DEFAULT_MAX_BUCKET_MEMBERS):
+        super().__init__()
+        self.threshold = _check_threshold(threshold)
+        self.radix = int(radix)
+        self.bucket_size = int(bucket_size)
+        self.self_join = bool(self_join)
+        self.max_bucket_members = int(max_bucket_members)
+
+    def expand(self, inputs):
+        if self.self_join:
+            members = inputs
+            by_bucket = members | "Buckets" >> beam.FlatMap(_bucket_emissions, self.bucket_size, self.radix)
+            salts = (
+                by_bucket
+                | "CountMembers" >> beam.Map(_count_one)
+                | "SumMembers" >> beam.CombinePerKey(sum)
+                | "HotBuckets" >> beam.FlatMap(_hot_salts, self.max_bucket_members)
+            )
+            cells = by_bucket | "Cells" >> beam.FlatMap(_self_cells, beam.pvalue.AsDict(salts))
+        else:
+            left, right = inputs
+            sides = {}
+            salts = {}
+            for side, pcoll in (("left", left), ("right", right)):
+                sides[side] = pcoll | f"Buckets{side.title()}" >> beam.FlatMap(
+                    _bucket_emissions, self.bucket_size, self.radix
+                )
+                salts[side] = (
+                    sides[side]
+                    | f"Count{side.title()}" >> beam.Map(_count_one)
+                    | f"Sum{side.title()}" >> beam.CombinePerKey(sum)
+                    | f"Hot{side.title()}" >> beam.FlatMap(_hot_salts, self.max_bucket_members)
+                )
+            cells = [
+                sides[side]
+                | f"Cells{side.title()}"
+                >> beam.FlatMap(
+                    _cross_cells, side, beam.pvalue.AsDict(salts["left"]), beam.pvalue.AsDict(salts["right"])
+                )
+                for side in ("left", "right")
+            ] | "MergeSides" >> beam.Flatten()
+        return (
+            cells
+            | "GroupCells" >> beam.GroupByKey()
+            | "CompareCells" >> beam.ParDo(_JoinCellFn(self.threshold, self.radix, self.bucket_size, self.self_join))
+        )
+
+
+# ---------------------------------------------------------------------------
+# The public composite
+# ---------------------------------------------------------------------------
+
+
+def _reduce_joined(element):
+    corpus_key, matches = element
+    records, reason = reduce_matches(corpus_key, matches)
+    for record in records:
+        yield beam.pvalue.TaggedOutput(PAIRS, record)
+    if reason is not None:
+        Metrics.counter(METRICS_NAMESPACE, "near_duplicate_eval/rejected").inc()
+        Metrics.counter(METRICS_NAMESPACE, f"{reason}/rejected").inc()
+        yield beam.pvalue.TaggedOutput(REJECTED, (corpus_key, reason))
+
+
+def _match_to_corpus_key(match):
+    corpus_key, row_key, cosine = match
+    return corpus_key, (tuple(row_key), cosine)
+
+
+class RemoveNearDuplicates(beam.PTransform):
+    """Corpus images that are near-duplicates of evaluation images (ALIGN appendix A).
+
+    Args:
+      index: an IndexSet-like object (numpy ``vectors [M, D]``, ``keys``,
+        ``set_names``, ``variants`` of length M), or a PCollection holding one
+        such object (e.g. loaded by a DoFn from files).
+      threshold: cosine above which (exclusive) a pair is a near-duplicate;
+        the embedder's calibrated value. Required.
+      num_clusters: k-means clusters (ALIGN: 4K); fewer on small corpora,
+        see ``dedup.kmeans.effective_num_clusters``.
+      nearest_clusters: clusters per image (ALIGN: 10).
+      bucket_size: clusters per bucket (ALIGN: 3, i.e. C(10, 3) buckets).
+      sample_size: corpus rows k-means trains on.
+      merge_cosine: centroids closer than this are merged after k-means
+        (``dedup.kmeans.thin_centroids``: keeps dense regions from losing
+        pairs). ``"auto"`` (default): ``merge_cosine_for(threshold)``;
+        ``None``: plain k-means as in the paper.
+      join: ``"broadcast"`` (index as a side input; default) or ``"buckets"``
+        (keyed join on bucket keys, for an index too large to broadcast).
+
+    Input: ``(corpus_key, embedding)``. Output: a dict with ``"pairs"``
+    (``dict(key, index_set, index_key, variant, cosine)``, one per matched
+    (corpus key, index set, index key), best variant) and ``"rejected"``
+    (``(corpus_key, "near_duplicate_eval/<index_set>")``, one per matched
+    corpus key). Corpus keys are expected to be unique.
+    """
+
+    def __init__(
+        self,
+        index,
+        threshold: float,
+        num_clusters: int = 4096,
+        nearest_clusters: int = 10,
+        bucket_size: int = 3,
+        sample_size: int = DEFAULT_SAMPLE_SIZE,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        kmeans_niter: int = kmeans_lib.DEFAULT_NITER,
+        seed: int = kmeans_lib.DEFAULT_SEED,
+        join: str = "broadcast",
+        max_bucket_members: int = DEFAULT_MAX_BUCKET_MEMBERS,
+        merge_cosine="auto",
+    ):
+        super().__init__()
+        self.threshold = _check_threshold(threshold)
+        self.merge_cosine = kmeans_lib.merge_cosine_for(self.threshold) if merge_cosine == "auto" else merge_cosine
+        if join not in ("broadcast", "buckets"):
+            raise ValueError(f"join must be 'broadcast' or 'buckets', got {join!r}")
+        if nearest_clusters < 1 or bucket_size < 1:
+            raise ValueError("nearest_clusters and bucket_size must be >= 1")
+        self.index = index if isinstance(index, beam.pvalue.PCollection) else IndexRows.of(index)
+        self.num_clusters = int(num_clusters)
+        self.nearest_clusters = int(nearest_clusters)
+        self.bucket_size = int(bucket_size)
+        self.sample_size = int(sample_size)
+        self.batch_size = int(batch_size)
+        self.kmeans_niter = int(kmeans_niter)
+        self.seed = int(seed)
+        self.join = join
+        self.max_bucket_members = int(max_bucket_members)
+
+    def _index_pcollection(self, pipeline):
+        if isinstance(self.index, beam.pvalue.PCollection):
+            return self.index | "IndexRows" >> beam.Map(IndexRows.of)
+        return pipeline | "IndexRows" >> beam.Create([self.index])
+
+    def expand(self, corpus):
+        centroids = corpus | "TrainCentroids" >> TrainCentroids(
+            self.num_clusters, self.sample_size, self.kmeans_niter, self.seed, self.merge_cosine
+        )
+        index_rows = self._index_pcollection(corpus.pipeline)
+        if self.join == "broadcast":
+            clustered = index_rows | "ClusterIndex" >> beam.Map(
+                build_clustered_index,
+                beam.pvalue.AsSingleton(centroids),
+                nearest_clusters=self.nearest_clusters,
+                bucket_size=self.bucket_size,
+            )
+            result = (
+                corpus
+                | "Batch" >> beam.BatchElements(min_batch_size=min(256, self.batch_size), max_batch_size=self.batch_size)
+                | "MatchBatches"
+                >> beam.ParDo(_MatchBatchesFn(self.threshold), beam.pvalue.AsSingleton(clustered)).with_outputs(
+                    PAIRS, REJECTED
+                )
+            )
+        else:
+            left = corpus | "AssignCorpus" >> AssignTopClusters(centroids, self.nearest_clusters, self.batch_size)
+            right = (
+                index_rows
+                | "IndexRowList" >> beam.FlatMap(IndexRows.rows)
+                | "AssignIndex" >> AssignTopClusters(centroids, self.nearest_clusters, self.batch_size)
+            )
+            result = (
+                (left, right)
+                | "BucketJoin"
+                >> BucketJoin(self.threshold, self.num_clusters, self.bucket_size, max_bucket_members=self.max_bucket_members)
+                | "ByCorpusKey" >> beam.Map(_match_to_corpus_key)
+                | "GroupMatches" >> beam.GroupByKey()
+                | "ReduceMatches" >> beam.FlatMap(_reduce_joined).with_outputs(PAIRS, REJECTED)
+            )
+        return {PAIRS: result[PAIRS], REJECTED: result[REJECTED]}

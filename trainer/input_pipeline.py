@@ -59,7 +59,7 @@ def parse_fields(serialized, names):
 
 
 def read_texts(data_dir: str, split: str) -> tf.data.Dataset:
-    """The alt-texts of ``split``, in file order (for the vocabulary builder)."""
+    """The alt-texts of ``split`` (for the vocabulary builder; word counts ignore order)."""
     records = tf.data.TFRecordDataset(list_shards(data_dir, split), num_parallel_reads=4)
     return records.batch(1024).map(lambda r: parse_fields(r, ["texts"])["texts"]).unbatch()
 

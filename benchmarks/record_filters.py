@@ -1,0 +1,103 @@
+"""Per-record filter throughput and end-to-end build throughput.
+
+    python -m benchmarks.record_filters --sample out/sample [--repeats 5] [--build]
+
+Measures, on the JPEG/PNG bytes of a generated sample (``pipeline.sample``):
+- header-only checks (``read_header`` + ``check_header``) records/s,
+- the full per-record pass (``filter_record``: header, text, full decode,
+  pHash, re-encode when needed) records/s,
+- with ``--build``: the whole Beam job on the sample, in-process and with two
+  worker processes, records/s (input rows / wall time, including start-up).
+Medians over ``--repeats`` runs; one core for the pure functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import statistics
+import tempfile
+import time
+
+import pyarrow.parquet as pq
+
+from filters import image as image_rules
+from filters.presets import get_preset
+from filters.record import filter_record
+from pipeline.schema import Candidate, make_key
+
+
+def load_candidates(sample_dir: str, limit: int):
+    out = []
+    for path in sorted(glob.glob(os.path.join(sample_dir, "candidates", "*.parquet"))):
+        table = pq.read_table(path)
+        if "caption" not in table.column_names:
+            continue
+        for row in table.to_pylist():
+            if row["jpg"] and row["caption"] is not None:
+                out.append(Candidate(make_key(row["url"], row["caption"]), row["url"], row["caption"], bytes(row["jpg"])))
+            if len(out) >= limit:
+                return out
+    return out
+
+
+def time_it(fn, repeats):
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sample", required=True)
+    parser.add_argument("--limit", type=int, default=2000)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--build", action="store_true")
+    args = parser.parse_args()
+    preset = get_preset("align")
+    candidates = load_candidates(args.sample, args.limit)
+    n = len(candidates)
+
+    def headers():
+        for c in candidates:
+            header, reason = image_rules.read_header(c.image, preset)
+            if header:
+                image_rules.check_header(header, preset)
+
+    def full():
+        for c in candidates:
+            filter_record(c, preset)
+
+    results = {"records": n}
+    results["header_only_records_per_s"] = n / time_it(headers, args.repeats)
+    results["full_per_record_records_per_s"] = n / time_it(full, max(1, args.repeats // 2))
+    results["header_vs_full_ratio"] = results["header_only_records_per_s"] / results["full_per_record_records_per_s"]
+
+    if args.build:
+        from pipeline import build
+
+        info = json.load(open(os.path.join(args.sample, "sample_info.json")))
+        rows = sum(pq.ParquetFile(p).metadata.num_rows for p in glob.glob(os.path.join(args.sample, "candidates", "*.parquet")))
+        for label, extra in [("in_process", []), ("two_workers", ["--direct_running_mode=multi_processing", "--direct_num_workers=2"])]:
+            times = []
+            for _ in range(max(1, args.repeats // 2)):
+                with tempfile.TemporaryDirectory() as tmp:
+                    argv = ["--input", os.path.join(args.sample, "candidates", "*.parquet"), "--output", os.path.join(tmp, "c")]
+                    for o in info["build_overrides"]:
+                        argv += ["--set", o]
+                    start = time.perf_counter()
+                    build.run(argv + extra)
+                    times.append(time.perf_counter() - start)
+            results[f"build_{label}_records_per_s"] = rows / statistics.median(times)
+            results[f"build_{label}_seconds"] = statistics.median(times)
+        results["build_rows"] = rows
+    print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in results.items()}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

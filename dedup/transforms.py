@@ -71,7 +71,10 @@ class IndexRows:
     """
 
     def __init__(self, vectors, keys, set_names, variants):
-        self.vectors = kmeans_lib.l2_normalize(np.asarray(vectors, np.float32).reshape(len(keys), -1))
+        vectors = np.asarray(vectors, np.float32)
+        if vectors.ndim != 2:
+            vectors = vectors.reshape(len(keys), -1) if len(keys) else np.zeros((0, 0), np.float32)
+        self.vectors = kmeans_lib.l2_normalize(vectors)
         self.keys = np.asarray([str(k) for k in keys], dtype=object)
         self.set_names = np.asarray([str(s) for s in set_names], dtype=object)
         self.variants = np.asarray([str(v) for v in variants], dtype=object)

@@ -30,7 +30,7 @@ def test_effective_num_clusters_rule():
 def test_sample_priority_is_a_deterministic_hash_of_the_key():
     assert kmeans.sample_priority("abc") == kmeans.sample_priority("abc")
     assert kmeans.sample_priority("abc") != kmeans.sample_priority("abd")
-    assert kmeans.sample_priority("abc", seed=1) != kmeans.sample_priority("abc", seed=0)
+    assert kmeans.sample_priority("abc", seed=1) != kmeans.sample_priority("abc", seed=2)
     assert 0 <= kmeans.sample_priority("x") < 2**64
 
 
@@ -81,3 +81,20 @@ def test_top_clusters_match_brute_force_and_batching():
     np.testing.assert_array_equal(clone.top_clusters(x, 4), ids)
     with pytest.raises(ValueError):
         assigner.top_clusters(np.zeros((2, 5), np.float32), 4)
+
+
+def test_thin_centroids_keeps_large_clusters_and_a_minimum_angle():
+    rng = np.random.default_rng(3)
+    base = kmeans.l2_normalize(rng.standard_normal((6, 16)))
+    # Centroid 1 is a near copy of 0, 3 of 2; 2 is the bigger of that pair.
+    near = lambda v: kmeans.l2_normalize(v + 0.01 * rng.standard_normal(16).astype(np.float32))[0]
+    c = np.stack([base[0], near(base[0][None]), base[2], near(base[2][None]), base[4], base[5]])
+    sizes = np.array([10, 5, 1, 7, 3, 3])
+    kept = kmeans.thin_centroids(c, sizes, merge_cosine=0.99)
+    np.testing.assert_allclose(kept, kmeans.l2_normalize(c[[0, 3, 4, 5]]), rtol=1e-6)
+    sims = kept @ kept.T
+    assert (sims[~np.eye(len(kept), dtype=bool)] <= 0.99).all()
+    # Nothing is close: nothing is dropped.
+    np.testing.assert_allclose(kmeans.thin_centroids(base, np.ones(6), 0.99), base, rtol=1e-6)
+    assert abs(kmeans.merge_cosine_for(0.975) - np.cos(2 / 3 * np.arccos(0.975))) < 1e-9
+    assert kmeans.merge_cosine_for(0.975) > 0.975

@@ -173,6 +173,23 @@ def test_counters_and_index_as_pcollection():
     assert counters["near_duplicate_eval/candidate_pairs"] == len(corpus) * len(index.keys)
 
 
+def test_empty_index_or_corpus_gives_no_output():
+    corpus, index = planted_case(corpus_size=50)
+    empty_index = FakeIndexSet(np.zeros((0, DIM), np.float32), np.array([]), np.array([]), np.array([]))
+    with test_pipeline.TestPipeline(runner="FnApiRunner") as p:
+        rows = p | "Corpus" >> beam.Create(sorted(corpus.items()))
+        no_index = rows | "NoIndex" >> transforms.RemoveNearDuplicates(empty_index, threshold=THRESHOLD)
+        no_corpus = (
+            p
+            | "NoRows" >> beam.Create([("k", np.zeros(DIM, np.float32))])
+            | beam.Filter(lambda kv: False)
+            | "NoCorpus" >> transforms.RemoveNearDuplicates(index, threshold=THRESHOLD)
+        )
+        for name, result in (("NoIndex", no_index), ("NoCorpus", no_corpus)):
+            assert_that(result["pairs"], equal_to([]), label=f"{name}Pairs")
+            assert_that(result["rejected"], equal_to([]), label=f"{name}Rejected")
+
+
 def test_train_centroids_uses_the_smallest_hash_sample_in_any_order():
     rng = np.random.default_rng(5)
     rows = [(f"k{i}", v) for i, v in enumerate(_unit(rng.standard_normal((500, DIM))))]

@@ -1,0 +1,224 @@
+"""Speed of the near-duplicate search parts, and recall against exhaustive search.
+
+    python -m benchmarks.dedup                      # everything, D = 64 (minutes on busy cores)
+    python -m benchmarks.dedup --parts assign,candidates,verify --repeats 5
+    python -m benchmarks.dedup --parts kmeans --kmeans-sample 250000 --kmeans-niter 20
+
+Parts (targets from the issue, on 2 cores):
+
+- ``kmeans``: faiss spherical k-means, 4096 clusters on a 250k sample (<= 2 min).
+- ``assign``: top-10 centroids, batches of 4096 rows (>= 20k images/s).
+- ``candidates``: index rows sharing >= 3 of a query's 10 clusters
+  (``SharedClusterIndex``), per index size (>= 100k corpus images/s).
+- ``verify``: cosines of those candidate pairs in blocks (>= 20M pairs/s).
+- ``exhaustive``: the whole bucket path (assign + candidates + verify) against
+  ``faiss.IndexFlatIP.range_search`` on the same queries: speed-up and the
+  recall of the bucket path (exhaustive search has recall 1).
+
+Data: a mixture of 1,000 Gaussian blobs on the unit sphere in D dimensions
+(blob tightness varied so that some blobs hold natural near-duplicates), with
+planted copies of a quarter of the index rows at 0-20 degrees (cosine 0.94-1),
+``--zipf`` for Zipf(1.2) blob sizes. Centroids: k-means on the corpus, then
+``thin_centroids`` at ``merge_cosine_for(threshold)`` as the Beam transform
+does by default (``--no-merge`` for plain k-means).
+
+Every figure is the median of ``--repeats`` runs, as wall-clock rate and as
+rate per CPU-second of this process (faiss and BLAS may use both cores, so
+CPU-seconds can exceed wall seconds). The machine's load average is printed:
+on shared cores wall-clock rates fall with it, CPU-time rates much less.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+from dedup import buckets, kmeans, verify  # noqa: E402
+
+PARTS = ("kmeans", "assign", "candidates", "verify", "exhaustive")
+
+
+def planted_embeddings(n_corpus, n_index, dim=64, blobs=1000, zipf=False, seed=0):
+    """Blob mixture on the sphere with planted copies (see tests/dedup/test_buckets.py)."""
+    rng = np.random.default_rng(seed)
+    centers = kmeans.l2_normalize(rng.standard_normal((blobs, dim)))
+    weights = 1.0 / np.arange(1, blobs + 1) ** 1.2 if zipf else np.ones(blobs)
+    spread = rng.uniform(0.15, 0.6, blobs).astype(np.float32)
+
+    def draw(n):
+        g = rng.choice(blobs, n, p=weights / weights.sum())
+        noise = rng.standard_normal((n, dim)).astype(np.float32) / np.sqrt(dim)
+        return kmeans.l2_normalize(centers[g] + spread[g, None] * noise)
+
+    corpus, index = draw(n_corpus), draw(n_index)
+    planted = n_index // 4
+    src = rng.choice(n_index, planted, replace=False)
+    dst = rng.choice(n_corpus, planted, replace=False)
+    angle = np.deg2rad(rng.uniform(0, 20, planted)).astype(np.float32)
+    y = index[src]
+    noise = rng.standard_normal(y.shape).astype(np.float32)
+    noise = kmeans.l2_normalize(noise - (noise * y).sum(1, keepdims=True) * y)
+    corpus[dst] = np.cos(angle)[:, None] * y + np.sin(angle)[:, None] * noise
+    return kmeans.l2_normalize(corpus), index
+
+
+def timed(fn, repeats):
+    """(result of the last run, median wall seconds, median CPU seconds)."""
+    walls, cpus = [], []
+    result = None
+    for _ in range(repeats):
+        c0, w0 = time.process_time(), time.perf_counter()
+        result = fn()
+        walls.append(time.perf_counter() - w0)
+        cpus.append(time.process_time() - c0)
+    return result, statistics.median(walls), statistics.median(cpus)
+
+
+def row(name, count, unit, wall, cpu, target="", extra=""):
+    print(
+        f"| {name} | {count / wall:,.0f} {unit}/s | {count / cpu:,.0f} {unit}/CPU-s | {target} | {extra} |",
+        flush=True,
+    )
+
+
+def load():
+    return "load average %.1f %.1f %.1f" % os.getloadavg()
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--parts", default=",".join(PARTS))
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--num-clusters", type=int, default=4096)
+    parser.add_argument("--corpus", type=int, default=250_000, help="corpus rows (the k-means sample)")
+    parser.add_argument("--index-sizes", default="10000,30000,100000")
+    parser.add_argument("--queries", type=int, default=20_000, help="queries for candidates/verify/exhaustive")
+    parser.add_argument("--batch", type=int, default=4096)
+    parser.add_argument("--threshold", type=float, default=0.975)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--kmeans-sample", type=int, default=250_000)
+    parser.add_argument("--kmeans-niter", type=int, default=20)
+    parser.add_argument("--kmeans-repeats", type=int, default=1)
+    parser.add_argument("--zipf", action="store_true")
+    parser.add_argument("--no-merge", action="store_true", help="plain k-means centroids (no thinning)")
+    args = parser.parse_args(argv)
+    parts = set(args.parts.split(","))
+    index_sizes = [int(s) for s in args.index_sizes.split(",")]
+
+    import faiss
+
+    print(f"# benchmarks.dedup D={args.dim} K={args.num_clusters} zipf={args.zipf} "
+          f"merge={not args.no_merge} faiss threads={faiss.omp_get_max_threads()} ({load()})", flush=True)
+    corpus, index = planted_embeddings(max(args.corpus, args.kmeans_sample), max(index_sizes), args.dim, zipf=args.zipf)
+    queries = corpus[: args.queries]
+    print("| measure | wall clock | per CPU-second | target | notes |\n| --- | ---: | ---: | --- | --- |", flush=True)
+
+    sample = corpus[: args.kmeans_sample]
+    if "kmeans" in parts:
+        centroids, wall, cpu = timed(
+            lambda: kmeans.train_spherical_kmeans(sample, args.num_clusters, niter=args.kmeans_niter),
+            args.kmeans_repeats,
+        )
+        print(f"| k-means {len(sample):,} x {args.num_clusters} clusters, niter={args.kmeans_niter} | "
+              f"{wall:.1f} s | {cpu:.1f} CPU-s | <= 120 s | {wall / args.kmeans_niter:.1f} s per iteration |", flush=True)
+    else:
+        # Fewer iterations when k-means itself is not measured: only the
+        # cluster layout matters for the other parts.
+        centroids = kmeans.train_spherical_kmeans(sample, args.num_clusters, niter=8)
+    if not args.no_merge:
+        sizes = np.bincount(kmeans.CentroidAssigner(centroids).top_clusters(sample, 1)[:, 0], minlength=len(centroids))
+        plain = len(centroids)
+        centroids = kmeans.thin_centroids(centroids, sizes, kmeans.merge_cosine_for(args.threshold))
+        print(f"| centroid thinning at cosine {kmeans.merge_cosine_for(args.threshold):.4f} | {plain} -> "
+              f"{len(centroids)} centroids | | | |", flush=True)
+    assigner = kmeans.CentroidAssigner(centroids)
+    batches = [queries[s : s + args.batch] for s in range(0, len(queries), args.batch)]
+
+    if "assign" in parts:
+        _, wall, cpu = timed(lambda: [assigner.top_clusters(b, 10) for b in batches], args.repeats)
+        row(f"top-10 assignment, batches of {args.batch}", len(queries), "images", wall, cpu, ">= 20k images/s")
+
+    query_clusters = np.concatenate([assigner.top_clusters(b, 10) for b in batches])
+    index_clusters = assigner.top_clusters(index, 10)
+    for m in index_sizes:
+        if not parts & {"candidates", "verify"}:
+            break
+        shared = buckets.SharedClusterIndex(index_clusters[:m], len(centroids), 3)
+        query_batches = [query_clusters[s : s + args.batch] for s in range(0, len(queries), args.batch)]
+        shared.candidates(query_batches[0][:1])  # build the inverted lists outside the timing
+        results, wall, cpu = timed(lambda: [shared.candidates(b) for b in query_batches], args.repeats)
+        pairs = sum(len(q) for q, _ in results)
+        if "candidates" in parts:
+            row(f"candidates, index of {m:,} rows", len(queries), "images", wall, cpu, ">= 100k images/s",
+                f"{pairs / len(queries):.0f} candidates per image; "
+                f"{shared.expected_postings_per_query():.0f} inverted-list entries per image")
+        if "verify" in parts:
+            index_vectors = index[:m]
+
+            def run_verify():
+                out = []
+                for (q, r), start in zip(results, range(0, len(queries), args.batch)):
+                    out.append(verify.pair_cosines(queries[start : start + args.batch], index_vectors, q, r, normalized=True))
+                return out
+
+            _, wall, cpu = timed(run_verify, args.repeats)
+            row(f"verification, index of {m:,} rows", pairs, "pairs", wall, cpu, ">= 20M pairs/s",
+                f"{pairs:,} pairs in blocks of {verify.DEFAULT_BLOCK_PAIRS}")
+    if "verify" in parts:
+        left, right = queries[:1024], index[:4096]
+        _, wall, cpu = timed(lambda: verify.block_cosines(left, right, normalized=True), args.repeats)
+        row("dense block 1024 x 4096 (bucket-join cells)", left.shape[0] * right.shape[0], "dots", wall, cpu, "", "one matrix product")
+
+    if "exhaustive" in parts:
+        m = max(index_sizes)
+        index_vectors = index[:m]
+        shared = buckets.SharedClusterIndex(index_clusters[:m], len(centroids), 3)
+
+        def bucket_path():
+            found = []
+            for start in range(0, len(queries), args.batch):
+                x = queries[start : start + args.batch]
+                q, r = shared.candidates(assigner.top_clusters(x, 10))
+                cos = verify.pair_cosines(x, index_vectors, q, r, normalized=True)
+                hit = verify.above_threshold(cos, args.threshold)
+                found.append(np.stack([q[hit] + start, r[hit]], 1))
+            return np.concatenate(found)
+
+        flat = faiss.IndexFlatIP(args.dim)
+        flat.add(index_vectors)
+
+        def exhaustive():
+            lims, sims, ids = flat.range_search(queries, args.threshold)
+            rows = np.repeat(np.arange(len(queries)), np.diff(lims.astype(np.int64)))
+            keep = sims > args.threshold
+            return np.stack([rows[keep], ids[keep]], 1)
+
+        def flat_sims(pairs):
+            return np.einsum("ij,ij->i", queries[pairs[:, 0]], index_vectors[pairs[:, 1]])
+
+        found, bucket_wall, bucket_cpu = timed(bucket_path, args.repeats)
+        truth, flat_wall, flat_cpu = timed(exhaustive, args.repeats)
+        found_set = set(map(tuple, found.tolist()))
+        # Pairs within float rounding of the threshold may fall either way
+        # between faiss and numpy dot products: recall counts clear pairs only.
+        clear = flat_sims(truth) > args.threshold + 1e-5
+        truth_set = set(map(tuple, truth[clear].tolist()))
+        recall = len(found_set & truth_set) / max(1, len(truth_set))
+        row(f"bucket path (assign + candidates + verify), index {m:,}", len(queries), "images",
+            bucket_wall, bucket_cpu, "", f"recall {recall:.5f} ({len(truth_set) - len(found_set & truth_set)} of {len(truth_set):,} pairs lost)")
+        row(f"exhaustive faiss IndexFlatIP range_search, index {m:,}", len(queries), "images", flat_wall, flat_cpu, "",
+            f"speed-up of the bucket path: {flat_wall / bucket_wall:.1f}x wall, {flat_cpu / bucket_cpu:.1f}x CPU")
+    print(f"# done ({load()})", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -242,11 +242,12 @@ class ApplyCorpusFilters(beam.PTransform):
     at most once (first stage wins) and the stats ``count_of_counts``,
     ``texts_per_image`` and ``images_per_text``.
 
-    ``hot_key_fanout`` and ``frequent_ngrams`` tune ``DropRareNgrams``; they
-    never change the result.
+    ``hot_key_fanout`` (unigram counts; off, see ``filters.ngram_vocab``) and
+    ``frequent_ngrams`` (size of the known-frequent side input; 0 sends every
+    pair through the join) tune ``DropRareNgrams``; they never change the result.
     """
 
-    def __init__(self, preset, label_prefix: str = "", *, hot_key_fanout: int = 8, frequent_ngrams: int = 10_000):
+    def __init__(self, preset, label_prefix: str = "", *, hot_key_fanout: int = 0, frequent_ngrams: int = 10_000):
         super().__init__()
         if preset.image_identity not in IMAGE_IDENTITIES:
             raise ValueError(f"image_identity must be one of {IMAGE_IDENTITIES}, got {preset.image_identity!r}")

@@ -21,8 +21,15 @@ here:
 - **The check.** A surviving alt-text is rejected if any of its n-grams is
   outside the vocabulary. An alt-text without n-grams has none outside it.
 
-Scale: the n-gram table is a ``CombinePerKey(sum)`` (hot unigrams fanned out);
-the cut comes from a count-of-counts histogram (count value -> number of
+Scale: the n-gram table is a ``CombinePerKey(sum)``. Batch runners lift it
+(partial sums per bundle before the shuffle), so even "the" reaches its
+reducer as one partial sum per bundle; ``hot_key_fanout > 1`` adds
+``with_hot_key_fanout`` on the unigrams (the Zipf head) for runners or modes
+that do not lift (streaming). It is off by default because it is not free:
+every unigram partial sum then takes an extra DoFn and combine (its cost is
+measured in benchmarks/RESULTS.md).
+
+The cut comes from a count-of-counts histogram (count value -> number of
 n-grams with that count; its size is bounded by the number of distinct count
 values, about sqrt(2 * occurrences)) walked from the top, passed as a
 singleton side input. Membership is a ``CoGroupByKey`` of (n-gram, record
@@ -41,7 +48,6 @@ import operator
 from typing import Dict, Iterable, Optional
 
 import apache_beam as beam
-from apache_beam.metrics import Metrics
 
 from filters import stages
 from filters.text import ngrams
@@ -112,6 +118,15 @@ def ngram_occurrences(text: str):
     return collections.Counter(ngrams(text)).items()
 
 
+def tagged_ngram_occurrences(text: str):
+    """``ngram_occurrences`` with unigrams on the tagged output "unigrams"."""
+    for gram, count in ngram_occurrences(text):
+        if " " in gram:
+            yield gram, count
+        else:
+            yield beam.pvalue.TaggedOutput("unigrams", (gram, count))
+
+
 def ngram_record_pairs(row, known_in_vocabulary: Iterable[str] = ()):
     """``(n-gram, key)`` once per distinct n-gram of the record, minus known-frequent ones."""
     key, text = row[0], row[3]
@@ -141,21 +156,6 @@ class CountOfCountsFn(beam.CombineFn):
         return acc
 
 
-class UnigramFanout:
-    """Hot-key fanout for the n-gram counts: unigrams are the Zipf head.
-
-    The most frequent unigrams ("a", "the", "of") occur in a large fraction of
-    all alt-texts, far more often than any bigram; spreading only them keeps
-    the extra shuffle stage off the (much larger, much colder) bigram table.
-    """
-
-    def __init__(self, fanout: int):
-        self.fanout = fanout
-
-    def __call__(self, gram: str) -> int:
-        return 1 if " " in gram else self.fanout
-
-
 def _frequent_in_vocabulary(top, cut):
     return frozenset(gram for gram, count in top if count >= cut)
 
@@ -175,7 +175,7 @@ class DropRareNgrams(beam.PTransform):
     one ``("count_of_counts", summary)``.
     """
 
-    def __init__(self, preset, hot_key_fanout: int = 8, frequent_ngrams: int = 10_000, label: Optional[str] = None):
+    def __init__(self, preset, hot_key_fanout: int = 0, frequent_ngrams: int = 10_000, label: Optional[str] = None):
         super().__init__(label)
         self.preset = preset
         self.hot_key_fanout = hot_key_fanout
@@ -191,13 +191,20 @@ class DropRareNgrams(beam.PTransform):
             rejected = pipeline | "NoRejections" >> beam.Create([])
             return {"rejected": rejected, "stats": stats}
 
-        count = beam.CombinePerKey(sum)
         if self.hot_key_fanout > 1:
-            count = count.with_hot_key_fanout(UnigramFanout(self.hot_key_fanout))
-        ngram_counts = (
-            all_texts
-            | "Occurrences" >> beam.FlatMap(ngram_occurrences)
-            | "CountNgrams" >> count)
+            # Only unigrams take the fanout path: every element on it pays an
+            # extra DoFn and combine, and the bigram table is the big, cold one.
+            occurrences = all_texts | "Occurrences" >> beam.FlatMap(
+                tagged_ngram_occurrences).with_outputs("unigrams", main="bigrams")
+            unigram_counts = occurrences.unigrams | "CountUnigrams" >> beam.CombinePerKey(
+                sum).with_hot_key_fanout(self.hot_key_fanout)
+            bigram_counts = occurrences.bigrams | "CountBigrams" >> beam.CombinePerKey(sum)
+            ngram_counts = (unigram_counts, bigram_counts) | "NgramCounts" >> beam.Flatten()
+        else:
+            ngram_counts = (
+                all_texts
+                | "Occurrences" >> beam.FlatMap(ngram_occurrences)
+                | "CountNgrams" >> beam.CombinePerKey(sum))
         count_of_counts = (
             ngram_counts
             | "Counts" >> beam.Values()

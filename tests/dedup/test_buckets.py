@@ -172,6 +172,34 @@ def test_self_join_cells_meet_each_pair_once(salts):
 
 
 # ---------------------------------------------------------------------------
+# Verification
+# ---------------------------------------------------------------------------
+
+
+def test_pair_cosines_equal_plain_dot_products_across_blocks():
+    rng = np.random.default_rng(6)
+    queries = rng.standard_normal((50, 12)).astype(np.float32) * 3  # not normalised
+    index = rng.standard_normal((80, 12)).astype(np.float32)
+    q = rng.integers(0, 50, 1000)
+    r = rng.integers(0, 80, 1000)
+    expected = np.einsum("ij,ij->i", kmeans.l2_normalize(queries)[q], kmeans.l2_normalize(index)[r])
+    for block in (7, 64, 4096):
+        np.testing.assert_allclose(verify.pair_cosines(queries, index, q, r, block_pairs=block), expected, atol=1e-6)
+    dense = verify.block_cosines(queries, index)
+    np.testing.assert_allclose(dense[q, r], expected, atol=1e-6)
+    assert len(verify.pair_cosines(queries, index, q[:0], r[:0])) == 0
+    with pytest.raises(IndexError):
+        verify.pair_cosines(queries, index, np.array([50]), np.array([0]))
+    with pytest.raises(IndexError):
+        verify.pair_cosines(queries, index, np.array([0]), np.array([-1]))
+
+
+def test_threshold_is_exclusive():
+    t = np.float32(0.975)
+    assert verify.above_threshold(np.array([t, np.nextafter(t, np.float32(1))], np.float32), 0.975).tolist() == [False, True]
+
+
+# ---------------------------------------------------------------------------
 # Acceptance: candidate generation loses no above-threshold pair
 # ---------------------------------------------------------------------------
 

@@ -177,19 +177,20 @@ def test_same_seed_same_stream_other_seed_other_stream(tiny_corpus, tokenizer, t
     assert other["key"].tolist() != train_stream[0]["key"].tolist()
 
 
-def test_start_batch_resumes_exactly_across_the_epoch_boundary(tiny_corpus, tokenizer, train_stream):
-    # Batch 10 holds records 60..65: the end of epoch 0 and the start of epoch 1.
-    resumed = take(dataset(tiny_corpus, tokenizer, start_batch=9), NUM_BATCHES - 9)
-    assert_batches_equal(resumed, train_stream[9:])
+def test_start_batch_resumes_exactly_inside_a_later_epoch(tiny_corpus, tokenizer, train_stream):
+    # Batch 11 starts at record 66: epoch 1, offset 2.
+    resumed = take(dataset(tiny_corpus, tokenizer, start_batch=11), NUM_BATCHES - 11)
+    assert_batches_equal(resumed, train_stream[11:])
 
 
 def test_resume_with_two_hosts_uses_this_hosts_epoch_length(tiny_corpus, tokenizer, split_keys):
-    # Host 1 of 2 reads shard 1 only (21 records): batch 5 of 3 starts in its epoch 0, 7 in epoch 1.
+    # Host 1 of 2 reads shard 1 only (21 records, 3 per batch): batch 8 starts
+    # at record 24 = epoch 1, offset 3, and batch 14 crosses into epoch 2.
     host = dict(process_index=1, process_count=2, batch=2 * 3)
-    stream = take(dataset(tiny_corpus, tokenizer, **host), 9)
+    stream = take(dataset(tiny_corpus, tokenizer, **host), 15)
     first_epoch = [k for batch in stream for k in batch["key"]][:21]
     assert sorted(first_epoch) == sorted(split_keys["train"][22:43])
-    assert_batches_equal(take(dataset(tiny_corpus, tokenizer, start_batch=5, **host), 4), stream[5:])
+    assert_batches_equal(take(dataset(tiny_corpus, tokenizer, start_batch=8, **host), 7), stream[8:])
 
 
 def test_shard_lengths_counted_when_dataset_info_is_missing(tiny_corpus, tmp_path):

@@ -89,8 +89,11 @@ def count_of_counts_summary(count_of_counts: Dict[int, int], cut: int, preset) -
     """The ``count_of_counts`` stat: JSON-ready (string keys), log2-bucketed if large.
 
     ``counts`` maps a count (as a string) to the number of n-grams with that
-    count; when bucketed (``bucketing == "log2"``) a key ``"2**k"`` is written
-    as its lower edge 2**k and covers counts in [2**k, 2**(k+1)).
+    count; when bucketed (``bucketing == "log2"``), a key is the lower edge
+    2**k of the bucket of counts [2**k, 2**(k+1)). ``cut_count`` is the
+    smallest count in the vocabulary and ``vocab_size`` the number of n-grams
+    in it (ties at the cut can make it exceed ``vocab_size_limit``, the
+    preset's K). ``num_ngrams`` distinct n-grams, ``num_occurrences`` in all.
     """
     if len(count_of_counts) <= MAX_EXACT_COUNT_OF_COUNTS:
         bucketing = "exact"
@@ -156,10 +159,6 @@ class CountOfCountsFn(beam.CombineFn):
         return acc
 
 
-def _frequent_in_vocabulary(top, cut):
-    return frozenset(gram for gram, count in top if count >= cut)
-
-
 def _keys_outside_vocabulary(joined):
     gram, sides = joined
     if not sides["vocabulary"]:
@@ -186,8 +185,9 @@ class DropRareNgrams(beam.PTransform):
         preset = self.preset
         if not vocabulary_enabled(preset):
             pipeline = survivors.pipeline
-            stats = pipeline | "NoVocabularyStats" >> beam.Create(
-                [("count_of_counts", {"disabled": True, "cut_count": 0, "vocab_size": 0})])
+            stats = pipeline | "NoVocabularyStats" >> beam.Create([("count_of_counts", {
+                "disabled": True, "cut_count": 0, "vocab_size": 0,
+                "vocab_size_limit": preset.vocab_size, "min_ngram_count": preset.min_ngram_count})])
             rejected = pipeline | "NoRejections" >> beam.Create([])
             return {"rejected": rejected, "stats": stats}
 
@@ -219,7 +219,7 @@ class DropRareNgrams(beam.PTransform):
             frequent = (
                 vocabulary
                 | "MostFrequent" >> beam.combiners.Top.Of(self.frequent_ngrams, key=operator.itemgetter(1))
-                | "FrequentInVocabulary" >> beam.Map(_frequent_in_vocabulary, cut=cut_side))
+                | "FrequentNgrams" >> beam.Map(lambda top: frozenset(gram for gram, _ in top)))
             pairs = survivors | "NgramKeyPairs" >> beam.FlatMap(
                 ngram_record_pairs, known_in_vocabulary=beam.pvalue.AsSingleton(frequent))
         else:

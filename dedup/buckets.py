@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import math
 from typing import Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np

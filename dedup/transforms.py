@@ -30,14 +30,16 @@ each pair comes out once. Buckets with more than ``max_bucket_members``
 members on a side are salted: split into chunks compared in a grid of cells.
 The price is shuffling every vector C(n, b) = 120 times.
 
-Counters (namespace ``dedup``): corpus images, candidate pairs, near-duplicate
-pairs and rejected images per index set.
+Counters (namespace ``dedup``): ``near_duplicate_eval/corpus_images``,
+``.../candidate_pairs``, ``.../near_duplicate_pairs`` (broadcast path),
+``near_duplicate_eval/rejected`` and ``near_duplicate_eval/<set>/rejected``
+(the set named in the reason); the keyed join adds ``bucket_join/cells``,
+``bucket_join/compared_pairs`` and ``bucket_join/near_duplicate_pairs``.
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import apache_beam as beam

@@ -81,8 +81,11 @@ def feature_dim(variant: str) -> int:
     return round_filters(B0_STAGES[-1][4], SCALING[variant][0])
 
 
-# TF EfficientNet's initialisers: He-normal on fan-out for convolutions.
+# TF EfficientNet's initialisers: He-normal on fan-out for convolutions. For
+# the depthwise kernel (k, k, 1, C) fan-out is k*k: each output channel has
+# its own k*k filter (TF stores it as (k, k, C, 1)).
 _conv_init = nn.initializers.variance_scaling(2.0, "fan_out", "normal")
+_depthwise_init = nn.initializers.variance_scaling(2.0, "fan_in", "normal")
 _dense_init = nn.initializers.variance_scaling(1.0 / 3.0, "fan_out", "uniform")
 
 
@@ -121,7 +124,7 @@ class DepthwiseConv(nn.Module):
     @nn.compact
     def __call__(self, x):
         k, s = self.kernel, self.stride
-        w = self.param("kernel", _conv_init, (k, k, 1, x.shape[-1])).astype(self.dtype)
+        w = self.param("kernel", _depthwise_init, (k, k, 1, x.shape[-1])).astype(self.dtype)
         x = x.astype(self.dtype)
         (top, bottom), (left, right) = (_same_padding(x.shape[1], k, s),
                                         _same_padding(x.shape[2], k, s))

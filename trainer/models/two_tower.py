@@ -20,14 +20,15 @@ import math
 from typing import Any, Optional
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 from trainer.models import bert, efficientnet
 
 
-def l2_normalize(x, eps: float = 1e-6):
+def l2_normalize(x, eps: float = 1e-12):
     x = x.astype(jnp.float32)
-    return x / jnp.sqrt(jnp.sum(x * x, axis=-1, keepdims=True) + eps)
+    return x * jax.lax.rsqrt(jnp.maximum(jnp.sum(x * x, axis=-1, keepdims=True), eps * eps))
 
 
 class TwoTower(nn.Module):

@@ -1,0 +1,165 @@
+"""Checkpoints of a training run (orbax), and loading a trained encoder back.
+
+A checkpoint at step s holds three items in ``workdir/checkpoints/<s>/``:
+
+* ``model``: ``{"params", "batch_stats"}``, everything needed for inference;
+* ``train``: ``{"opt_state", "step", "rng"}``, what resuming also needs
+  (``rng`` is the raw key data of the run's base key; each step folds in its
+  step number, so restoring the key restores every later random draw);
+* ``meta``: JSON ``{"step", "batches_consumed"}``: the data position, i.e.
+  how many global batches the input pipeline has produced, to restart it with
+  ``make_dataset(..., start_batch=batches_consumed)``.
+
+Saving is asynchronous: ``save`` returns once the arrays are copied to host
+memory, and the files are written in the background (the train step may then
+reuse the device buffers). The run's config is in ``workdir/config.json``,
+written by the trainer, so ``load_image_encoder(workdir)`` needs nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Callable, Optional
+
+import jax
+import ml_collections
+import numpy as np
+import orbax.checkpoint as ocp
+
+CONFIG_FILE = "config.json"
+VOCAB_FILE = "vocab.txt"
+CHECKPOINT_DIR = "checkpoints"
+
+
+class Checkpointer:
+    """A thin wrapper over ``ocp.CheckpointManager`` with the items above."""
+
+    def __init__(self, workdir: str, *, every: int, keep: int, async_save: bool = True):
+        options = ocp.CheckpointManagerOptions(
+            save_interval_steps=every, max_to_keep=keep,
+            enable_async_checkpointing=async_save, create=True)
+        self.manager = ocp.CheckpointManager(
+            os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR)), options=options,
+            item_names=("model", "train", "meta"))
+
+    def latest_step(self) -> Optional[int]:
+        return self.manager.latest_step()
+
+    def save(self, step: int, state: dict, meta: dict, *, force: bool = False) -> bool:
+        model, train = split_state(state)
+        return self.manager.save(step, args=ocp.args.Composite(
+            model=ocp.args.StandardSave(model),
+            train=ocp.args.StandardSave(train),
+            meta=ocp.args.JsonSave(meta)), force=force)
+
+    def restore(self, step: int, like_state: dict) -> tuple[dict, dict]:
+        """Restores onto the shapes, dtypes and shardings of ``like_state``."""
+        like_model, like_train = jax.tree.map(_abstract, split_state(like_state))
+        restored = self.manager.restore(step, args=ocp.args.Composite(
+            model=ocp.args.StandardRestore(like_model),
+            train=ocp.args.StandardRestore(like_train),
+            meta=ocp.args.JsonRestore()))
+        return {**restored.model, **restored.train}, dict(restored.meta)
+
+    def wait(self):
+        self.manager.wait_until_finished()
+
+    def close(self):
+        self.manager.close()
+
+
+def split_state(state: dict) -> tuple[dict, dict]:
+    model = {"params": state["params"], "batch_stats": state["batch_stats"]}
+    train = {k: v for k, v in state.items() if k not in model}
+    return model, train
+
+
+def _abstract(x):
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None))
+
+
+def save_config(config: ml_collections.ConfigDict, workdir: str) -> None:
+    with open(os.path.join(workdir, CONFIG_FILE), "w") as f:
+        f.write(config.to_json(indent=2, sort_keys=True))
+
+
+def load_config(workdir: str) -> ml_collections.ConfigDict:
+    with open(os.path.join(workdir, CONFIG_FILE)) as f:
+        return ml_collections.ConfigDict(json.load(f))
+
+
+def _vocab(workdir: str, config) -> str:
+    """The run's copy of its vocabulary, else the one its config names."""
+    from trainer.train import vocab_path
+
+    copy = os.path.join(workdir, VOCAB_FILE)
+    return copy if os.path.exists(copy) else vocab_path(config)
+
+
+def load_model(workdir: str, step: Optional[int] = None) -> tuple[Any, dict, ml_collections.ConfigDict]:
+    """(model, variables {"params", "batch_stats"}, config) of a run's checkpoint.
+
+    ``step`` defaults to the latest checkpoint. Arrays are restored on the
+    first local device.
+    """
+    # Imported here so that this module (and orbax) stay cheap to import.
+    from trainer import models, tokenizer as tokenizer_lib
+    from trainer.train import compute_dtype
+
+    config = load_config(workdir)
+    vocab_size = tokenizer_lib.Tokenizer(_vocab(workdir, config), config.max_text_len).vocab_size
+    model = models.build(config.model, vocab_size=vocab_size, dtype=compute_dtype(config))
+    manager = ocp.CheckpointManager(
+        os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR)),
+        options=ocp.CheckpointManagerOptions(read_only=True), item_names=("model",))
+    step = manager.latest_step() if step is None else step
+    if step is None:
+        raise FileNotFoundError(f"no checkpoint in {workdir}/{CHECKPOINT_DIR}")
+    shapes = jax.eval_shape(
+        lambda: model.init(jax.random.key(0), np.zeros((1, config.image_size, config.image_size, 3),
+                                                       np.float32),
+                           np.ones((1, config.max_text_len), np.int32)))
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    like = {"params": shapes["params"], "batch_stats": shapes.get("batch_stats", {})}
+    like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), like)
+    variables = manager.restore(step, args=ocp.args.Composite(
+        model=ocp.args.StandardRestore(like))).model
+    manager.close()
+    return model, variables, config
+
+
+def load_image_encoder(workdir: str, step: Optional[int] = None
+                       ) -> tuple[Callable[[np.ndarray], np.ndarray], int]:
+    """The image tower of a trained run, for embedding images (e.g. near-dup removal).
+
+    Returns ``(encode, image_size)``: ``encode(images)`` takes float32
+    ``[B, S, S, 3]`` in [-1, 1] (the trainer's eval preprocessing: resize,
+    central crop to ``image_size``) and returns float32 ``[B, D]`` L2-normalised
+    numpy embeddings.
+    """
+    model, variables, config = load_model(workdir, step)
+    apply = jax.jit(lambda v, x: model.apply(v, images=x, train=False)[0])
+
+    def encode(images: np.ndarray) -> np.ndarray:
+        images = np.asarray(images, np.float32)
+        if images.ndim != 4 or images.shape[1:] != (config.image_size, config.image_size, 3):
+            raise ValueError(f"expected [B, {config.image_size}, {config.image_size}, 3] images, "
+                             f"got {images.shape}")
+        return np.asarray(apply(variables, images), np.float32)
+
+    return encode, int(config.image_size)
+
+
+def load_text_encoder(workdir: str, step: Optional[int] = None
+                      ) -> tuple[Callable[[np.ndarray], np.ndarray], Any]:
+    """``(encode, tokenizer)``: ``encode(int32 [B, L] token ids) -> [B, D]`` L2-normalised."""
+    from trainer import tokenizer as tokenizer_lib
+
+    model, variables, config = load_model(workdir, step)
+    apply = jax.jit(lambda v, t: model.apply(v, texts=t, train=False)[1])
+
+    def encode(tokens: np.ndarray) -> np.ndarray:
+        return np.asarray(apply(variables, np.asarray(tokens, np.int32)), np.float32)
+
+    return encode, tokenizer_lib.Tokenizer(_vocab(workdir, config), config.max_text_len)

@@ -1,0 +1,91 @@
+"""Trainer configs: Python files with ``get_config(arg=None) -> ConfigDict``.
+
+Every config is ``base_config()`` with its own numbers, so the tiny CPU demo
+and the paper-scale runs differ only in numbers, never in structure. Any
+field can be overridden on the command line (``--config.total_steps=100``,
+``--config.model.image.norm=group``, ``--config.optim.peak_lr=3e-3``).
+
+Fields:
+  data_dir       shard directory (the pipeline's output); required.
+  vocab_path     wordpiece vocabulary; default ``<data_dir>/vocab.txt``.
+  eval_dir       optional labelled image folder ``{train,test}/<class>/``
+                 for the zero-shot and KNN evaluators (skipped when empty).
+  batch_size     global batch (ALIGN: 16384); negatives span all of it.
+  image_size     train/eval crop (ALIGN: 289 from a 346 resize).
+  resize_size    resize before the crop; default image_size * 346 / 289.
+  max_text_len   tokens incl. [CLS]/[SEP] (ALIGN: 64).
+  compute_dtype  "float32" or "bfloat16" (params, optimizer and loss stay f32).
+  prng_impl      JAX PRNG ("threefry2x32" default; "rbg" compiles faster on CPU).
+  model.*        ``trainer.models.two_tower.TwoTower`` fields: embed_dim,
+                 image (EfficientNet: variant, norm, dropout, drop_path),
+                 text (BERT: size, dropout), temperature_init, learn_temperature.
+  loss.*         impl ("plain": jit inserts the all-gathers; "shard_map"),
+                 label_smoothing (ALIGN: 0.1).
+  optim.*        LAMB: peak_lr, warmup_steps, weight_decay, b1, b2, eps,
+                 grad_clip_norm (optional).
+  evals.<name>   evaluator kwargs plus ``type`` (registry name, default: the
+                 entry's name) and ``every`` (steps; all run at the end).
+                 String values may use ``{data_dir}`` and ``{eval_dir}``.
+  compilation_cache_dir  optional persistent XLA compilation cache.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+from ml_collections import config_dict
+
+
+def base_config(*, image_variant: str, text_size: str, embed_dim: int, image_size: int,
+                max_text_len: int, batch_size: int, total_steps: int, peak_lr: float,
+                warmup_steps: int, eval_every: int, log_every: int, checkpoint_every: int,
+                compute_dtype: str = "float32", image_dropout=None, drop_path: float = 0.2,
+                text_dropout: float = 0.1, eval_batch_size: int = 256
+                ) -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.seed = 0
+    c.data_dir = ""
+    c.vocab_path = ""
+    c.eval_dir = ""
+    c.train_split = "train"
+    c.image_size = image_size
+    c.resize_size = config_dict.placeholder(int)
+    c.max_text_len = max_text_len
+    c.batch_size = batch_size
+    c.total_steps = total_steps
+    c.compute_dtype = compute_dtype
+    c.prng_impl = "threefry2x32"
+    c.compilation_cache_dir = ""
+
+    c.model = ml_collections.ConfigDict()
+    c.model.name = "two_tower"
+    c.model.embed_dim = embed_dim
+    c.model.image = ml_collections.ConfigDict(
+        {"variant": image_variant, "norm": "batch", "drop_path": drop_path,
+         "dropout": config_dict.placeholder(float)})
+    c.model.image.dropout = image_dropout   # None: the EfficientNet table's rate
+    c.model.text = ml_collections.ConfigDict({"size": text_size, "dropout": text_dropout})
+    c.model.text.max_len = c.get_ref("max_text_len")
+    c.model.temperature_init = 1.0          # ALIGN: learned, initialised at 1.0
+    c.model.learn_temperature = True
+
+    c.loss = ml_collections.ConfigDict({"impl": "plain", "label_smoothing": 0.1})
+
+    c.optim = ml_collections.ConfigDict()
+    c.optim.peak_lr = peak_lr
+    c.optim.warmup_steps = warmup_steps
+    c.optim.weight_decay = 1e-5
+    c.optim.b1 = 0.9
+    c.optim.b2 = 0.999
+    c.optim.eps = 1e-6
+    c.optim.grad_clip_norm = config_dict.placeholder(float)
+
+    c.log_every = log_every
+    c.checkpoint_every = checkpoint_every
+    c.keep_checkpoints = 3
+    c.eval_batch_size = eval_batch_size
+    c.evals = ml_collections.ConfigDict()
+    c.evals.retrieval = {"every": eval_every, "split": "validation"}
+    c.evals.zeroshot = {"every": eval_every, "image_dir": "{eval_dir}/test"}
+    c.evals.knn = {"every": eval_every, "train_dir": "{eval_dir}/train",
+                   "test_dir": "{eval_dir}/test"}
+    return c

@@ -1,0 +1,433 @@
+r"""Trains the ALIGN dual encoder on the project's shards.
+
+One file, read top to bottom (big_vision style): config and mesh; data; model
+and optimizer init; checkpoint resume; loss and train step; evaluators; the
+loop. Run it as
+
+    python -m trainer.train --config trainer/configs/tiny.py --workdir out/train \
+        --config.data_dir=out/corpus [--config.total_steps=100] [--config.eval_dir=...]
+
+or call ``train_and_evaluate(config, workdir)`` from Python.
+
+What a run leaves in ``workdir``: ``config.json`` and ``vocab.txt`` (so the
+workdir alone describes the model, see ``trainer.checkpoint.load_*``),
+``checkpoints/<step>/`` (orbax), ``metrics.jsonl`` (one JSON object per log
+or eval point) and ``tensorboard/`` event files.
+
+Run again with the same workdir and it resumes from the latest checkpoint:
+params, optimizer state, step, RNG and the data position. SIGTERM
+(preemption) saves a checkpoint and returns normally (exit status 0). A
+non-finite loss or gradient is never applied to the params; the run stops with
+an error naming the step, and the last checkpoint stays the last good one.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import math
+import os
+import signal
+import time
+from typing import Any, Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from absl import app, flags, logging
+from jax.sharding import NamedSharding, PartitionSpec as P
+from ml_collections import config_flags
+
+from trainer import checkpoint, loss, models, optim
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a trainer/configs/*.py file.",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Where checkpoints and metrics go.")
+
+
+def compute_dtype(config) -> Any:
+    return jnp.dtype(config.get("compute_dtype", "float32"))
+
+
+def vocab_path(config) -> str:
+    return config.get("vocab_path") or os.path.join(config.data_dir, "vocab.txt")
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
+                       after_step: Optional[Callable[[int], None]] = None) -> dict:
+    """Trains (or resumes) ``config`` in ``workdir``; returns the final metrics.
+
+    The result holds ``step``, the last train metrics (``train/...``), the
+    last result of every evaluator (``<eval name>/...``) and ``preempted``.
+    ``after_step(step)``, if given, is called on the host after every step's
+    dispatch, before the loop's checks (a preemption test sends SIGTERM there).
+    """
+    # Imported here: TensorFlow is heavy and only the run itself needs it
+    # (``trainer.checkpoint`` imports helpers from this module).
+    import tensorflow as tf
+
+    from trainer import evaluators as evaluators_lib
+    from trainer import input_pipeline, tokenizer as tokenizer_lib
+
+    # tf.data must not grab the accelerators JAX uses.
+    tf.config.set_visible_devices([], "GPU")
+
+    # ------------------------------------------------------------------
+    # Config and mesh.
+    # ------------------------------------------------------------------
+    if not config.get("data_dir"):
+        raise ValueError("set config.data_dir (e.g. --config.data_dir=out/corpus)")
+    if config.get("compilation_cache_dir"):
+        # Cache every compiled program (XLA:CPU compiles of this model take
+        # minutes on a busy machine). reset_cache: the cache may already have
+        # been checked (and found off) by an earlier compile in this process.
+        from jax.experimental.compilation_cache import compilation_cache
+
+        compilation_cache.set_cache_dir(config.compilation_cache_dir)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+        compilation_cache.reset_cache()
+    is_chief = jax.process_index() == 0
+    tf.io.gfile.makedirs(workdir)
+    # One 'data' axis over every device. Auto axes: we declare the shardings of
+    # the step's inputs and outputs, and the compiler places the collectives
+    # (the loss's all-gathers, BatchNorm's all-reduces, the gradient psum).
+    mesh = jax.make_mesh((jax.device_count(),), ("data",),
+                         axis_types=(jax.sharding.AxisType.Auto,))
+    replicated = NamedSharding(mesh, P())
+    batch_sharded = NamedSharding(mesh, P("data"))
+    if config.batch_size % jax.device_count():
+        raise ValueError(f"batch_size {config.batch_size} not divisible by "
+                         f"{jax.device_count()} devices")
+    logging.info("mesh %s; global batch %d (%d per device)", dict(mesh.shape), config.batch_size,
+                 config.batch_size // jax.device_count())
+
+    # ------------------------------------------------------------------
+    # Data: this host's share of every global batch, laid out on the mesh.
+    # ------------------------------------------------------------------
+    tokenizer = tokenizer_lib.Tokenizer(vocab_path(config), max_len=config.max_text_len)
+    if is_chief:
+        checkpoint.save_config(config, workdir)
+        tf.io.gfile.copy(vocab_path(config), os.path.join(workdir, checkpoint.VOCAB_FILE),
+                         overwrite=True)
+
+    def train_batches(start_batch: int):
+        dataset = input_pipeline.make_dataset(
+            config.data_dir, config.train_split, global_batch_size=config.batch_size,
+            image_size=config.image_size, resize_size=config.get("resize_size"), train=True,
+            seed=config.seed, tokenizer=tokenizer, start_batch=start_batch)
+        for batch in dataset.as_numpy_iterator():
+            yield input_pipeline.to_global_array(
+                {"image": batch["image"], "text": batch["text"]}, mesh)
+
+    # ------------------------------------------------------------------
+    # Model and optimizer init (params replicated on every device).
+    # ------------------------------------------------------------------
+    model = models.build(config.model, vocab_size=tokenizer.vocab_size,
+                         dtype=compute_dtype(config))
+    prng_impl = config.get("prng_impl") or None
+    init_rng, base_rng = jax.random.split(jax.random.key(config.seed, impl=prng_impl))
+
+    def init(rng):
+        images = jnp.zeros((2, config.image_size, config.image_size, 3), jnp.float32)
+        texts = jnp.ones((2, config.max_text_len), jnp.int32)
+        variables = model.init({"params": rng, "dropout": rng}, images, texts, train=False)
+        return {"params": variables["params"], "batch_stats": variables.get("batch_stats", {})}
+
+    variables = jax.jit(init, out_shardings=replicated)(init_rng)
+    tx, schedule = optim.make(config, variables["params"])
+    state = {
+        **variables,
+        "opt_state": jax.jit(tx.init, out_shardings=replicated)(variables["params"]),
+        "step": jax.device_put(jnp.zeros((), jnp.int32), replicated),
+        "rng": jax.device_put(jax.random.key_data(base_rng), replicated),
+    }
+    counts = {name: sum(x.size for x in jax.tree.leaves(tree))
+              for name, tree in variables["params"].items()}
+    logging.info("parameters: %s (total %d)", counts, sum(counts.values()))
+
+    # Resume: everything in ``state`` plus the data position.
+    ckpt = checkpoint.Checkpointer(workdir, every=config.checkpoint_every,
+                                   keep=config.keep_checkpoints)
+    batches_consumed = 0
+    if (latest := ckpt.latest_step()) is not None:
+        state, meta = ckpt.restore(latest, state)
+        batches_consumed = meta["batches_consumed"]
+        logging.info("resumed from step %d (%d batches consumed)", latest, batches_consumed)
+    start_step = int(state["step"])
+
+    # ------------------------------------------------------------------
+    # Loss and train step.
+    # ------------------------------------------------------------------
+    contrastive_loss = loss.get(config.loss.impl)
+    if config.loss.impl == "shard_map":
+        contrastive_loss = functools.partial(contrastive_loss, mesh=mesh)
+
+    def train_step(state, batch):
+        # Each step draws from (base key, step): a resumed run draws the same.
+        rng = jax.random.fold_in(jax.random.wrap_key_data(state["rng"], impl=prng_impl),
+                                 state["step"])
+
+        def loss_fn(params):
+            (zimg, ztxt, out), new_model_state = model.apply(
+                {"params": params, "batch_stats": state["batch_stats"]},
+                batch["image"], batch["text"], train=True, mutable=["batch_stats"],
+                rngs={"dropout": rng})
+            value, metrics = contrastive_loss(zimg, ztxt, out["temperature"],
+                                              label_smoothing=config.loss.label_smoothing)
+            return value, (new_model_state.get("batch_stats", {}), metrics, out["temperature"])
+
+        (value, (batch_stats, metrics, temperature)), grads = jax.value_and_grad(
+            loss_fn, has_aux=True)(state["params"])
+        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+        params = optax.apply_updates(state["params"], updates)
+
+        # NaN guard: a step with a non-finite loss or gradient changes nothing
+        # (so no checkpoint can ever hold NaN params); the host stops the run.
+        grad_norm = optax.global_norm(grads)
+        finite = jnp.isfinite(value) & jnp.isfinite(grad_norm)
+        keep_if_bad = lambda new, old: jax.tree.map(  # noqa: E731
+            lambda n, o: jnp.where(finite, n, o), new, old)
+        new_state = {
+            "params": keep_if_bad(params, state["params"]),
+            "batch_stats": keep_if_bad(batch_stats, state["batch_stats"]),
+            "opt_state": keep_if_bad(opt_state, state["opt_state"]),
+            "step": state["step"] + 1,
+            "rng": state["rng"],
+        }
+        metrics = {**metrics, "loss": value, "temperature": temperature,
+                   "learning_rate": schedule(state["step"]), "grad_norm": grad_norm,
+                   "param_norm": optax.global_norm(params), "finite": finite}
+        return new_state, metrics
+
+    state_sharding = jax.tree.map(lambda _: replicated, state)
+    train_step = jax.jit(train_step, in_shardings=(state_sharding, batch_sharded),
+                         out_shardings=(state_sharding, replicated), donate_argnums=0)
+
+    # ------------------------------------------------------------------
+    # Evaluators: the registry's evaluators over encoders of the current state.
+    # ------------------------------------------------------------------
+    def make_encoder(tower: str):
+        @jax.jit
+        def apply(variables, x):
+            zimg, ztxt, _ = model.apply(variables, **{tower: x}, train=False)
+            return zimg if tower == "images" else ztxt
+
+        def encode(x: np.ndarray) -> np.ndarray:
+            # Every host passes the same full batch; pad it to the mesh.
+            x = np.asarray(x)
+            rows = len(x)
+            pad = -rows % jax.device_count()
+            if pad:
+                x = np.concatenate([x, np.repeat(x[-1:], pad, axis=0)])
+            x = jax.make_array_from_callback(x.shape, batch_sharded, lambda index: x[index])
+            variables = {"params": state["params"], "batch_stats": state["batch_stats"]}
+            return np.asarray(jax.device_get(apply(variables, x)))[:rows]
+
+        return encode
+
+    encode_images, encode_texts = make_encoder("images"), make_encoder("texts")
+    evaluators = []
+    for name, eval_config in (config.get("evals") or {}).items():
+        eval_config = dict(eval_config)
+        kind, every = eval_config.pop("type", name), eval_config.pop("every", None)
+        if any("{eval_dir}" in v for v in eval_config.values() if isinstance(v, str)) and not (
+                config.get("eval_dir")):
+            logging.info("evaluator %s skipped: it needs config.eval_dir", name)
+            continue
+        kwargs = {k: v.format(data_dir=config.data_dir, eval_dir=config.get("eval_dir"))
+                  if isinstance(v, str) else v for k, v in eval_config.items()}
+        cls = evaluators_lib.get(kind)
+        accepted = inspect.signature(cls.__init__).parameters
+        context = {"data_dir": config.data_dir, "image_size": config.image_size,
+                   "resize_size": config.get("resize_size"), "tokenizer": tokenizer,
+                   "batch_size": config.eval_batch_size}
+        kwargs = {**{k: v for k, v in context.items() if k in accepted}, **kwargs}
+        evaluators.append((name, every, cls(**kwargs)))
+
+    def run_evaluators(step: int, final: bool) -> dict:
+        results = {}
+        for name, every, evaluator in evaluators:
+            if final or (every and step % every == 0):
+                start = time.time()
+                for key, value in evaluator.run(encode_images, encode_texts).items():
+                    results[f"{name}/{key}"] = float(value)
+                logging.info("step %d eval %s (%.1fs): %s", step, name, time.time() - start,
+                             {k: round(v, 4) for k, v in results.items() if k.startswith(name)})
+        return results
+
+    # ------------------------------------------------------------------
+    # The loop.
+    # ------------------------------------------------------------------
+    writer = _MetricWriter(workdir, enabled=is_chief)
+    data = train_batches(batches_consumed)
+    pending = []          # (step, device metrics) since the last host check
+    final = {"step": start_step, "preempted": False}
+    timer = _Progress(config.total_steps, config.batch_size)
+    loop_start = time.time()
+    try:
+        with _StopOnSigterm() as stop:
+            for step in range(start_step + 1, config.total_steps + 1):
+                state, metrics = train_step(state, next(data))
+                batches_consumed += 1
+                pending.append((step, metrics))
+                if step == start_step + 1:     # the first step compiles; time the others
+                    jax.block_until_ready(state)
+                    logging.info("first step (data, tracing, compilation) took %.0fs",
+                                 time.time() - loop_start)
+                    timer.start(step)
+                if after_step is not None:
+                    after_step(step)
+
+                last = step == config.total_steps
+                log = step % config.log_every == 0 or last or stop.requested
+                save = step % config.checkpoint_every == 0 or last or stop.requested
+                evaluate = last or any(every and step % every == 0 for _, every, _ in evaluators)
+                if log or save or evaluate:
+                    # Waits for the device; raises on a non-finite step, before any save.
+                    train_metrics = _check_and_average(pending, ckpt.latest_step())
+                    pending = []
+                    if log:
+                        train_metrics.update(timer.measure(step))
+                        writer.write(step, {f"train/{k}": v for k, v in train_metrics.items()})
+                        logging.info("%s", timer.line(step, train_metrics))
+                    final.update({f"train/{k}": v for k, v in train_metrics.items()}, step=step)
+                if save:
+                    ckpt.save(step, state, {"step": step, "batches_consumed": batches_consumed},
+                              force=True)
+                if stop.requested:
+                    logging.warning("SIGTERM: saved a checkpoint at step %d, stopping", step)
+                    final["preempted"] = True
+                    break
+                if evaluate:
+                    results = run_evaluators(step, final=last)
+                    writer.write(step, results)
+                    final.update(results)
+        if start_step >= config.total_steps:   # already done: just report
+            final.update(run_evaluators(start_step, final=True))
+    finally:
+        ckpt.wait()   # an async save in flight completes even if the loop raised
+        ckpt.close()
+        writer.close()
+        data.close()  # stops tf.data's background threads now, not at garbage collection
+    return final
+
+
+def _check_and_average(pending: list, last_checkpoint: Optional[int]) -> dict:
+    """Averages the steps' metrics; raises on the first non-finite step."""
+    fetched = jax.device_get([m for _, m in pending])
+    for (step, _), metrics in zip(pending, fetched):
+        if not metrics["finite"]:
+            raise FloatingPointError(
+                f"non-finite loss ({float(metrics['loss'])}) or gradient norm "
+                f"({float(metrics['grad_norm'])}) at step {step}: stopping. The update was not "
+                f"applied; the last checkpoint (step {last_checkpoint}) holds finite params. "
+                "Lower optim.peak_lr, raise optim.warmup_steps or set optim.grad_clip_norm.")
+    keys = [k for k in fetched[0] if k != "finite"]
+    return {k: float(np.mean([m[k] for m in fetched])) for k in keys}
+
+
+class _Progress:
+    """Throughput since the previous log point (the first, compiling step excluded) and ETA."""
+
+    def __init__(self, total_steps: int, batch_size: int):
+        self.total, self.batch = total_steps, batch_size
+        self.started = False
+
+    def start(self, step):
+        self.t0 = self.t_last = time.time()
+        self.step0 = self.step_last = step
+        self.started = True
+
+    def measure(self, step) -> dict:
+        if not self.started or step == self.step0:
+            return {}
+        now = time.time()
+        rate = (step - self.step_last) / max(now - self.t_last, 1e-9)
+        overall = (step - self.step0) / max(now - self.t0, 1e-9)
+        self.t_last, self.step_last = now, step
+        return {"steps_per_sec": rate, "pairs_per_sec": rate * self.batch,
+                "eta_sec": (self.total - step) / overall}
+
+    def line(self, step, m) -> str:
+        if "eta_sec" in m:
+            eta = m["eta_sec"]
+            speed = (f"{m['steps_per_sec']:.2f} steps/s | {m['pairs_per_sec']:.0f} pairs/s | "
+                     f"ETA {int(eta // 3600)}h{int(eta % 3600 // 60):02d}m{int(eta % 60):02d}s")
+        else:
+            speed = "compiling step"
+        return (f"step {step}/{self.total} | {speed} | loss {m['loss']:.4f} "
+                f"(i2t {m['loss_i2t']:.3f}, t2i {m['loss_t2i']:.3f}) | in-batch top1 "
+                f"{m['i2t_top1']:.3f} | temperature {m['temperature']:.4f} | "
+                f"lr {m['learning_rate']:.2e}")
+
+
+class _MetricWriter:
+    """metrics.jsonl (one object per point) + TensorBoard scalars.
+
+    TensorBoard events are written with tensorboardX, which needs neither the
+    tensorboard package nor TensorFlow's summary ops.
+    """
+
+    def __init__(self, workdir: str, enabled: bool):
+        from tensorboardX import SummaryWriter
+
+        self.enabled = enabled
+        if enabled:
+            self.jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a")
+            self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+
+    def write(self, step: int, metrics: dict):
+        if not (self.enabled and metrics):
+            return
+        self.jsonl.write(json.dumps({"step": step, **metrics}) + "\n")
+        self.jsonl.flush()
+        for key, value in metrics.items():
+            if math.isfinite(value):
+                self.tb.add_scalar(key, value, step)
+        self.tb.flush()
+
+    def close(self):
+        if self.enabled:
+            self.jsonl.close()
+            self.tb.close()
+
+
+class _StopOnSigterm:
+    """Turns SIGTERM into a flag the loop checks after every step."""
+
+    requested = False
+
+    def _handle(self, signum, frame):
+        self.requested = True
+
+    def __enter__(self):
+        try:
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+        except ValueError:  # not the main thread: leave signals alone
+            self._previous = None
+            logging.warning("not in the main thread: SIGTERM will not checkpoint")
+        return self
+
+    def __exit__(self, *exc):
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+        return False
+
+
+def main(argv):
+    del argv
+    if _WORKDIR.value is None:
+        raise app.UsageError("--workdir is required")
+    final = train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+    summary = {k: v for k, v in final.items() if not k.startswith("train/") or k == "train/loss"}
+    logging.info("final: %s", json.dumps(summary, sort_keys=True))
+    print(json.dumps(summary, sort_keys=True))
+
+
+if __name__ == "__main__":
+    flags.mark_flags_as_required(["config"])
+    app.run(main)

@@ -2,7 +2,7 @@
 
     python -m benchmarks.dedup                      # everything, D = 64 (minutes on busy cores)
     python -m benchmarks.dedup --parts assign,candidates,verify --repeats 5
-    python -m benchmarks.dedup --parts kmeans --kmeans-sample 250000 --kmeans-niter 20
+    python -m benchmarks.dedup --parts kmeans --kmeans-sample 250000 --kmeans-niter 10
 
 Parts (targets from the issue, on 2 cores):
 
@@ -106,7 +106,7 @@ def main(argv=None):
     parser.add_argument("--threshold", type=float, default=0.975)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--kmeans-sample", type=int, default=250_000)
-    parser.add_argument("--kmeans-niter", type=int, default=20)
+    parser.add_argument("--kmeans-niter", type=int, default=kmeans.DEFAULT_NITER)
     parser.add_argument("--kmeans-repeats", type=int, default=1)
     parser.add_argument("--zipf", action="store_true")
     parser.add_argument("--no-merge", action="store_true", help="plain k-means centroids (no thinning)")

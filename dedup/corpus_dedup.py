@@ -128,7 +128,7 @@ class RemoveEmbeddingDuplicates(beam.PTransform):
         merge_cosine="auto",
     ):
         super().__init__()
-        self.threshold = transforms._check_threshold(threshold)
+        self.threshold = transforms.check_threshold(threshold)
         self.num_clusters = int(num_clusters)
         self.nearest_clusters = int(nearest_clusters)
         self.bucket_size = int(bucket_size)

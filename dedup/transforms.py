@@ -159,7 +159,8 @@ def reduce_matches(corpus_key: str, matches: Iterable[Tuple[Tuple[str, str, str]
     return records, stages.reason("near_duplicate_eval", top["index_set"])
 
 
-def _check_threshold(threshold) -> float:
+def check_threshold(threshold) -> float:
+    """The near-duplicate threshold as a float in (0, 1); the embedder supplies it."""
     if threshold is None:
         raise ValueError("threshold is required: take it from the embedder (embedder.threshold)")
     threshold = float(threshold)
@@ -309,13 +310,16 @@ class _AssignFn(beam.DoFn):
     def setup(self):
         self._assigner = None
         self._token = None
+        self._seen = None
 
     def process(self, batch, centroids):
         if not batch or len(centroids) == 0:
             return
-        token = hashlib.sha256(np.ascontiguousarray(centroids, np.float32).tobytes()).hexdigest()
-        if token != self._token:
-            self._assigner, self._token = kmeans_lib.CentroidAssigner(centroids), token
+        if centroids is not self._seen:  # hash only when the side input object changes
+            token = hashlib.sha256(np.ascontiguousarray(centroids, np.float32).tobytes()).hexdigest()
+            if token != self._token:
+                self._assigner, self._token = kmeans_lib.CentroidAssigner(centroids), token
+            self._seen = centroids
         keys, vectors = _stack_batch(batch)
         n = kmeans_lib.nearest_clusters_for(len(centroids), self.nearest_clusters)
         clusters = self._assigner.top_clusters(vectors, n)
@@ -421,7 +425,7 @@ class BucketJoin(beam.PTransform):
 
     def __init__(self, threshold: float, radix: int, bucket_size: int, self_join: bool = False, max_bucket_members: int = DEFAULT_MAX_BUCKET_MEMBERS):
         super().__init__()
-        self.threshold = _check_threshold(threshold)
+        self.threshold = check_threshold(threshold)
         self.radix = int(radix)
         self.bucket_size = int(bucket_size)
         self.self_join = bool(self_join)
@@ -532,7 +536,7 @@ class RemoveNearDuplicates(beam.PTransform):
         merge_cosine="auto",
     ):
         super().__init__()
-        self.threshold = _check_threshold(threshold)
+        self.threshold = check_threshold(threshold)
         self.merge_cosine = kmeans_lib.merge_cosine_for(self.threshold) if merge_cosine == "auto" else merge_cosine
         if join not in ("broadcast", "buckets"):
             raise ValueError(f"join must be 'broadcast' or 'buckets', got {join!r}")

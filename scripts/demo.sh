@@ -9,7 +9,10 @@ bash scripts/setup_env.sh
 export TF_CPP_MIN_LOG_LEVEL=2
 OUT="${OUT:-out}"
 PY=.venv/bin/python
+step() { echo "== $1 ($((SECONDS - START)) s so far)"; }
+START=$SECONDS
 
+step "generate the sample"
 $PY -m pipeline.sample --out "$OUT/sample"
 mapfile -t BUILD_FLAGS < <($PY - "$OUT/sample" <<'PYEOF'
 import json, os, sys
@@ -20,10 +23,16 @@ name, path = info["eval_images"].split("=", 1)
 print("--eval-images"); print(f"{name}={os.path.join(sys.argv[1], path)}")
 PYEOF
 )
+step "build the corpus"
 $PY -m pipeline.build --input "$OUT/sample/candidates/*.parquet" --output "$OUT/corpus" \
     --preset align "${BUILD_FLAGS[@]}" --overwrite
+step "audit"
 $PY -m pipeline.audit "$OUT/corpus" >/dev/null
 echo "audit report: $OUT/corpus/stats/report.html"
+step "wordpiece vocabulary"
 $PY -m trainer.vocab --data_dir "$OUT/corpus" --vocab_size 2000
+step "train tiny ALIGN"
+rm -rf "$OUT/train"  # a fresh run each time; trainer.train itself resumes an existing workdir
 $PY -m trainer.train --config trainer/configs/tiny.py --workdir "$OUT/train" \
     --config.data_dir="$OUT/corpus" --config.eval_dir="$OUT/sample/eval"
+step "done"

@@ -288,18 +288,19 @@ def build_pipeline(p: beam.Pipeline, opts: BuildOptions, preset, notes: dict, ev
     ran += ["texts_per_image", "images_per_text", "rare_ngrams"]
     extra = [corpus["stats"]]
 
-    pairs = None
-    if eval_index is not None:
-        from dedup.transforms import RemoveNearDuplicates
-
-        earlier = verdicts | "EarlierVerdicts" >> beam.Flatten()
+    pairs = embedded = None
+    if eval_index is not None or preset.dedup_in_corpus:
         embedded = (
             survivors
             | "KeyImagesForEmbedding" >> beam.Map(lambda r: (r.key, r.image))
             | "EmbedImages" >> near_dup.EmbedImages(opts.embedder)
         )
-        embedded = (embedded, earlier) | "DropEarlierRejects" >> DropKeys()
-        found = embedded | "RemoveNearDuplicates" >> RemoveNearDuplicates(
+    if eval_index is not None:
+        from dedup.transforms import RemoveNearDuplicates
+
+        earlier = verdicts | "EarlierVerdicts" >> beam.Flatten()
+        candidates_for_eval = (embedded, earlier) | "DropEarlierRejects" >> DropKeys()
+        found = candidates_for_eval | "RemoveNearDuplicates" >> RemoveNearDuplicates(
             eval_index.index,
             threshold=eval_index.threshold,
             num_clusters=preset.num_clusters,
@@ -309,6 +310,21 @@ def build_pipeline(p: beam.Pipeline, opts: BuildOptions, preset, notes: dict, ev
         verdicts.append(found["rejected"])
         pairs = found["pairs"]
         ran.append("near_duplicate_eval")
+    if preset.dedup_in_corpus:
+        from dedup.corpus_dedup import RemoveCorpusDuplicates
+
+        earlier = verdicts | "VerdictsBeforeCorpusDedup" >> beam.Flatten()
+        hashes = (
+            light
+            | "HashesPerKey" >> beam.Map(lambda row: (row[0], (row[1], row[2])))
+            | "OneHashPerKey" >> beam.CombinePerKey(min)  # repeats of a pair share a key
+            | "HashRows" >> beam.Map(lambda kv: (kv[0], kv[1][0], kv[1][1]))
+        )
+        hashes = (hashes, earlier) | "DropRejectedHashes" >> DropKeys()
+        vectors = (embedded, earlier) | "DropRejectedEmbeddings" >> DropKeys()
+        threshold = near_dup.resolve_threshold(preset, _embedder(opts.embedder))
+        verdicts.append(hashes | "RemoveCorpusDuplicates" >> RemoveCorpusDuplicates(vectors, threshold))
+        ran.append("near_duplicate_corpus")
 
     all_verdicts = verdicts | "FlattenVerdicts" >> beam.Flatten()
     written_records, joined_rejects = (survivors, all_verdicts) | "JoinVerdicts" >> JoinVerdicts()
@@ -345,14 +361,19 @@ def _write_pairs(rows, output_dir) -> None:
     stats_lib.write_text(FileSystems.join(output_dir, "stats", "near_duplicates.jsonl"), text)
 
 
+def _embedder(name):
+    from dedup import embedders
+
+    return embedders.get(name)
+
+
 class EvalIndex:
     """Evaluation sets read and embedded in the launcher, with their threshold."""
 
     def __init__(self, specs, embedder_name, preset):
-        from dedup import embedders
         from dedup.index_sets import load_index_sets
 
-        embedder = embedders.get(embedder_name)
+        embedder = _embedder(embedder_name)
         self.index = load_index_sets(specs, embedder)
         self.threshold = near_dup.resolve_threshold(preset, embedder)
         self.thumbnails = near_dup.index_thumbnails(self.index)

@@ -138,8 +138,9 @@ def small_corpus():
 @pytest.mark.parametrize("preset_name", ["align", "cc12m"])
 def test_agrees_with_reference_small(small_corpus, preset_name, tmp_path):
     preset = presets_for(small_corpus)[preset_name]
-    # A tiny frequent-n-gram side input, so most vocabulary pairs go through the join.
-    rejected, stats = assert_agrees(small_corpus, preset, str(tmp_path), frequent_ngrams=20)
+    # A tiny frequent-n-gram side input, so most vocabulary pairs go through
+    # the join; and the hot-key path of the n-gram counts.
+    rejected, stats = assert_agrees(small_corpus, preset, str(tmp_path), frequent_ngrams=20, hot_key_fanout=8)
     assert_planted(small_corpus, rejected, preset)
     assert stats["count_of_counts"]["cut_count"] == (
         small_corpus.tie_count if preset_name == "align" else small_corpus.rare_count)
@@ -182,5 +183,5 @@ def test_agrees_with_reference_20k_preset_texts_limit(large_corpus, preset_name,
     """The presets' own max_texts_per_image (1000) on images with 1000 and 1001 alt-texts."""
     preset = get_preset(preset_name, **({"vocab_size": large_corpus.vocab_size_at_tie} if preset_name == "align" else {}))
     assert preset.max_texts_per_image == len(large_corpus.planted["tpi_big_at"]) == 1000
-    rejected, _ = assert_agrees(large_corpus, preset, str(tmp_path), frequent_ngrams=100)
+    rejected, _ = assert_agrees(large_corpus, preset, str(tmp_path), frequent_ngrams=100, hot_key_fanout=4)
     assert_planted(large_corpus, rejected, preset)

@@ -86,7 +86,6 @@ class _FilterRecord(beam.DoFn):
 
     def __init__(self, preset):
         self.preset = preset
-        self.passed = Metrics.counter(NS, "per_record/passed")
 
     def process(self, candidate: Candidate):
         result, reason, measures = filter_record(candidate, self.preset)
@@ -96,7 +95,6 @@ class _FilterRecord(beam.DoFn):
             Metrics.counter(NS, reason).inc()
             yield beam.pvalue.TaggedOutput(self.REJECTED, _rejection(result, reason))
         else:
-            self.passed.inc()
             yield result
 
 
@@ -423,6 +421,17 @@ def _finalize(output: str, name: str, preset) -> dict:
     return funnel
 
 
+def counters(result) -> Optional[dict]:
+    """The ``funnel`` Beam Metrics counters by name, or None if the runner has none."""
+    from apache_beam.metrics.metric import MetricsFilter
+
+    try:
+        queried = result.metrics().query(MetricsFilter().with_namespace(NS))["counters"]
+    except Exception:  # runners without metrics support (e.g. Dask)
+        return None
+    return {c.key.metric.name: c.committed for c in queried}
+
+
 def run(argv: Optional[List[str]] = None) -> dict:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--print-preset" in argv:
@@ -444,9 +453,16 @@ def run(argv: Optional[List[str]] = None) -> dict:
     eval_index = EvalIndex(opts.eval_images, opts.embedder, preset) if opts.eval_images else None
     if eval_index is not None:
         notes["near_duplicate_eval"] = eval_index.note
-    with beam.Pipeline(options=options) as p:
-        build_pipeline(p, opts, preset, notes, eval_index)
+    p = beam.Pipeline(options=options)
+    build_pipeline(p, opts, preset, notes, eval_index)
+    result = p.run()
+    result.wait_until_finish()
     funnel = _finalize(opts.output, opts.name, preset)
+    funnel_counters = counters(result)
+    if funnel_counters is not None:
+        stats_lib.write_text(
+            FileSystems.join(opts.output, "stats", "metrics.json"), stats_lib.to_json(funnel_counters, sort_keys=True)
+        )
     try:
         from pipeline.audit import format_funnel
     except ImportError:  # the audit module is optional at this layer

@@ -15,10 +15,12 @@ from typing import Iterator, NamedTuple, Optional
 import apache_beam as beam
 from apache_beam.io import fileio
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
 
 from filters import stages
 from filters.text import decode_caption
 from pipeline.schema import Candidate, make_key
+from pipeline.stats import METRICS_NAMESPACE
 
 URL_COLUMNS = ("url",)
 CAPTION_COLUMNS = ("caption", "alt_text", "text", "texts")
@@ -83,7 +85,17 @@ def rows_to_candidates(path: str, table_batches, columns) -> Iterator[object]:
 
 
 class _ReadParquetFile(beam.DoFn):
+    def __init__(self):
+        self.input_records = Metrics.counter(METRICS_NAMESPACE, "input")
+
     def process(self, readable: fileio.ReadableFile):
+        for element in self._rows(readable):
+            self.input_records.inc()
+            if isinstance(element, Rejection):
+                Metrics.counter(METRICS_NAMESPACE, element.reason).inc()
+            yield element
+
+    def _rows(self, readable: fileio.ReadableFile):
         import pyarrow.parquet as pq
 
         path = readable.metadata.path

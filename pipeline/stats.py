@@ -4,6 +4,14 @@ Everything here is computed inside the pipeline (runner independent: Dataflow,
 the local runner and a Dask cluster give the same files) and mirrored as Beam
 Metrics counters with the same names, which is what a Dataflow user sees in
 the console.
+
+Metrics namespaces: ``funnel`` counts each input record once: ``input``,
+one counter per rejection reason (first reason only) and ``written/<split>``,
+so ``input == sum(reasons) + sum(written)`` holds for the counters too. The
+stages keep their own namespaces for internal work (``filters``: per-key
+frequency verdicts and distributions; ``dedup``: embedded images, candidate
+pairs; ``nsfw``: images scored); those are not per record and are not summed
+into the funnel.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ from apache_beam.io.filesystems import FileSystems
 from filters import stages
 from pipeline.schema import key_fraction
 
-METRICS_NAMESPACE = "alt_text_corpus"
+METRICS_NAMESPACE = "funnel"
 
 # Histogram edges per measure; the last bin also holds everything above it.
 HISTOGRAM_EDGES = {

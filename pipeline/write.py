@@ -20,7 +20,10 @@ from typing import Dict, List
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
+from apache_beam.metrics import Metrics
+
 from pipeline import tfrecord
+from pipeline.stats import METRICS_NAMESPACE
 from pipeline.schema import FEATURES, SPLITS, Candidate, key_fraction, shard_filename
 
 SHARDS_FILE = "stats/_shards.json"
@@ -68,6 +71,7 @@ class _WriteShard(beam.DoFn):
         path = FileSystems.join(self.output_dir, shard_filename(self.name, split, index, num_shards))
         with FileSystems.create(path) as handle:
             tfrecord.write_records(handle, (payload for _, payload in ordered))
+        Metrics.counter(METRICS_NAMESPACE, f"written/{split}").inc(len(ordered))
         yield split, index, num_shards, len(ordered)
 
 

@@ -66,6 +66,16 @@ def test_cc12m_and_in_corpus_dedup(tmp_path):
     assert {r.split("/")[1] for r in copies.values()} <= {"sha256", "phash", "embedding"}
 
 
+def test_beam_counters_equal_the_funnel(tmp_path):
+    funnel, _ = run(tmp_path)
+    counters = json.loads((tmp_path / "out" / "stats" / "metrics.json").read_text())
+    assert counters.pop("input") == funnel["input"]
+    for split, count in funnel["written"].items():
+        assert counters.pop(f"written/{split}") == count
+    reasons = {r: c for row in funnel["stages"] for r, c in row["rejected"].items()}
+    assert counters == reasons
+
+
 def test_existing_output_needs_overwrite(tmp_path):
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "x").write_text("old")

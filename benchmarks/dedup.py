@@ -43,32 +43,9 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 from dedup import buckets, kmeans, verify  # noqa: E402
+from dedup.synthetic import planted_embeddings  # noqa: E402
 
 PARTS = ("kmeans", "assign", "candidates", "verify", "exhaustive")
-
-
-def planted_embeddings(n_corpus, n_index, dim=64, blobs=1000, zipf=False, seed=0):
-    """Blob mixture on the sphere with planted copies (see tests/dedup/test_buckets.py)."""
-    rng = np.random.default_rng(seed)
-    centers = kmeans.l2_normalize(rng.standard_normal((blobs, dim)))
-    weights = 1.0 / np.arange(1, blobs + 1) ** 1.2 if zipf else np.ones(blobs)
-    spread = rng.uniform(0.15, 0.6, blobs).astype(np.float32)
-
-    def draw(n):
-        g = rng.choice(blobs, n, p=weights / weights.sum())
-        noise = rng.standard_normal((n, dim)).astype(np.float32) / np.sqrt(dim)
-        return kmeans.l2_normalize(centers[g] + spread[g, None] * noise)
-
-    corpus, index = draw(n_corpus), draw(n_index)
-    planted = n_index // 4
-    src = rng.choice(n_index, planted, replace=False)
-    dst = rng.choice(n_corpus, planted, replace=False)
-    angle = np.deg2rad(rng.uniform(0, 20, planted)).astype(np.float32)
-    y = index[src]
-    noise = rng.standard_normal(y.shape).astype(np.float32)
-    noise = kmeans.l2_normalize(noise - (noise * y).sum(1, keepdims=True) * y)
-    corpus[dst] = np.cos(angle)[:, None] * y + np.sin(angle)[:, None] * noise
-    return kmeans.l2_normalize(corpus), index
 
 
 def timed(fn, repeats):

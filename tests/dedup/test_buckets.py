@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from dedup import buckets, kmeans, verify
+from dedup.synthetic import planted_embeddings
 
 
 def _random_sets(rng, rows, num_clusters, n=10):
@@ -202,36 +203,6 @@ def test_threshold_is_exclusive():
 # ---------------------------------------------------------------------------
 # Acceptance: candidate generation loses no above-threshold pair
 # ---------------------------------------------------------------------------
-
-
-def planted_embeddings(n_corpus, n_index, dim=64, blobs=1000, zipf=False, seed=0):
-    """Blob mixture on the sphere (uniform or Zipf blob sizes, mixed tightness) with planted copies.
-
-    A quarter of the index rows get a corpus copy at an angle drawn uniformly
-    in [0, 20] degrees (cosine 0.94..1), so pairs fall on both sides of a
-    0.975 threshold. Tight blobs add natural near-duplicates; under Zipf the
-    largest blob holds about a quarter of all rows.
-    """
-    rng = np.random.default_rng(seed)
-    centers = kmeans.l2_normalize(rng.standard_normal((blobs, dim)))
-    weights = 1.0 / np.arange(1, blobs + 1) ** 1.2 if zipf else np.ones(blobs)
-    spread = rng.uniform(0.15, 0.6, blobs).astype(np.float32)
-
-    def draw(n):
-        g = rng.choice(blobs, n, p=weights / weights.sum())
-        noise = rng.standard_normal((n, dim)).astype(np.float32) / np.sqrt(dim)
-        return kmeans.l2_normalize(centers[g] + spread[g, None] * noise)
-
-    corpus, index = draw(n_corpus), draw(n_index)
-    planted = n_index // 4
-    src = rng.choice(n_index, planted, replace=False)
-    dst = rng.choice(n_corpus, planted, replace=False)
-    angle = np.deg2rad(rng.uniform(0, 20, planted)).astype(np.float32)
-    y = index[src]
-    noise = rng.standard_normal(y.shape).astype(np.float32)
-    noise = kmeans.l2_normalize(noise - (noise * y).sum(1, keepdims=True) * y)
-    corpus[dst] = np.cos(angle)[:, None] * y + np.sin(angle)[:, None] * noise
-    return kmeans.l2_normalize(corpus), index
 
 
 def lost_pairs(corpus, index, threshold, num_clusters=4096, niter=10, merge_cosine=None):

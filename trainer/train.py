@@ -139,8 +139,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
 
     # Init runs once, so on CPU compile it with LLVM's cheap passes: that halves
     # the compile time of these ~150 random initialisers; runtime is moot.
+    # ``xla_cpu_fast_compile`` does the same for every program (short runs, tests).
     fast_compile = ({"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
                     if jax.default_backend() == "cpu" else {})
+    step_compile = fast_compile if config.get("xla_cpu_fast_compile") else {}
     variables = jax.jit(init, out_shardings=replicated).lower(init_rng).compile(
         compiler_options=fast_compile)(init_rng)
     tx, schedule = optim.make(config, variables["params"])
@@ -211,13 +213,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
 
     state_sharding = jax.tree.map(lambda _: replicated, state)
     train_step = jax.jit(train_step, in_shardings=(state_sharding, batch_sharded),
-                         out_shardings=(state_sharding, replicated), donate_argnums=0)
+                         out_shardings=(state_sharding, replicated), donate_argnums=0,
+                         compiler_options=step_compile)
 
     # ------------------------------------------------------------------
     # Evaluators: the registry's evaluators over encoders of the current state.
     # ------------------------------------------------------------------
     def make_encoder(tower: str):
-        @jax.jit
+        @functools.partial(jax.jit, compiler_options=step_compile)
         def apply(variables, x):
             zimg, ztxt, _ = model.apply(variables, **{tower: x}, train=False)
             return zimg if tower == "images" else ztxt

@@ -48,7 +48,7 @@ def test_full_train_gradients_sharded_equal_single_device():
     """Whole two-tower model (BatchNorm over the global batch) + loss."""
     r = run_check("model")
     assert r["loss_rel_diff"] < 1e-5
-    assert r["grad_rel_diff"] < 1e-4
+    assert r["grad_rel_diff"] < 1e-5 and r["max_leaf_diff"] < 1e-5
     assert r["batch_stats_max_diff"] < 1e-5
 
 
@@ -118,7 +118,6 @@ def _check_loss():
 
 def _check_model():
     import jax
-    import jax.numpy as jnp
     import numpy as np
     from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -126,13 +125,15 @@ def _check_model():
 
     n = 16
     mesh = jax.make_mesh((DEVICES,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
-    model = models.build(dict(name="two_tower", embed_dim=16, image=dict(variant="tiny"),
-                              text=dict(size="tiny", max_len=8)), vocab_size=30)
+    # No dropout: the comparison needs the same function on both sides.
+    model = models.build(dict(name="two_tower", embed_dim=16,
+                              image=dict(variant="tiny", dropout=0.0, drop_path=0.0),
+                              text=dict(size="tiny", max_len=8, dropout=0.0)), vocab_size=30)
     rng = np.random.default_rng(0)
     images = rng.uniform(-1, 1, (n, 32, 32, 3)).astype(np.float32)
     texts = rng.integers(1, 30, (n, 8)).astype(np.int32)
     texts[:, 5:] = 0
-    variables = jax.jit(lambda: model.init(jax.random.key(0), images[:2], texts[:2]))()
+    variables = jax.jit(lambda: model.init(jax.random.key(0, impl="rbg"), images[:2], texts[:2]))()
     variables = jax.device_get(variables)
 
     def loss_fn(params, batch_stats, images, texts):
@@ -149,14 +150,18 @@ def _check_model():
     shardings = (whole, whole, rows, rows)
     sharded = jax.jit(step, in_shardings=shardings)(*jax.device_put(args, shardings))
 
-    (v1, stats1), g1 = single
-    (v2, stats2), g2 = sharded
-    grad_diff = max(float(jnp.linalg.norm(a - b) / jnp.maximum(jnp.linalg.norm(a), 1e-6))
-                    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)))
-    stats_diff = max(float(jnp.max(jnp.abs(a - b)))
+    (v1, stats1), g1 = jax.device_get(single)
+    (v2, stats2), g2 = jax.device_get(sharded)
+    # Relative to the whole gradient: some leaves have a mathematically zero
+    # gradient (a bias right before another BatchNorm) and are pure float noise.
+    global_norm = np.sqrt(sum(np.sum(a ** 2) for a in jax.tree.leaves(g1)))
+    leaf_diffs = [float(np.linalg.norm(a - b) / global_norm)
+                  for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2))]
+    global_diff = float(np.sqrt(sum(d ** 2 for d in leaf_diffs)))
+    stats_diff = max(float(np.max(np.abs(a - b)))
                      for a, b in zip(jax.tree.leaves(stats1), jax.tree.leaves(stats2)))
-    return {"loss_rel_diff": float(abs(v1 - v2) / abs(v1)), "grad_rel_diff": grad_diff,
-            "batch_stats_max_diff": stats_diff}
+    return {"loss_rel_diff": float(abs(v1 - v2) / abs(v1)), "grad_rel_diff": global_diff,
+            "max_leaf_diff": max(leaf_diffs), "batch_stats_max_diff": stats_diff}
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ def small_config(data_dir, cache_dir, **overrides):
     config.checkpoint_every = 100      # only the preemption and final saves
     config.eval_batch_size = 8
     config.compilation_cache_dir = cache_dir
+    config.xla_cpu_fast_compile = True
     config.evals = {}
     config.update(overrides)
     return config

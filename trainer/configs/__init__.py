@@ -27,6 +27,8 @@ Fields:
                  entry's name) and ``every`` (steps; all run at the end).
                  String values may use ``{data_dir}`` and ``{eval_dir}``.
   compilation_cache_dir  optional persistent XLA compilation cache.
+  xla_cpu_fast_compile   on CPU, compile with LLVM's cheap passes (for tests
+                 and very short runs: faster compiles, slower steps).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ def base_config(*, image_variant: str, text_size: str, embed_dim: int, image_siz
     c.compute_dtype = compute_dtype
     c.prng_impl = "threefry2x32"
     c.compilation_cache_dir = ""
+    c.xla_cpu_fast_compile = False
 
     c.model = ml_collections.ConfigDict()
     c.model.name = "two_tower"

@@ -34,5 +34,6 @@ $PY -m trainer.vocab --data_dir "$OUT/corpus" --vocab_size 2000
 step "train tiny ALIGN"
 rm -rf "$OUT/train"  # a fresh run each time; trainer.train itself resumes an existing workdir
 $PY -m trainer.train --config trainer/configs/tiny.py --workdir "$OUT/train" \
-    --config.data_dir="$OUT/corpus" --config.eval_dir="$OUT/sample/eval"
+    --config.data_dir="$OUT/corpus" --config.eval_dir="$OUT/sample/eval" \
+    --config.compilation_cache_dir="$OUT/jax_cache"
 step "done"

@@ -36,4 +36,18 @@ rm -rf "$OUT/train"  # a fresh run each time; trainer.train itself resumes an ex
 $PY -m trainer.train --config trainer/configs/tiny.py --workdir "$OUT/train" \
     --config.data_dir="$OUT/corpus" --config.eval_dir="$OUT/sample/eval" \
     --config.compilation_cache_dir="$OUT/jax_cache"
+$PY - "$OUT/train/metrics.jsonl" <<'PYEOF'
+import json, sys
+last = {}
+for line in open(sys.argv[1]):
+    row = json.loads(line)
+    if "retrieval/i2t_R@1" in row:
+        last = row
+print("held-out retrieval on the validation split ({:.0f} pairs):".format(last["retrieval/num_pairs"]))
+for way in ("i2t", "t2i"):
+    r1, chance = last[f"retrieval/{way}_R@1"], last[f"retrieval/{way}_R@1_chance"]
+    print(f"  {way} R@1 {r1:.3f}  R@5 {last[f'retrieval/{way}_R@5']:.3f}  (chance R@1 {chance:.4f}, {r1 / chance:.0f}x)")
+if "zeroshot/top1" in last:
+    print(f"  zero-shot top-1 {last['zeroshot/top1']:.3f} over {last['zeroshot/num_classes']:.0f} classes (chance {last['zeroshot/top1_chance']:.3f})")
+PYEOF
 step "done"

@@ -27,6 +27,7 @@ import numpy as np
 from PIL import Image
 
 from pipeline import schema, tfrecord
+from pipeline.write import write_contiguous_shards
 
 #: name -> (image_size, resize_size)
 CONFIGS = {"tiny": (64, 72), "b3": (289, 346)}
@@ -66,10 +67,7 @@ def write_corpus(data_dir: str, num_images: int, num_shards: int, seed: int = 0)
                 "sha256": hashlib.sha256(jpeg).hexdigest(), "phash": "0" * 16,
             })
         )
-    for index, chunk in enumerate(np.array_split(np.arange(num_images), num_shards)):
-        path = os.path.join(data_dir, schema.shard_filename("bench", "train", index, num_shards))
-        with open(path, "wb") as f:
-            tfrecord.write_records(f, (examples[i] for i in chunk))
+    write_contiguous_shards(data_dir, "bench", "train", examples, num_shards)
 
 
 def images_per_second(data_dir, tokenizer, image_size, resize_size, batch_size, num_batches, seed):

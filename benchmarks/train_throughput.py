@@ -43,7 +43,7 @@ def write_synthetic_corpus(data_dir: str, num_pairs: int, image_px: int) -> None
     from PIL import Image, ImageDraw
 
     from pipeline import schema, tfrecord
-    from pipeline.write import write_tfds_metadata
+    from pipeline.write import write_contiguous_shards, write_tfds_metadata
     from trainer.vocab import build_vocab
 
     os.makedirs(data_dir, exist_ok=True)
@@ -70,13 +70,8 @@ def write_synthetic_corpus(data_dir: str, num_pairs: int, image_px: int) -> None
                             "width": image_px, "height": image_px, "original_width": image_px,
                             "original_height": image_px, "sha256": f"{i:064x}",
                             "phash": f"{i:016x}"})
-        lengths[split] = []
-        for index, chunk in enumerate(np.array_split(np.arange(count), shards)):
-            path = os.path.join(data_dir, schema.shard_filename("bench", split, index, shards))
-            with open(path, "wb") as f:
-                tfrecord.write_records(f, (tfrecord.encode_example(
-                    {k: records[j][k] for k in schema.FEATURES}) for j in chunk))
-            lengths[split].append(len(chunk))
+        examples = [tfrecord.encode_example({k: r[k] for k in schema.FEATURES}) for r in records]
+        lengths[split] = write_contiguous_shards(data_dir, "bench", split, examples, shards)
     write_tfds_metadata(data_dir, "bench", lengths, description="train_throughput benchmark")
     build_vocab(data_dir, 200)
 

@@ -59,6 +59,23 @@ def to_example(record: Candidate) -> bytes:
     return tfrecord.encode_example(values)
 
 
+def write_contiguous_shards(output_dir: str, name: str, split: str, examples: List[bytes], num_shards: int) -> List[int]:
+    """Serialised Examples into ``num_shards`` files in order; returns the shard lengths.
+
+    For small fixtures and benchmarks written outside Beam; the build job
+    shards by key hash instead (``WriteShards``).
+    """
+    base, extra = divmod(len(examples), num_shards)
+    lengths = [base + (index < extra) for index in range(num_shards)]  # as numpy.array_split
+    start = 0
+    for index, length in enumerate(lengths):
+        path = FileSystems.join(output_dir, shard_filename(name, split, index, num_shards))
+        with FileSystems.create(path) as handle:
+            tfrecord.write_records(handle, examples[start : start + length])
+        start += length
+    return lengths
+
+
 class _WriteShard(beam.DoFn):
     def __init__(self, output_dir: str, name: str):
         self.output_dir = output_dir

@@ -73,13 +73,9 @@ def draw_shape(shape, colour, background, width, height, rng, scale=(0.3, 0.45),
 
 def write_split(data_dir, name, split, records, num_shards):
     """Writes ``records`` as ``num_shards`` contiguous shards; returns the shard lengths."""
-    lengths = []
-    for index, chunk in enumerate(np.array_split(np.arange(len(records)), num_shards)):
-        path = os.path.join(data_dir, schema.shard_filename(name, split, index, num_shards))
-        with open(path, "wb") as f:
-            tfrecord.write_records(f, (tfrecord.encode_example(records[i]) for i in chunk))
-        lengths.append(len(chunk))
-    return lengths
+    from pipeline.write import write_contiguous_shards
+
+    return write_contiguous_shards(data_dir, name, split, [tfrecord.encode_example(r) for r in records], num_shards)
 
 
 def make_scene_record(rng, split, index):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import collections
 import re
 import unicodedata
-from typing import List, Optional
+from typing import List
 
 from filters import stages
 
@@ -82,10 +82,3 @@ def decode_caption(value) -> tuple:
     if not isinstance(value, str):
         return str(value), stages.reason("read", "caption_not_text")
     return value, None
-
-
-def first_reason(*reasons: Optional[str]) -> Optional[str]:
-    for r in reasons:
-        if r:
-            return r
-    return None

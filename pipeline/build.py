@@ -269,10 +269,10 @@ def build_pipeline(p: beam.Pipeline, opts: BuildOptions, preset, notes: dict, ev
     verdicts = []
 
     light = survivors | "LightRows" >> beam.Map(lambda r: (r.key, r.sha256, r.phash, r.text))
+    keyed_images = survivors | "KeyImages" >> beam.Map(lambda r: (r.key, r.image))
     if nsfw.stage_enabled(preset.nsfw_threshold):
         scored = (
-            survivors
-            | "KeyImages" >> beam.Map(lambda r: (r.key, r.image))
+            keyed_images
             | "ScorePornography" >> beam.ParDo(nsfw.ScoreNsfw(preset.nsfw_threshold)).with_outputs(
                 nsfw.REJECTED_TAG, main="kept")
         )
@@ -288,11 +288,7 @@ def build_pipeline(p: beam.Pipeline, opts: BuildOptions, preset, notes: dict, ev
 
     pairs = embedded = None
     if eval_index is not None or preset.dedup_in_corpus:
-        embedded = (
-            survivors
-            | "KeyImagesForEmbedding" >> beam.Map(lambda r: (r.key, r.image))
-            | "EmbedImages" >> near_dup.EmbedImages(opts.embedder)
-        )
+        embedded = keyed_images | "EmbedImages" >> near_dup.EmbedImages(opts.embedder)
     if eval_index is not None:
         from dedup.transforms import RemoveNearDuplicates
 

@@ -316,7 +316,10 @@ def build_pipeline(p: beam.Pipeline, opts: BuildOptions, preset, notes: dict, ev
         )
         hashes = (hashes, earlier) | "DropRejectedHashes" >> DropKeys()
         vectors = (embedded, earlier) | "DropRejectedEmbeddings" >> DropKeys()
-        threshold = near_dup.resolve_threshold(preset, _embedder(opts.embedder))
+        threshold = (
+            eval_index.threshold if eval_index is not None
+            else near_dup.resolve_threshold(preset, _embedder(opts.embedder))
+        )
         verdicts.append(hashes | "RemoveCorpusDuplicates" >> RemoveCorpusDuplicates(vectors, threshold))
         ran.append("near_duplicate_corpus")
 

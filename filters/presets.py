@@ -20,6 +20,7 @@ class Param:
     type: type
     sense: str  # how the value is applied; printed by --print-preset
     default: Any  # value when a preset does not set it
+    choices: tuple = ()  # the allowed values, when there are few; empty: any value of the type
 
 
 # Parameter order is the order --print-preset prints them in: roughly the
@@ -37,7 +38,7 @@ PARAMS = [
     Param("max_word_repetition", float, "keep if (count of most frequent word)/(words) <= value; 1.0 disables", 1.0),
     Param("nsfw_threshold", float, "reject if pornographic-content score >= value; 1.0 disables scoring", 0.8),
     Param("max_texts_per_image", int, "drop every pair of an image with more than value distinct alt-texts (exclusive)", 1000),
-    Param("image_identity", str, "what counts as one image for per-image counts: 'phash' or 'sha256'", "phash"),
+    Param("image_identity", str, "what counts as one image for per-image counts: 'phash' or 'sha256'", "phash", ("phash", "sha256")),
     Param("max_images_per_text", int, "drop every pair whose alt-text is shared by more than value distinct images", 10),
     Param("vocab_size", int, "n-gram vocabulary = the value most frequent unigrams+bigrams; 0 disables", 100_000_000),
     Param("min_ngram_count", int, "n-gram vocabulary = n-grams seen >= value times; 0 disables", 0),
@@ -45,6 +46,19 @@ PARAMS = [
     Param("num_clusters", int, "k-means clusters for the near-duplicate buckets", 4096),
     Param("nearest_clusters", int, "clusters per image (ALIGN: top 10)", 10),
     Param("bucket_size", int, "clusters per bucket (ALIGN: 3 of the 10, C(10,3)=120 buckets)", 3),
+    Param(
+        "near_duplicate_search", str,
+        "'exact': k-means lists with a triangle-inequality bound, finds every pair above the threshold; "
+        "'buckets': ALIGN's rule (share one of the C(nearest_clusters, bucket_size) buckets), may miss a few pairs",
+        "exact", ("exact", "buckets"),
+    ),
+    Param("kmeans_sample_size", int, "corpus embeddings k-means trains on (a deterministic sample by key hash)", 250_000),
+    Param(
+        "centroid_merge_cosine", float,
+        "merge k-means centroids closer than this cosine; 0 = automatic (only for bucket search: "
+        "cos(2/3 arccos threshold)), -1 = never (the paper's plain k-means)",
+        0.0,
+    ),
     Param("dedup_in_corpus", bool, "also remove near-duplicates inside the corpus", False),
     Param("validation_fraction", float, "fraction of written pairs in the held-out validation split (by key hash)", 0.05),
     Param("output_max_side", int, "re-encode images whose longer side exceeds value (0 keeps sizes)", 512),
@@ -134,6 +148,11 @@ def get_preset(name: str, overrides: Optional[Iterable[str]] = None, **values) -
         if key not in PARAMS_BY_NAME:
             raise ValueError(f"unknown parameter {key!r}")
         resolved[key] = value
+    for param in PARAMS:
+        if param.choices and resolved[param.name] not in param.choices:
+            raise ValueError(
+                f"{param.name} must be one of {', '.join(map(repr, param.choices))}, got {resolved[param.name]!r}"
+            )
     return Preset(name, tuple((p.name, resolved[p.name]) for p in PARAMS))
 
 

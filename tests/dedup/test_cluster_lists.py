@@ -145,7 +145,7 @@ def test_zero_rows_empty_inputs_and_errors():
 def test_threshold_is_exclusive():
     x = kmeans.l2_normalize(np.array([[1.0, 0.0, 0.0]], np.float32))
     angle = np.arccos(0.9)
-    y = np.array([[np.cos(angle), np.sin(angle), 0.0]], np.float32)
+    y = kmeans.l2_normalize(np.array([[np.cos(angle), np.sin(angle), 0.0]], np.float32))
     cosine = float((x @ y.T)[0, 0])
     at = cluster_lists.ClusterListIndex(y, x, cosine)
     just_below = cluster_lists.ClusterListIndex(y, x, float(np.nextafter(np.float32(cosine), np.float32(0))))

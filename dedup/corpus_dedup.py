@@ -111,48 +111,31 @@ class RemoveEmbeddingDuplicates(beam.PTransform):
 
     A key is removed iff some smaller key is within cosine > threshold and
     shares one of the C(n, b) buckets with it. k-means is trained inside the
-    job as in ``RemoveNearDuplicates`` (same sample rule and centroid merge).
+    job as in ``RemoveNearDuplicates``; ``options`` are its
+    ``SearchOptions`` (the search is always ``"bucket_join"`` here: a
+    self-join of the whole corpus).
     """
 
-    def __init__(
-        self,
-        threshold: float,
-        num_clusters: int = 4096,
-        nearest_clusters: int = 10,
-        bucket_size: int = 3,
-        sample_size: int = transforms.DEFAULT_SAMPLE_SIZE,
-        batch_size: int = transforms.DEFAULT_BATCH_SIZE,
-        kmeans_niter: int = kmeans_lib.DEFAULT_NITER,
-        seed: int = kmeans_lib.DEFAULT_SEED,
-        max_bucket_members: int = transforms.DEFAULT_MAX_BUCKET_MEMBERS,
-        merge_cosine="auto",
-    ):
+    def __init__(self, threshold: float, **options):
         super().__init__()
-        self.threshold = transforms.check_threshold(threshold)
-        self.num_clusters = int(num_clusters)
-        self.nearest_clusters = int(nearest_clusters)
-        self.bucket_size = int(bucket_size)
-        self.sample_size = int(sample_size)
-        self.batch_size = int(batch_size)
-        self.kmeans_niter = int(kmeans_niter)
-        self.seed = int(seed)
-        self.max_bucket_members = int(max_bucket_members)
-        self.merge_cosine = kmeans_lib.merge_cosine_for(self.threshold) if merge_cosine == "auto" else merge_cosine
+        if options.setdefault("search", "bucket_join") != "bucket_join":
+            raise ValueError(f"in-corpus dedup is a self-join on bucket keys (search='bucket_join'), got {options['search']!r}")
+        self.options = transforms.SearchOptions(threshold=threshold, **options)
+        self.threshold = self.options.threshold
 
     def expand(self, embeddings):
-        centroids = embeddings | "TrainCentroids" >> transforms.TrainCentroids(
-            self.num_clusters, self.sample_size, self.kmeans_niter, self.seed, self.merge_cosine
-        )
+        options = self.options
+        centroids = embeddings | "TrainCentroids" >> options.train_centroids()
         return (
             embeddings
-            | "Assign" >> transforms.AssignTopClusters(centroids, self.nearest_clusters, self.batch_size)
+            | "Assign" >> transforms.AssignTopClusters(centroids, options.nearest_clusters, options.batch_size)
             | "SelfJoin"
             >> transforms.BucketJoin(
-                self.threshold,
-                self.num_clusters,
-                self.bucket_size,
+                options.threshold,
+                options.num_clusters,
+                options.bucket_size,
                 self_join=True,
-                max_bucket_members=self.max_bucket_members,
+                max_bucket_members=options.max_bucket_members,
             )
             | "LargerKey" >> beam.Map(_larger_key)
             | "OncePerKey" >> beam.Distinct()

@@ -12,18 +12,25 @@ stages, in order (labels are stable):
    ``sample_size`` corpus rows with the smallest key hash (a ``Top`` combine,
    so no worker ever holds more than the sample) -> faiss spherical k-means
    with a fixed seed -> the centroids, a small singleton side input.
-2. ``ClusterIndex``: the evaluation index gets its top-n clusters; the
-   result (vectors, keys, clusters) is a singleton side input. Evaluation
-   sets are small (~1e5 rows), so broadcasting them is cheap.
-3. ``MatchBatches``: corpus rows in batches (``BatchElements``): one faiss
-   search gives each batch its top-n clusters, one sparse product its
-   candidates (index rows sharing >= bucket_size clusters, i.e. sharing one
-   of the C(n, b) buckets: ``dedup.buckets``), blocked dot products verify
-   them (``dedup.verify``). The corpus is never shuffled or collected.
+2. ``ClusterIndex``: the evaluation index is put in the centroids' lists; the
+   result is a singleton side input. Evaluation sets are small (~1e5 rows),
+   so broadcasting them is cheap.
+3. ``MatchBatches``: corpus rows in batches (``BatchElements``), matched
+   against the side input; the corpus is never shuffled or collected.
 
-With ``join="buckets"`` step 2-3 become a keyed join on bucket keys instead
-(``BucketJoin``: for an index too large to broadcast, and reused for
-in-corpus dedup). Every image emits its C(n, b) bucket keys with its vector;
+``search`` says how step 2-3 find pairs (``SearchOptions``):
+
+- ``"exact"`` (default): k-means lists with a triangle-inequality bound
+  (``dedup.cluster_lists``). Finds every pair with cosine > threshold, so
+  also every pair ALIGN's buckets find; the centroids only set the speed.
+- ``"buckets"``: ALIGN's rule: an index row is compared only if it shares
+  >= bucket_size of the query's nearest_clusters clusters, i.e. one of the
+  C(n, b) buckets (``dedup.buckets``), then verified in blocks
+  (``dedup.verify``). Can miss pairs across cluster boundaries (measured in
+  benchmarks/RESULTS.md); centroids are thinned by default to keep that rare.
+- ``"bucket_join"``: ALIGN's rule as a keyed join on bucket keys instead of a
+  side input (``BucketJoin``: for an index too large to broadcast; the
+  in-corpus self-join uses it too). Every image emits its C(n, b) bucket keys with its vector;
 a bucket's members are compared by one matrix product and a pair is kept
 only in its canonical bucket (the lexicographically smallest it shares), so
 each pair comes out once. Buckets with more than ``max_bucket_members``
@@ -31,7 +38,7 @@ members on a side are salted: split into chunks compared in a grid of cells.
 The price is shuffling every vector C(n, b) = 120 times.
 
 Counters (namespace ``dedup``): ``near_duplicate_eval/corpus_images``,
-``.../candidate_pairs``, ``.../near_duplicate_pairs`` (broadcast path),
+``.../compared_pairs`` (dot products), ``.../near_duplicate_pairs`` (broadcast searches),
 ``near_duplicate_eval/rejected`` and ``near_duplicate_eval/<set>/rejected``
 (the set named in the reason); the keyed join adds ``bucket_join/cells``,
 ``bucket_join/compared_pairs`` and ``bucket_join/near_duplicate_pairs``.
@@ -39,14 +46,16 @@ Counters (namespace ``dedup``): ``near_duplicate_eval/corpus_images``,
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
 
 from dedup import buckets as buckets_lib
+from dedup import cluster_lists
 from dedup import kmeans as kmeans_lib
 from dedup import verify as verify_lib
 from filters import stages
@@ -101,31 +110,60 @@ class IndexRows:
 
 
 class ClusteredIndex:
-    """The broadcast side input: index rows, their top-n clusters and the centroids."""
+    """The broadcast side input: index rows with what ``search`` matches them by.
 
-    def __init__(self, rows: IndexRows, centroids: np.ndarray, nearest_clusters: int, bucket_size: int):
+    ``"exact"``: a ``cluster_lists.ClusterListIndex`` (``self.lists``);
+    ``"buckets"``: the rows' top-n clusters as a
+    ``buckets.SharedClusterIndex`` (``self.shared``) and the centroids'
+    assigner for the queries.
+    """
+
+    def __init__(self, rows: IndexRows, centroids: np.ndarray, options: "SearchOptions"):
         self.rows = rows
-        self.assigner = kmeans_lib.CentroidAssigner(centroids) if len(centroids) else None
+        self.search = options.search
+        self.threshold = options.threshold
         num_clusters = len(centroids)
-        self.nearest_clusters = kmeans_lib.nearest_clusters_for(num_clusters, nearest_clusters)
-        self.bucket_size = buckets_lib.effective_bucket_size(bucket_size, self.nearest_clusters)
-        if self.assigner is not None and len(rows):
-            if rows.vectors.shape[1] != centroids.shape[1]:
-                raise ValueError(
-                    f"index vectors have dimension {rows.vectors.shape[1]}, corpus embeddings {centroids.shape[1]}"
-                )
+        self.nearest_clusters = kmeans_lib.nearest_clusters_for(num_clusters, options.nearest_clusters)
+        self.bucket_size = buckets_lib.effective_bucket_size(options.bucket_size, self.nearest_clusters)
+        if num_clusters and len(rows) and rows.vectors.shape[1] != centroids.shape[1]:
+            raise ValueError(
+                f"index vectors have dimension {rows.vectors.shape[1]}, corpus embeddings {centroids.shape[1]}"
+            )
+        digest = hashlib.sha256(np.ascontiguousarray(centroids, np.float32).tobytes())
+        digest.update(rows.vectors.tobytes())
+        digest.update(f"{options.search} {options.threshold} {self.nearest_clusters} {self.bucket_size}".encode())
+        self.token = digest.hexdigest()
+        self.lists = self.shared = self.assigner = None
+        if num_clusters == 0:
+            return
+        if self.search == "exact":
+            self.lists = cluster_lists.ClusterListIndex(rows.vectors, centroids, options.threshold, seed=options.seed)
+            return
+        self.assigner = kmeans_lib.CentroidAssigner(centroids)
+        if len(rows):
             clusters = self.assigner.top_clusters(rows.vectors, self.nearest_clusters)
         else:
-            clusters = np.zeros((len(rows), self.nearest_clusters), np.int32)
-        self.shared = buckets_lib.SharedClusterIndex(clusters, max(1, num_clusters), self.bucket_size)
-        digest = hashlib.sha256(np.ascontiguousarray(centroids, np.float32).tobytes())
-        digest.update(clusters.tobytes())
-        digest.update(rows.vectors.tobytes())
-        self.token = digest.hexdigest()
+            clusters = np.zeros((0, self.nearest_clusters), np.int32)
+        self.shared = buckets_lib.SharedClusterIndex(clusters, num_clusters, self.bucket_size)
+
+    @property
+    def empty(self) -> bool:
+        return len(self.rows) == 0 or (self.lists is None and self.shared is None)
+
+    def match(self, vectors: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        """Unit query rows -> (query rows, index rows, cosines) above the threshold, and pairs compared."""
+        if self.lists is not None:
+            found = self.lists.search(vectors, normalized=True)
+            return found.query_rows, found.index_rows, found.cosines, found.compared_pairs
+        clusters = self.assigner.top_clusters(vectors, self.nearest_clusters)
+        query_rows, index_rows = self.shared.candidates(clusters)
+        cosines = verify_lib.pair_cosines(vectors, self.rows.vectors, query_rows, index_rows, normalized=True)
+        hit = verify_lib.above_threshold(cosines, self.threshold)
+        return query_rows[hit], index_rows[hit], cosines[hit], len(query_rows)
 
 
-def build_clustered_index(rows: IndexRows, centroids: np.ndarray, nearest_clusters: int, bucket_size: int):
-    return ClusteredIndex(IndexRows.of(rows), centroids, nearest_clusters, bucket_size)
+def build_clustered_index(rows, centroids: np.ndarray, options: "SearchOptions") -> ClusteredIndex:
+    return ClusteredIndex(IndexRows.of(rows), centroids, options)
 
 
 # ---------------------------------------------------------------------------
@@ -170,6 +208,65 @@ def check_threshold(threshold) -> float:
             "0 in the preset means 'use the embedder's calibrated value' and must be resolved by the caller"
         )
     return threshold
+
+
+SEARCHES = ("exact", "buckets", "bucket_join")
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchOptions:
+    """How near-duplicates are searched; shared by the evaluation and the in-corpus dedup.
+
+    ``threshold``: cosine above which (exclusive) a pair is a near-duplicate,
+    the embedder's calibrated value (required). ``search``: see the module
+    docstring. ``num_clusters`` (ALIGN: 4K; fewer on small corpora, see
+    ``dedup.kmeans.effective_num_clusters``), ``nearest_clusters`` (ALIGN:
+    10) and ``bucket_size`` (ALIGN: 3) are the paper's; the last two matter
+    only for the bucket searches. ``sample_size``: corpus rows k-means trains
+    on. ``merge_cosine``: centroids closer than this are merged after k-means
+    (``dedup.kmeans.thin_centroids``); ``"auto"``: ``merge_cosine_for(
+    threshold)`` for the bucket searches (it keeps dense regions from losing
+    pairs) and none for ``"exact"`` (which loses none anyway); ``None``:
+    plain k-means as in the paper. ``max_bucket_members``: hot buckets of
+    the keyed join are salted into cells of at most this many per side.
+    """
+
+    threshold: float
+    search: str = "exact"
+    num_clusters: int = 4096
+    nearest_clusters: int = 10
+    bucket_size: int = 3
+    sample_size: int = DEFAULT_SAMPLE_SIZE
+    batch_size: int = DEFAULT_BATCH_SIZE
+    kmeans_niter: int = kmeans_lib.DEFAULT_NITER
+    seed: int = kmeans_lib.DEFAULT_SEED
+    max_bucket_members: int = DEFAULT_MAX_BUCKET_MEMBERS
+    merge_cosine: Union[str, float, None] = "auto"
+
+    def __post_init__(self):
+        object.__setattr__(self, "threshold", check_threshold(self.threshold))
+        if self.search not in SEARCHES:
+            raise ValueError(f"search must be one of {', '.join(SEARCHES)}, got {self.search!r}")
+        if self.nearest_clusters < 1 or self.bucket_size < 1:
+            raise ValueError("nearest_clusters and bucket_size must be >= 1")
+        if self.num_clusters < 1 or self.sample_size < 1 or self.batch_size < 1:
+            raise ValueError("num_clusters, sample_size and batch_size must be >= 1")
+        if self.merge_cosine != "auto" and self.merge_cosine is not None and not -1.0 < float(self.merge_cosine) < 1.0:
+            raise ValueError(f"merge_cosine must be 'auto', None or in (-1, 1), got {self.merge_cosine!r}")
+
+    @property
+    def centroid_merge_cosine(self) -> Optional[float]:
+        if self.merge_cosine == "auto":
+            return None if self.search == "exact" else kmeans_lib.merge_cosine_for(self.threshold)
+        return None if self.merge_cosine is None else float(self.merge_cosine)
+
+    def train_centroids(self) -> "TrainCentroids":
+        return TrainCentroids(
+            self.num_clusters, self.sample_size, self.kmeans_niter, self.seed, self.centroid_merge_cosine
+        )
+
+    def batch(self) -> beam.BatchElements:
+        return beam.BatchElements(min_batch_size=min(256, self.batch_size), max_batch_size=self.batch_size)
 
 
 def _stack_batch(batch: Sequence[Tuple[object, np.ndarray]]) -> Tuple[list, np.ndarray]:
@@ -237,7 +334,7 @@ class _MatchBatchesFn(beam.DoFn):
     def __init__(self, threshold: float):
         self.threshold = threshold
         self.images = Metrics.counter(METRICS_NAMESPACE, "near_duplicate_eval/corpus_images")
-        self.candidates = Metrics.counter(METRICS_NAMESPACE, "near_duplicate_eval/candidate_pairs")
+        self.compared = Metrics.counter(METRICS_NAMESPACE, "near_duplicate_eval/compared_pairs")
         self.matched = Metrics.counter(METRICS_NAMESPACE, "near_duplicate_eval/near_duplicate_pairs")
         self.rejected = Metrics.counter(METRICS_NAMESPACE, "near_duplicate_eval/rejected")
 
@@ -256,21 +353,18 @@ class _MatchBatchesFn(beam.DoFn):
         if not batch:
             return
         self.images.inc(len(batch))
-        if index.assigner is None or len(index.rows) == 0:
+        if index.empty:
             return
         keys, vectors = _stack_batch(batch)
         if vectors.shape[1] != index.rows.vectors.shape[1]:
             raise ValueError(f"corpus embeddings have dimension {vectors.shape[1]}, index {index.rows.vectors.shape[1]}")
-        clusters = index.assigner.top_clusters(vectors, index.nearest_clusters)
-        query_rows, index_rows = index.shared.candidates(clusters)
-        self.candidates.inc(len(query_rows))
-        cosines = verify_lib.pair_cosines(vectors, index.rows.vectors, query_rows, index_rows, normalized=True)
-        hit = verify_lib.above_threshold(cosines, self.threshold)
-        if not hit.any():
+        query_rows, index_rows, cosines, compared = index.match(vectors)
+        self.compared.inc(int(compared))
+        if len(query_rows) == 0:
             return
-        self.matched.inc(int(hit.sum()))
+        self.matched.inc(len(query_rows))
         per_query: Dict[int, list] = {}
-        for q, r, c in zip(query_rows[hit].tolist(), index_rows[hit].tolist(), cosines[hit].tolist()):
+        for q, r, c in zip(query_rows.tolist(), index_rows.tolist(), cosines.tolist()):
             per_query.setdefault(q, []).append((index.rows.row_key(r), c))
         for q in sorted(per_query):
             records, reason = reduce_matches(keys[q], per_query[q])
@@ -498,20 +592,12 @@ class RemoveNearDuplicates(beam.PTransform):
     Args:
       index: an IndexSet-like object (numpy ``vectors [M, D]``, ``keys``,
         ``set_names``, ``variants`` of length M), or a PCollection holding one
-        such object (e.g. loaded by a DoFn from files).
-      threshold: cosine above which (exclusive) a pair is a near-duplicate;
-        the embedder's calibrated value. Required.
-      num_clusters: k-means clusters (ALIGN: 4K); fewer on small corpora,
-        see ``dedup.kmeans.effective_num_clusters``.
-      nearest_clusters: clusters per image (ALIGN: 10).
-      bucket_size: clusters per bucket (ALIGN: 3, i.e. C(10, 3) buckets).
-      sample_size: corpus rows k-means trains on.
-      merge_cosine: centroids closer than this are merged after k-means
-        (``dedup.kmeans.thin_centroids``: keeps dense regions from losing
-        pairs). ``"auto"`` (default): ``merge_cosine_for(threshold)``;
-        ``None``: plain k-means as in the paper.
-      join: ``"broadcast"`` (index as a side input; default) or ``"buckets"``
-        (keyed join on bucket keys, for an index too large to broadcast).
+        such object. Prefer the PCollection for real runs: an object is put in
+        the job graph (``beam.Create``), and Dataflow rejects graphs over
+        10 MB; ``pipeline.near_duplicates.ReadIndexRows`` loads it from files
+        on a worker.
+      threshold, and keyword options: ``SearchOptions`` (``search="exact"``
+        by default).
 
     Input: ``(corpus_key, embedding)``. Output: a dict with ``"pairs"``
     (``dict(key, index_set, index_key, variant, cosine)``, one per matched
@@ -520,38 +606,10 @@ class RemoveNearDuplicates(beam.PTransform):
     corpus key). Corpus keys are expected to be unique.
     """
 
-    def __init__(
-        self,
-        index,
-        threshold: float,
-        num_clusters: int = 4096,
-        nearest_clusters: int = 10,
-        bucket_size: int = 3,
-        sample_size: int = DEFAULT_SAMPLE_SIZE,
-        batch_size: int = DEFAULT_BATCH_SIZE,
-        kmeans_niter: int = kmeans_lib.DEFAULT_NITER,
-        seed: int = kmeans_lib.DEFAULT_SEED,
-        join: str = "broadcast",
-        max_bucket_members: int = DEFAULT_MAX_BUCKET_MEMBERS,
-        merge_cosine="auto",
-    ):
+    def __init__(self, index, threshold: float, **options):
         super().__init__()
-        self.threshold = check_threshold(threshold)
-        self.merge_cosine = kmeans_lib.merge_cosine_for(self.threshold) if merge_cosine == "auto" else merge_cosine
-        if join not in ("broadcast", "buckets"):
-            raise ValueError(f"join must be 'broadcast' or 'buckets', got {join!r}")
-        if nearest_clusters < 1 or bucket_size < 1:
-            raise ValueError("nearest_clusters and bucket_size must be >= 1")
+        self.options = SearchOptions(threshold=threshold, **options)
         self.index = index if isinstance(index, beam.pvalue.PCollection) else IndexRows.of(index)
-        self.num_clusters = int(num_clusters)
-        self.nearest_clusters = int(nearest_clusters)
-        self.bucket_size = int(bucket_size)
-        self.sample_size = int(sample_size)
-        self.batch_size = int(batch_size)
-        self.kmeans_niter = int(kmeans_niter)
-        self.seed = int(seed)
-        self.join = join
-        self.max_bucket_members = int(max_bucket_members)
 
     def _index_pcollection(self, pipeline):
         if isinstance(self.index, beam.pvalue.PCollection):
@@ -559,36 +617,37 @@ class RemoveNearDuplicates(beam.PTransform):
         return pipeline | "IndexRows" >> beam.Create([self.index])
 
     def expand(self, corpus):
-        centroids = corpus | "TrainCentroids" >> TrainCentroids(
-            self.num_clusters, self.sample_size, self.kmeans_niter, self.seed, self.merge_cosine
-        )
+        options = self.options
+        centroids = corpus | "TrainCentroids" >> options.train_centroids()
         index_rows = self._index_pcollection(corpus.pipeline)
-        if self.join == "broadcast":
+        if options.search != "bucket_join":
             clustered = index_rows | "ClusterIndex" >> beam.Map(
-                build_clustered_index,
-                beam.pvalue.AsSingleton(centroids),
-                nearest_clusters=self.nearest_clusters,
-                bucket_size=self.bucket_size,
+                build_clustered_index, beam.pvalue.AsSingleton(centroids), options=options
             )
             result = (
                 corpus
-                | "Batch" >> beam.BatchElements(min_batch_size=min(256, self.batch_size), max_batch_size=self.batch_size)
+                | "Batch" >> options.batch()
                 | "MatchBatches"
-                >> beam.ParDo(_MatchBatchesFn(self.threshold), beam.pvalue.AsSingleton(clustered)).with_outputs(
+                >> beam.ParDo(_MatchBatchesFn(options.threshold), beam.pvalue.AsSingleton(clustered)).with_outputs(
                     PAIRS, REJECTED
                 )
             )
         else:
-            left = corpus | "AssignCorpus" >> AssignTopClusters(centroids, self.nearest_clusters, self.batch_size)
+            left = corpus | "AssignCorpus" >> AssignTopClusters(centroids, options.nearest_clusters, options.batch_size)
             right = (
                 index_rows
                 | "IndexRowList" >> beam.FlatMap(IndexRows.rows)
-                | "AssignIndex" >> AssignTopClusters(centroids, self.nearest_clusters, self.batch_size)
+                | "AssignIndex" >> AssignTopClusters(centroids, options.nearest_clusters, options.batch_size)
             )
             result = (
                 (left, right)
                 | "BucketJoin"
-                >> BucketJoin(self.threshold, self.num_clusters, self.bucket_size, max_bucket_members=self.max_bucket_members)
+                >> BucketJoin(
+                    options.threshold,
+                    options.num_clusters,
+                    options.bucket_size,
+                    max_bucket_members=options.max_bucket_members,
+                )
                 | "ByCorpusKey" >> beam.Map(_match_to_corpus_key)
                 | "GroupMatches" >> beam.GroupByKey()
                 | "ReduceMatches" >> beam.FlatMap(_reduce_joined).with_outputs(PAIRS, REJECTED)

@@ -124,11 +124,11 @@ def test_planted_case_expectation():
 
 
 @pytest.mark.parametrize(
-    "join,nearest_clusters,bucket_size",
+    "search,nearest_clusters,bucket_size",
     # The keyed join shuffles every vector C(n, b) times; C(5, 2) = 10 keeps the test fast.
-    [("broadcast", 10, 3), ("buckets", 5, 2)],
+    [("exact", 10, 3), ("buckets", 10, 3), ("bucket_join", 5, 2)],
 )
-def test_remove_near_duplicates_matches_exhaustive_search(join, nearest_clusters, bucket_size):
+def test_remove_near_duplicates_matches_exhaustive_search(search, nearest_clusters, bucket_size):
     corpus, index = planted_case(corpus_size=700)
     expected_pairs, expected_rejected = exhaustive_expectation(corpus, index, THRESHOLD)
     items = sorted(corpus.items())
@@ -144,7 +144,7 @@ def test_remove_near_duplicates_matches_exhaustive_search(join, nearest_clusters
                 bucket_size=bucket_size,
                 sample_size=800,
                 batch_size=128,
-                join=join,
+                search=search,
                 max_bucket_members=40,  # small: exercises hot-bucket salting
             )
         )
@@ -168,9 +168,9 @@ def test_counters_and_index_as_pcollection():
     assert counters["near_duplicate_eval/rejected"] == 3
     assert counters["near_duplicate_eval/coco/rejected"] + counters.get("near_duplicate_eval/flickr/rejected", 0) == 3
     assert counters["near_duplicate_eval/near_duplicate_pairs"] >= 4
-    # 304 rows train 304 // 39 = 7 clusters: every image is in all of them and
-    # every pair is a candidate (dedup.kmeans: exact, exhaustive on tiny corpora).
-    assert counters["near_duplicate_eval/candidate_pairs"] == len(corpus) * len(index.keys)
+    # 304 rows train 304 // 39 = 7 lists in one block: the exact search
+    # compares each query with all rows of the lists it probes, at most all.
+    assert 0 < counters["near_duplicate_eval/compared_pairs"] <= len(corpus) * len(index.keys)
 
 
 def test_empty_index_or_corpus_gives_no_output():
@@ -213,5 +213,18 @@ def test_threshold_is_required_and_checked():
         transforms.RemoveNearDuplicates(index, threshold=None)
     with pytest.raises(ValueError):
         transforms.RemoveNearDuplicates(index, threshold=0.0)
+    with pytest.raises(ValueError, match="search"):
+        transforms.RemoveNearDuplicates(index, threshold=0.9, search="nope")
+    with pytest.raises(TypeError):
+        transforms.RemoveNearDuplicates(index, threshold=0.9, join="buckets")  # not an option
+
+
+def test_centroid_thinning_is_automatic_only_for_the_bucket_searches():
+    exact = transforms.SearchOptions(threshold=0.975)
+    assert exact.centroid_merge_cosine is None
+    for search in ("buckets", "bucket_join"):
+        assert transforms.SearchOptions(0.975, search=search).centroid_merge_cosine == kmeans.merge_cosine_for(0.975)
+        assert transforms.SearchOptions(0.975, search=search, merge_cosine=None).centroid_merge_cosine is None
+    assert transforms.SearchOptions(0.975, merge_cosine=0.99).centroid_merge_cosine == 0.99
     with pytest.raises(ValueError):
-        transforms.RemoveNearDuplicates(index, threshold=0.9, join="nope")
+        transforms.SearchOptions(0.975, merge_cosine=1.5)

@@ -14,7 +14,9 @@ Per-record stages decide on one record; corpus stages (frequency filters,
 near-duplicates) see only light rows (key, hashes, text, embedding) and
 return verdicts; image bytes travel through exactly one shuffle, the final
 ``JoinVerdicts``. Every input record ends either in a shard or in the funnel
-with its first reason (``filters/stages.py``).
+with its first reason (``filters/stages.py``). Evaluation images are embedded
+in the launcher and written to ``<output>/near_duplicates/index/``, where the
+workers read them: the job graph carries their path, not their vectors.
 
 Without ``--runner`` the job runs on Beam's FnApiRunner in this process
 (add ``--direct_running_mode=multi_processing --direct_num_workers=N`` for
@@ -294,12 +296,11 @@ def build_pipeline(p: beam.Pipeline, opts: BuildOptions, preset, notes: dict, ev
 
         earlier = verdicts | "EarlierVerdicts" >> beam.Flatten()
         candidates_for_eval = (embedded, earlier) | "DropEarlierRejects" >> DropKeys()
+        # The index is read from files on a worker: in the graph it would be
+        # its whole size (Dataflow rejects graphs over 10 MB).
+        index_rows = p | "ReadEvalIndex" >> near_dup.ReadIndexRows(eval_index.directory)
         found = candidates_for_eval | "RemoveNearDuplicates" >> RemoveNearDuplicates(
-            eval_index.index,
-            threshold=eval_index.threshold,
-            num_clusters=preset.num_clusters,
-            nearest_clusters=preset.nearest_clusters,
-            bucket_size=preset.bucket_size,
+            index_rows, threshold=eval_index.threshold, search=preset.near_duplicate_search, **search_options(preset)
         )
         verdicts.append(found["rejected"])
         pairs = found["pairs"]
@@ -320,8 +321,16 @@ def build_pipeline(p: beam.Pipeline, opts: BuildOptions, preset, notes: dict, ev
             eval_index.threshold if eval_index is not None
             else near_dup.resolve_threshold(preset, _embedder(opts.embedder))
         )
-        verdicts.append(hashes | "RemoveCorpusDuplicates" >> RemoveCorpusDuplicates(vectors, threshold))
+        # Always a bucket self-join (dedup.corpus_dedup): near_duplicate_search
+        # applies to the evaluation index only.
+        verdicts.append(
+            hashes | "RemoveCorpusDuplicates" >> RemoveCorpusDuplicates(vectors, threshold, **search_options(preset))
+        )
         ran.append("near_duplicate_corpus")
+        notes["near_duplicate_corpus"] = (
+            f"same sha256, same pHash, or embedding cosine > {threshold} "
+            f"(embedder {opts.embedder}; k-means buckets C({preset.nearest_clusters},{preset.bucket_size}))"
+        )
 
     all_verdicts = verdicts | "FlattenVerdicts" >> beam.Flatten()
     written_records, joined_rejects = (survivors, all_verdicts) | "JoinVerdicts" >> JoinVerdicts()
@@ -334,7 +343,8 @@ def build_pipeline(p: beam.Pipeline, opts: BuildOptions, preset, notes: dict, ev
         _ = (
             {"pair": pairs | "KeyPairs" >> beam.Map(lambda d: (d["key"], d)), "rejection": near_dup_rejects}
             | "GroupPairs" >> beam.CoGroupByKey()
-            | "PairRows" >> beam.FlatMap(near_dup.pair_rows, eval_index.thumbnails)
+            | "PairRows" >> beam.FlatMap(near_dup.pair_rows)
+            | "IndexThumbnails" >> near_dup.AddIndexThumbnails(eval_index.directory)
             | "CollectPairs" >> beam.combiners.ToList()
             | "WritePairs" >> beam.Map(_write_pairs, opts.output)
         )
@@ -358,6 +368,26 @@ def _write_pairs(rows, output_dir) -> None:
     stats_lib.write_text(FileSystems.join(output_dir, "stats", "near_duplicates.jsonl"), text)
 
 
+def merge_cosine_option(value: float):
+    """The preset's ``centroid_merge_cosine`` as ``dedup.transforms`` takes it: 0 automatic, < 0 never."""
+    if value == 0:
+        return "auto"
+    if value < 0:
+        return None
+    return float(value)
+
+
+def search_options(preset) -> dict:
+    """``dedup.transforms.SearchOptions`` from the preset, but ``search`` (eval and in-corpus differ)."""
+    return dict(
+        num_clusters=preset.num_clusters,
+        nearest_clusters=preset.nearest_clusters,
+        bucket_size=preset.bucket_size,
+        sample_size=preset.kmeans_sample_size,
+        merge_cosine=merge_cosine_option(preset.centroid_merge_cosine),
+    )
+
+
 def _embedder(name):
     from dedup import embedders
 
@@ -365,19 +395,33 @@ def _embedder(name):
 
 
 class EvalIndex:
-    """Evaluation sets read and embedded in the launcher, with their threshold."""
+    """The evaluation index as the job sees it: the directory of its files, the threshold, a note."""
 
-    def __init__(self, specs, embedder_name, preset):
-        from dedup.index_sets import load_index_sets
+    def __init__(self, directory: str, threshold: float, note: str):
+        self.directory = directory
+        self.threshold = threshold
+        self.note = note
 
-        embedder = _embedder(embedder_name)
-        self.index = load_index_sets(specs, embedder)
-        self.threshold = near_dup.resolve_threshold(preset, embedder)
-        self.thumbnails = near_dup.index_thumbnails(self.index)
-        self.note = (
-            f"{self.index.num_images} evaluation images ({len(self.index)} rows with variants) "
-            f"from {', '.join(specs)}; embedder {embedder_name}, cosine > {self.threshold}"
-        )
+
+def load_eval_index(specs, embedder_name, preset, output_dir) -> EvalIndex:
+    """Read and embed the evaluation sets in the launcher, write them under ``output_dir``.
+
+    Called after ``_prepare_output`` (which empties ``output_dir``); the
+    workers read the files (``pipeline.near_duplicates``).
+    """
+    from dedup.index_sets import load_index_sets
+
+    embedder = _embedder(embedder_name)
+    index = load_index_sets(specs, embedder)
+    threshold = near_dup.resolve_threshold(preset, embedder)
+    directory = near_dup.index_directory(output_dir)
+    near_dup.write_index(index, directory, near_dup.index_thumbnails(index))
+    note = (
+        f"{index.num_images} evaluation images ({len(index)} rows with variants) "
+        f"from {', '.join(specs)}; embedder {embedder_name}, cosine > {threshold}, "
+        f"{preset.near_duplicate_search} search"
+    )
+    return EvalIndex(directory, threshold, note)
 
 
 def stage_notes(preset) -> dict:
@@ -449,7 +493,7 @@ def run(argv: Optional[List[str]] = None) -> dict:
     options.view_as(SetupOptions).save_main_session = False
     _prepare_output(opts.output, opts.overwrite)
     notes = stage_notes(preset)
-    eval_index = EvalIndex(opts.eval_images, opts.embedder, preset) if opts.eval_images else None
+    eval_index = load_eval_index(opts.eval_images, opts.embedder, preset, opts.output) if opts.eval_images else None
     if eval_index is not None:
         notes["near_duplicate_eval"] = eval_index.note
     p = beam.Pipeline(options=options)

@@ -1,22 +1,39 @@
 """The build's near-duplicate stage: embed survivors, match them to evaluation sets.
 
 The evaluation sets are read and embedded once, in the launcher (they are
-small); the corpus is embedded on the workers in batches, by an embedder
-loaded once per worker in ``setup()``. ``dedup.transforms`` does k-means,
-the C(10,3) bucket candidates and verification.
+small), and written as files under the build output (``write_index``); the
+workers read them back (``ReadIndexRows``, ``AddIndexThumbnails``), so the
+job graph holds only their path. Dataflow rejects graphs over 10 MB, and an
+index of 1e5 rows of 143 floats is 57 MB.
+
+    <output>/near_duplicates/index/vectors.npy       float32 [M, D], row i of the index
+    <output>/near_duplicates/index/rows.jsonl        {"set", "key", "variant"} of row i
+    <output>/near_duplicates/index/thumbnails.jsonl  {"set", "key", "thumbnail"} per image
+
+The corpus is embedded on the workers in batches, by an embedder loaded once
+per worker in ``setup()``. ``dedup.transforms`` does k-means, the candidate
+search and verification.
 """
 
 from __future__ import annotations
 
-from typing import Dict, List
+import io
+import json
+from typing import Dict, List, Tuple
 
 import apache_beam as beam
 import numpy as np
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from filters.image import thumbnail_b64
 
 NS = "dedup"
+INDEX_DIR = ("near_duplicates", "index")
+VECTORS_FILE = "vectors.npy"
+ROWS_FILE = "rows.jsonl"
+THUMBNAILS_FILE = "thumbnails.jsonl"
 
 
 class _EmbedBatches(beam.DoFn):
@@ -79,8 +96,11 @@ def index_thumbnails(index) -> Dict[tuple, str]:
     return out
 
 
-def pair_rows(element, thumbnails: Dict[tuple, str]) -> List[dict]:
-    """Join of pairs with the corpus record's rejection -> report rows with both thumbnails."""
+def pair_rows(element) -> List[dict]:
+    """Join of pairs with the corpus record's rejection -> report rows with the corpus thumbnail.
+
+    ``index_thumbnail`` is filled in by ``AddIndexThumbnails``.
+    """
     _, grouped = element
     rejections = list(grouped["rejection"])
     corpus_thumb = thumbnail_b64(rejections[0].image) if rejections else None
@@ -88,6 +108,121 @@ def pair_rows(element, thumbnails: Dict[tuple, str]) -> List[dict]:
     for pair in sorted(grouped["pair"], key=lambda p: (-p["cosine"], p["index_set"], p["index_key"])):
         row = dict(pair, cosine=round(float(pair["cosine"]), 6))
         row["thumbnail"] = corpus_thumb
-        row["index_thumbnail"] = thumbnails.get((pair["index_set"], pair["index_key"]))
+        row["index_thumbnail"] = None
         rows.append(row)
     return rows
+
+
+# ---------------------------------------------------------------------------
+# The index as files: written by the launcher, read by the workers
+# ---------------------------------------------------------------------------
+
+
+def index_directory(output_dir: str) -> str:
+    return FileSystems.join(output_dir, *INDEX_DIR)
+
+
+def _jsonl(rows) -> bytes:
+    return "".join(json.dumps(row) + "\n" for row in rows).encode("utf-8")
+
+
+def _write(path: str, data: bytes) -> None:
+    with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+        handle.write(data)
+
+
+def _read(path: str) -> bytes:
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+        return handle.read()
+
+
+def write_index(index, directory: str, thumbnails: Dict[Tuple[str, str], str]) -> None:
+    """The index rows and the images' thumbnails as files; same index, same bytes.
+
+    ``index``: ``vectors [M, D]``, ``keys``, ``set_names``, ``variants`` (an
+    ``IndexSet`` or ``dedup.transforms.IndexRows``); ``thumbnails``: (set,
+    key) -> base64 JPEG or None, written in its own order.
+    """
+    vectors = np.ascontiguousarray(np.asarray(index.vectors, np.float32))
+    if vectors.ndim != 2 or len(vectors) != len(index.keys):
+        raise ValueError(f"index vectors of shape {vectors.shape} for {len(index.keys)} rows")
+    buffer = io.BytesIO()
+    np.save(buffer, vectors, allow_pickle=False)
+    _write(FileSystems.join(directory, VECTORS_FILE), buffer.getvalue())
+    rows = (
+        {"set": str(s), "key": str(k), "variant": str(v)}
+        for s, k, v in zip(index.set_names, index.keys, index.variants)
+    )
+    _write(FileSystems.join(directory, ROWS_FILE), _jsonl(rows))
+    thumbs = ({"set": s, "key": k, "thumbnail": t} for (s, k), t in thumbnails.items())
+    _write(FileSystems.join(directory, THUMBNAILS_FILE), _jsonl(thumbs))
+
+
+def load_index_rows(directory: str):
+    """``write_index``'s files -> ``dedup.transforms.IndexRows`` (what matching needs)."""
+    from dedup.transforms import IndexRows
+
+    vectors = np.load(io.BytesIO(_read(FileSystems.join(directory, VECTORS_FILE))), allow_pickle=False)
+    rows = [json.loads(line) for line in _read(FileSystems.join(directory, ROWS_FILE)).decode("utf-8").splitlines()]
+    if len(rows) != len(vectors):
+        raise ValueError(f"{directory}: {len(vectors)} vectors but {len(rows)} rows")
+    return IndexRows(
+        vectors.reshape(len(rows), -1) if len(rows) else vectors,
+        [r["key"] for r in rows],
+        [r["set"] for r in rows],
+        [r["variant"] for r in rows],
+    )
+
+
+def thumbnail_entry(line: str) -> Tuple[Tuple[str, str], str]:
+    """A line of ``thumbnails.jsonl`` -> ``((set, key), base64 JPEG or None)``."""
+    row = json.loads(line)
+    return (row["set"], row["key"]), row["thumbnail"]
+
+
+class ReadIndexRows(beam.PTransform):
+    """A singleton PCollection of the index rows, read on a worker from ``directory``.
+
+    Only the path is in the job graph; the result is what
+    ``dedup.transforms.RemoveNearDuplicates`` takes as its index.
+    """
+
+    def __init__(self, directory: str):
+        super().__init__()
+        self.directory = directory
+
+    def expand(self, pbegin):
+        return pbegin | "IndexDirectory" >> beam.Create([self.directory]) | "LoadIndexRows" >> beam.Map(load_index_rows)
+
+
+def _with_thumbnail(element):
+    _, grouped = element
+    thumbnail = next(iter(grouped["thumbnail"]), None)
+    for row in grouped["row"]:
+        yield dict(row, index_thumbnail=thumbnail)
+
+
+class AddIndexThumbnails(beam.PTransform):
+    """Report rows -> the same rows with ``index_thumbnail`` from ``directory``.
+
+    A keyed join, not a side input: every worker would otherwise hold the
+    thumbnails of every evaluation image (about 6 KB each), though only the
+    few that matched are needed.
+    """
+
+    def __init__(self, directory: str):
+        super().__init__()
+        self.directory = directory
+
+    def expand(self, rows):
+        thumbnails = (
+            rows.pipeline
+            | "ReadThumbnails" >> beam.io.ReadFromText(FileSystems.join(self.directory, THUMBNAILS_FILE))
+            | "ParseThumbnails" >> beam.Map(thumbnail_entry)
+        )
+        keyed = rows | "ByIndexImage" >> beam.Map(lambda row: ((row["index_set"], row["index_key"]), row))
+        return (
+            {"row": keyed, "thumbnail": thumbnails}
+            | "JoinThumbnails" >> beam.CoGroupByKey()
+            | "WithThumbnail" >> beam.FlatMap(_with_thumbnail)
+        )

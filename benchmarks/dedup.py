@@ -11,16 +11,20 @@ Parts (targets from the issue, on 2 cores):
 - ``candidates``: index rows sharing >= 3 of a query's 10 clusters
   (``SharedClusterIndex``), per index size (>= 100k corpus images/s).
 - ``verify``: cosines of those candidate pairs in blocks (>= 20M pairs/s).
-- ``exhaustive``: the whole bucket path (assign + candidates + verify) against
-  ``faiss.IndexFlatIP.range_search`` on the same queries: speed-up and the
-  recall of the bucket path (exhaustive search has recall 1).
+- ``exact``: the default search (``dedup.cluster_lists``), per index size:
+  candidate generation alone (which lists each query probes) and the whole
+  search (probe + compare the probed lists' rows in blocks).
+- ``exhaustive``: both whole paths (exact lists; buckets = assign + candidates
+  + verify) against ``faiss.IndexFlatIP.range_search`` on the same queries:
+  speed-ups and recall (exhaustive search has recall 1).
 
 Data: a mixture of 1,000 Gaussian blobs on the unit sphere in D dimensions
 (blob tightness varied so that some blobs hold natural near-duplicates), with
 planted copies of a quarter of the index rows at 0-20 degrees (cosine 0.94-1),
-``--zipf`` for Zipf(1.2) blob sizes. Centroids: k-means on the corpus, then
-``thin_centroids`` at ``merge_cosine_for(threshold)`` as the Beam transform
-does by default (``--no-merge`` for plain k-means).
+``--zipf`` for Zipf(1.2) blob sizes. Centroids: k-means on the corpus; the
+exact search uses them as they are, the bucket parts after ``thin_centroids``
+at ``merge_cosine_for(threshold)`` as the Beam transform does for bucket
+searches (``--no-merge`` for plain k-means there too).
 
 Every figure is the median of ``--repeats`` runs, as wall-clock rate and as
 rate per CPU-second of this process (faiss and BLAS may use both cores, so
@@ -42,10 +46,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from dedup import buckets, kmeans, verify  # noqa: E402
+from dedup import buckets, cluster_lists, kmeans, verify  # noqa: E402
 from dedup.synthetic import planted_embeddings  # noqa: E402
 
-PARTS = ("kmeans", "assign", "candidates", "verify", "exhaustive")
+PARTS = ("kmeans", "assign", "candidates", "verify", "exact", "exhaustive")
 
 
 def timed(fn, repeats):
@@ -111,6 +115,7 @@ def main(argv=None):
         # Fewer iterations when k-means itself is not measured: only the
         # cluster layout matters for the other parts.
         centroids = kmeans.train_spherical_kmeans(sample, args.num_clusters, niter=8)
+    plain_centroids = centroids
     if not args.no_merge:
         sizes = np.bincount(kmeans.CentroidAssigner(centroids).top_clusters(sample, 1)[:, 0], minlength=len(centroids))
         plain = len(centroids)
@@ -155,10 +160,36 @@ def main(argv=None):
         _, wall, cpu = timed(lambda: verify.block_cosines(left, right, normalized=True), args.repeats)
         row("dense block 1024 x 4096 (bucket-join cells)", left.shape[0] * right.shape[0], "dots", wall, cpu, "", "one matrix product")
 
+    for m in index_sizes:
+        if "exact" not in parts:
+            break
+        lists = cluster_lists.ClusterListIndex(index[:m], plain_centroids, args.threshold)
+        cosines, wall, cpu = timed(lambda: [lists.centroids @ b.T for b in batches], args.repeats)
+        row(f"exact: query-centroid cosines ({len(plain_centroids)} centroids; the product top-10 assignment also makes)",
+            len(queries), "images", wall, cpu, "", "one matrix product per batch")
+        probe_cosine = lists.probe_cosine[:, None]
+        probed, wall, cpu = timed(lambda: [c >= probe_cosine for c in cosines], args.repeats)
+        probes = sum(int(p.sum()) for p in probed)
+        row(f"exact: candidate generation (list probes from those cosines), index of {m:,} rows", len(queries), "images",
+            wall, cpu, ">= 100k images/s", f"{probes / len(queries):.1f} lists probed per image of {len(plain_centroids)}")
+        found, wall, cpu = timed(lambda: [lists.search(b, normalized=True) for b in batches], args.repeats)
+        compared = sum(f.compared_pairs for f in found)
+        row(f"exact: whole search (probe + compare), index of {m:,} rows", len(queries), "images", wall, cpu, "",
+            f"{compared / len(queries):,.0f} rows compared per image; {compared / wall / 1e6:,.0f}M pairs/s "
+            f"({compared / cpu / 1e6:,.0f}M per CPU-s) including the probes")
+
     if "exhaustive" in parts:
         m = max(index_sizes)
         index_vectors = index[:m]
         shared = buckets.SharedClusterIndex(index_clusters[:m], len(centroids), 3)
+        lists = cluster_lists.ClusterListIndex(index_vectors, plain_centroids, args.threshold)
+
+        def exact_path():
+            found = []
+            for start in range(0, len(queries), args.batch):
+                f = lists.search(queries[start : start + args.batch], normalized=True)
+                found.append(np.stack([f.query_rows + start, f.index_rows], 1))
+            return np.concatenate(found)
 
         def bucket_path():
             found = []
@@ -182,18 +213,20 @@ def main(argv=None):
         def flat_sims(pairs):
             return np.einsum("ij,ij->i", queries[pairs[:, 0]], index_vectors[pairs[:, 1]])
 
-        found, bucket_wall, bucket_cpu = timed(bucket_path, args.repeats)
         truth, flat_wall, flat_cpu = timed(exhaustive, args.repeats)
-        found_set = set(map(tuple, found.tolist()))
         # Pairs within float rounding of the threshold may fall either way
         # between faiss and numpy dot products: recall counts clear pairs only.
         clear = flat_sims(truth) > args.threshold + 1e-5
         truth_set = set(map(tuple, truth[clear].tolist()))
-        recall = len(found_set & truth_set) / max(1, len(truth_set))
-        row(f"bucket path (assign + candidates + verify), index {m:,}", len(queries), "images",
-            bucket_wall, bucket_cpu, "", f"recall {recall:.5f} ({len(truth_set) - len(found_set & truth_set)} of {len(truth_set):,} pairs lost)")
         row(f"exhaustive faiss IndexFlatIP range_search, index {m:,}", len(queries), "images", flat_wall, flat_cpu, "",
-            f"speed-up of the bucket path: {flat_wall / bucket_wall:.1f}x wall, {flat_cpu / bucket_cpu:.1f}x CPU")
+            f"{len(truth_set):,} pairs above the threshold")
+        for name, path in (("exact lists (probe + compare)", exact_path), ("bucket path (assign + candidates + verify)", bucket_path)):
+            found, wall, cpu = timed(path, args.repeats)
+            found_set = set(map(tuple, found.tolist()))
+            lost = len(truth_set) - len(found_set & truth_set)
+            row(f"{name}, index {m:,}", len(queries), "images", wall, cpu, "",
+                f"recall {1 - lost / max(1, len(truth_set)):.5f} ({lost} of {len(truth_set):,} pairs lost); "
+                f"speed-up over exhaustive {flat_wall / wall:.1f}x wall, {flat_cpu / cpu:.1f}x CPU")
     print(f"# done ({load()})", flush=True)
 
 

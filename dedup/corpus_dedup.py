@@ -36,7 +36,7 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 from dedup import kmeans as kmeans_lib
-from dedup import transforms
+from dedup import keyed_joins, transforms
 from filters import stages
 
 METHODS = ("sha256", "phash", "embedding")
@@ -128,9 +128,9 @@ class RemoveEmbeddingDuplicates(beam.PTransform):
         centroids = embeddings | "TrainCentroids" >> options.train_centroids()
         return (
             embeddings
-            | "Assign" >> transforms.AssignTopClusters(centroids, options.nearest_clusters, options.batch_size)
+            | "Assign" >> keyed_joins.AssignTopClusters(centroids, options.nearest_clusters, options.batch_size)
             | "SelfJoin"
-            >> transforms.BucketJoin(
+            >> keyed_joins.BucketJoin(
                 options.threshold,
                 options.num_clusters,
                 options.bucket_size,

@@ -28,9 +28,13 @@ stages, in order (labels are stable):
   C(n, b) buckets (``dedup.buckets``), then verified in blocks
   (``dedup.verify``). Can miss pairs across cluster boundaries (measured in
   benchmarks/RESULTS.md); centroids are thinned by default to keep that rare.
-- ``"bucket_join"``: ALIGN's rule as a keyed join on bucket keys instead of a
-  side input (``BucketJoin``: for an index too large to broadcast; the
-  in-corpus self-join uses it too). Every image emits its C(n, b) bucket keys with its vector;
+- ``"list_join"``: the exact search as a keyed join (``ListJoin``) instead of
+  a side input, for an index too large to broadcast: each corpus image is
+  shuffled once, to its nearest list; index rows go to every list within
+  reach.
+- ``"bucket_join"``: ALIGN's rule as a keyed join on bucket keys
+  (``BucketJoin``; every vector is shuffled C(n, b) times; the in-corpus
+  self-join uses it too). Every image emits its C(n, b) bucket keys with its vector;
 a bucket's members are compared by one matrix product and a pair is kept
 only in its canonical bucket (the lexicographically smallest it shares), so
 each pair comes out once. Buckets with more than ``max_bucket_members``
@@ -48,7 +52,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Dict, Iterable, List, Optional, Tuple, Union
 
 import apache_beam as beam
 import numpy as np
@@ -58,15 +62,22 @@ from dedup import buckets as buckets_lib
 from dedup import cluster_lists
 from dedup import kmeans as kmeans_lib
 from dedup import verify as verify_lib
+from dedup.keyed_joins import (  # noqa: F401  (re-exported: the module's public names)
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_MAX_BUCKET_MEMBERS,
+    METRICS_NAMESPACE,
+    AssignTopClusters,
+    BucketJoin,
+    ListJoin,
+    check_threshold,
+    stack_batch,
+)
 from filters import stages
 
-METRICS_NAMESPACE = "dedup"
 PAIRS = "pairs"
 REJECTED = "rejected"
 
 DEFAULT_SAMPLE_SIZE = 250_000
-DEFAULT_BATCH_SIZE = 4096
-DEFAULT_MAX_BUCKET_MEMBERS = 1000
 
 
 # ---------------------------------------------------------------------------
@@ -197,20 +208,8 @@ def reduce_matches(corpus_key: str, matches: Iterable[Tuple[Tuple[str, str, str]
     return records, stages.reason("near_duplicate_eval", top["index_set"])
 
 
-def check_threshold(threshold) -> float:
-    """The near-duplicate threshold as a float in (0, 1); the embedder supplies it."""
-    if threshold is None:
-        raise ValueError("threshold is required: take it from the embedder (embedder.threshold)")
-    threshold = float(threshold)
-    if not 0.0 < threshold < 1.0:
-        raise ValueError(
-            f"near-duplicate threshold must be in (0, 1), got {threshold}; "
-            "0 in the preset means 'use the embedder's calibrated value' and must be resolved by the caller"
-        )
-    return threshold
-
-
-SEARCHES = ("exact", "buckets", "bucket_join")
+SEARCHES = ("exact", "list_join", "buckets", "bucket_join")
+EXACT_SEARCHES = ("exact", "list_join")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,7 +256,7 @@ class SearchOptions:
     @property
     def centroid_merge_cosine(self) -> Optional[float]:
         if self.merge_cosine == "auto":
-            return None if self.search == "exact" else kmeans_lib.merge_cosine_for(self.threshold)
+            return None if self.search in EXACT_SEARCHES else kmeans_lib.merge_cosine_for(self.threshold)
         return None if self.merge_cosine is None else float(self.merge_cosine)
 
     def train_centroids(self) -> "TrainCentroids":
@@ -267,12 +266,6 @@ class SearchOptions:
 
     def batch(self) -> beam.BatchElements:
         return beam.BatchElements(min_batch_size=min(256, self.batch_size), max_batch_size=self.batch_size)
-
-
-def _stack_batch(batch: Sequence[Tuple[object, np.ndarray]]) -> Tuple[list, np.ndarray]:
-    keys = [k for k, _ in batch]
-    vectors = kmeans_lib.l2_normalize(np.stack([np.asarray(v, np.float32).reshape(-1) for _, v in batch]))
-    return keys, vectors
 
 
 # ---------------------------------------------------------------------------
@@ -355,7 +348,7 @@ class _MatchBatchesFn(beam.DoFn):
         self.images.inc(len(batch))
         if index.empty:
             return
-        keys, vectors = _stack_batch(batch)
+        keys, vectors = stack_batch(batch)
         if vectors.shape[1] != index.rows.vectors.shape[1]:
             raise ValueError(f"corpus embeddings have dimension {vectors.shape[1]}, index {index.rows.vectors.shape[1]}")
         query_rows, index_rows, cosines, compared = index.match(vectors)
@@ -373,196 +366,6 @@ class _MatchBatchesFn(beam.DoFn):
             self.rejected.inc()
             Metrics.counter(METRICS_NAMESPACE, f"{reason}/rejected").inc()
             yield beam.pvalue.TaggedOutput(REJECTED, (keys[q], reason))
-
-
-# ---------------------------------------------------------------------------
-# Keyed join on bucket keys
-# ---------------------------------------------------------------------------
-
-
-class AssignTopClusters(beam.PTransform):
-    """``(key, embedding)`` -> ``(key, unit vector, clusters tuple)`` using a centroids side input."""
-
-    def __init__(self, centroids, nearest_clusters: int, batch_size: int = DEFAULT_BATCH_SIZE):
-        super().__init__()
-        self.centroids = centroids
-        self.nearest_clusters = int(nearest_clusters)
-        self.batch_size = int(batch_size)
-
-    def expand(self, rows):
-        return (
-            rows
-            | "Batch" >> beam.BatchElements(min_batch_size=min(256, self.batch_size), max_batch_size=self.batch_size)
-            | "Assign" >> beam.ParDo(_AssignFn(self.nearest_clusters), beam.pvalue.AsSingleton(self.centroids))
-        )
-
-
-class _AssignFn(beam.DoFn):
-    def __init__(self, nearest_clusters: int):
-        self.nearest_clusters = nearest_clusters
-
-    def setup(self):
-        self._assigner = None
-        self._token = None
-        self._seen = None
-
-    def process(self, batch, centroids):
-        if not batch or len(centroids) == 0:
-            return
-        if centroids is not self._seen:  # hash only when the side input object changes
-            token = hashlib.sha256(np.ascontiguousarray(centroids, np.float32).tobytes()).hexdigest()
-            if token != self._token:
-                self._assigner, self._token = kmeans_lib.CentroidAssigner(centroids), token
-            self._seen = centroids
-        keys, vectors = _stack_batch(batch)
-        n = kmeans_lib.nearest_clusters_for(len(centroids), self.nearest_clusters)
-        clusters = self._assigner.top_clusters(vectors, n)
-        for key, vector, row in zip(keys, vectors, clusters):
-            yield key, vector, tuple(int(c) for c in row)
-
-
-def _bucket_emissions(member, bucket_size: int, radix: int):
-    key, vector, clusters = member
-    b = buckets_lib.effective_bucket_size(bucket_size, len(clusters))
-    ids = buckets_lib.bucket_ids(np.asarray([clusters]), radix, b)[0]
-    for bucket in ids.tolist():
-        yield bucket, member
-
-
-def _count_one(bucket_member):
-    return bucket_member[0], 1
-
-
-def _hot_salts(bucket_count, max_members: int):
-    bucket, count = bucket_count
-    if count > max_members:
-        yield bucket, buckets_lib.num_salts(count, max_members)
-
-
-def _cross_cells(bucket_member, side: str, left_salts: dict, right_salts: dict):
-    bucket, (key, vector, clusters) = bucket_member
-    ls, rs = left_salts.get(bucket, 1), right_salts.get(bucket, 1)
-    own = buckets_lib.salt_of(str(key), ls if side == "left" else rs)
-    for cell in buckets_lib.cross_join_cells(side, own, ls, rs):
-        yield (bucket, cell[0], cell[1]), (side, key, vector, clusters)
-
-
-def _self_cells(bucket_member, salts: dict):
-    bucket, (key, vector, clusters) = bucket_member
-    s = salts.get(bucket, 1)
-    own = buckets_lib.salt_of(str(key), s)
-    for cell in buckets_lib.self_join_cells(own, s):
-        yield (bucket, cell[0], cell[1]), (own, key, vector, clusters)
-
-
-class _JoinCellFn(beam.DoFn):
-    """One cell of a bucket: one matrix product of its members, cosine > threshold, canonical bucket only."""
-
-    def __init__(self, threshold: float, radix: int, bucket_size: int, self_join: bool):
-        self.threshold = threshold
-        self.radix = radix
-        self.bucket_size = bucket_size
-        self.self_join = self_join
-        self.cells = Metrics.counter(METRICS_NAMESPACE, "bucket_join/cells")
-        self.compared = Metrics.counter(METRICS_NAMESPACE, "bucket_join/compared_pairs")
-        self.matched = Metrics.counter(METRICS_NAMESPACE, "bucket_join/near_duplicate_pairs")
-
-    def process(self, element):
-        (bucket, cell_i, cell_j), members = element
-        members = list(members)
-        same = self.self_join and cell_i == cell_j
-        if same:
-            left = right = sorted(members, key=lambda m: m[1])
-        else:
-            left_tag, right_tag = (cell_i, cell_j) if self.self_join else ("left", "right")
-            left = sorted((m for m in members if m[0] == left_tag), key=lambda m: m[1])
-            right = sorted((m for m in members if m[0] == right_tag), key=lambda m: m[1])
-        if not left or not right:
-            return
-        self.cells.inc()
-        cosines = verify_lib.block_cosines(
-            np.stack([m[2] for m in left]), np.stack([m[2] for m in right]), normalized=True
-        )
-        hits = verify_lib.above_threshold(cosines, self.threshold)
-        if same:
-            hits = np.triu(hits, k=1)
-            self.compared.inc(len(left) * (len(left) - 1) // 2)
-        else:
-            self.compared.inc(len(left) * len(right))
-        if not hits.any():
-            return
-        b = buckets_lib.effective_bucket_size(self.bucket_size, len(left[0][3]))
-        bucket_tuple = buckets_lib.decode_bucket(bucket, self.radix, b)
-        for i, j in zip(*np.nonzero(hits)):
-            a, c = left[i], right[j]
-            if a[1] == c[1]:
-                continue  # the same key twice in the input is not a pair
-            # Each pair is emitted only in its canonical (smallest shared)
-            # bucket, so it comes out exactly once over all buckets.
-            if buckets_lib.canonical_bucket(a[3], c[3], b) != bucket_tuple:
-                continue
-            self.matched.inc()
-            first, second = (a[1], c[1]) if not self.self_join or a[1] < c[1] else (c[1], a[1])
-            yield first, second, float(cosines[i, j])
-
-
-class BucketJoin(beam.PTransform):
-    """Near-duplicate pairs through a keyed join on bucket keys.
-
-    Input: ``left`` (and ``right``, unless ``self_join``) of ``(key, unit
-    vector, clusters tuple)`` (``AssignTopClusters``). Output: ``(left_key,
-    right_key, cosine)`` for every pair that shares a bucket and has cosine >
-    threshold, each pair once (self-join: ``left_key < right_key``).
-    ``radix`` is the requested number of clusters (an upper bound on cluster
-    ids; bucket ids are the sorted cluster ids in that base).
-    """
-
-    def __init__(self, threshold: float, radix: int, bucket_size: int, self_join: bool = False, max_bucket_members: int = DEFAULT_MAX_BUCKET_MEMBERS):
-        super().__init__()
-        self.threshold = check_threshold(threshold)
-        self.radix = int(radix)
-        self.bucket_size = int(bucket_size)
-        self.self_join = bool(self_join)
-        self.max_bucket_members = int(max_bucket_members)
-
-    def expand(self, inputs):
-        if self.self_join:
-            members = inputs
-            by_bucket = members | "Buckets" >> beam.FlatMap(_bucket_emissions, self.bucket_size, self.radix)
-            salts = (
-                by_bucket
-                | "CountMembers" >> beam.Map(_count_one)
-                | "SumMembers" >> beam.CombinePerKey(sum)
-                | "HotBuckets" >> beam.FlatMap(_hot_salts, self.max_bucket_members)
-            )
-            cells = by_bucket | "Cells" >> beam.FlatMap(_self_cells, beam.pvalue.AsDict(salts))
-        else:
-            left, right = inputs
-            sides = {}
-            salts = {}
-            for side, pcoll in (("left", left), ("right", right)):
-                sides[side] = pcoll | f"Buckets{side.title()}" >> beam.FlatMap(
-                    _bucket_emissions, self.bucket_size, self.radix
-                )
-                salts[side] = (
-                    sides[side]
-                    | f"Count{side.title()}" >> beam.Map(_count_one)
-                    | f"Sum{side.title()}" >> beam.CombinePerKey(sum)
-                    | f"Hot{side.title()}" >> beam.FlatMap(_hot_salts, self.max_bucket_members)
-                )
-            cells = [
-                sides[side]
-                | f"Cells{side.title()}"
-                >> beam.FlatMap(
-                    _cross_cells, side, beam.pvalue.AsDict(salts["left"]), beam.pvalue.AsDict(salts["right"])
-                )
-                for side in ("left", "right")
-            ] | "MergeSides" >> beam.Flatten()
-        return (
-            cells
-            | "GroupCells" >> beam.GroupByKey()
-            | "CompareCells" >> beam.ParDo(_JoinCellFn(self.threshold, self.radix, self.bucket_size, self.self_join))
-        )
 
 
 # ---------------------------------------------------------------------------
@@ -620,7 +423,7 @@ class RemoveNearDuplicates(beam.PTransform):
         options = self.options
         centroids = corpus | "TrainCentroids" >> options.train_centroids()
         index_rows = self._index_pcollection(corpus.pipeline)
-        if options.search != "bucket_join":
+        if options.search in ("exact", "buckets"):
             clustered = index_rows | "ClusterIndex" >> beam.Map(
                 build_clustered_index, beam.pvalue.AsSingleton(centroids), options=options
             )
@@ -632,24 +435,22 @@ class RemoveNearDuplicates(beam.PTransform):
                     PAIRS, REJECTED
                 )
             )
+            return {PAIRS: result[PAIRS], REJECTED: result[REJECTED]}
+        index_list = index_rows | "IndexRowList" >> beam.FlatMap(IndexRows.rows)
+        if options.search == "list_join":
+            matches = (corpus, index_list) | "ListJoin" >> ListJoin(
+                centroids, options.threshold, options.batch_size, options.max_bucket_members
+            )
         else:
             left = corpus | "AssignCorpus" >> AssignTopClusters(centroids, options.nearest_clusters, options.batch_size)
-            right = (
-                index_rows
-                | "IndexRowList" >> beam.FlatMap(IndexRows.rows)
-                | "AssignIndex" >> AssignTopClusters(centroids, options.nearest_clusters, options.batch_size)
+            right = index_list | "AssignIndex" >> AssignTopClusters(centroids, options.nearest_clusters, options.batch_size)
+            matches = (left, right) | "BucketJoin" >> BucketJoin(
+                options.threshold, options.num_clusters, options.bucket_size, max_bucket_members=options.max_bucket_members
             )
-            result = (
-                (left, right)
-                | "BucketJoin"
-                >> BucketJoin(
-                    options.threshold,
-                    options.num_clusters,
-                    options.bucket_size,
-                    max_bucket_members=options.max_bucket_members,
-                )
-                | "ByCorpusKey" >> beam.Map(_match_to_corpus_key)
-                | "GroupMatches" >> beam.GroupByKey()
-                | "ReduceMatches" >> beam.FlatMap(_reduce_joined).with_outputs(PAIRS, REJECTED)
-            )
+        result = (
+            matches
+            | "ByCorpusKey" >> beam.Map(_match_to_corpus_key)
+            | "GroupMatches" >> beam.GroupByKey()
+            | "ReduceMatches" >> beam.FlatMap(_reduce_joined).with_outputs(PAIRS, REJECTED)
+        )
         return {PAIRS: result[PAIRS], REJECTED: result[REJECTED]}

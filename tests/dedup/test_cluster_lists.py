@@ -171,3 +171,19 @@ def test_exhaustive_reference_matches_plain_products():
     ref = cluster_lists.exhaustive_pairs(q, x, 0.8)
     sims = q @ x.T
     assert _pairs(ref) == set(zip(*[a.tolist() for a in np.nonzero(sims > 0.8)]))
+
+
+def test_every_near_duplicate_query_has_its_nearest_list_within_the_rows_reach():
+    """The list join's guarantee (cluster_lists.lists_within_reach), on pairs right at the threshold."""
+    rng = np.random.default_rng(10)
+    corpus, index = planted_embeddings(6_000, 2_000, zipf=True, seed=11)
+    for centroids in (kmeans.train_spherical_kmeans(corpus, 4096, niter=5), kmeans.l2_normalize(rng.standard_normal((50, 64)))):
+        truth = cluster_lists.exhaustive_pairs(corpus, index, THRESHOLD, normalized=True)
+        assert len(truth) > 500
+        nearest = cluster_lists.nearest_list(corpus, centroids)
+        reach = cluster_lists.lists_within_reach(index, centroids, THRESHOLD)
+        missing = [(q, r) for q, r in zip(truth.query_rows.tolist(), truth.index_rows.tolist()) if nearest[q] not in set(reach[r].tolist())]
+        assert not missing
+        assert np.mean([len(r) for r in reach]) < len(centroids)  # it prunes
+    zero = cluster_lists.lists_within_reach(np.zeros((1, 64), np.float32), centroids, THRESHOLD)
+    assert len(zero[0]) == 0

@@ -126,7 +126,7 @@ def test_planted_case_expectation():
 @pytest.mark.parametrize(
     "search,nearest_clusters,bucket_size",
     # The keyed join shuffles every vector C(n, b) times; C(5, 2) = 10 keeps the test fast.
-    [("exact", 10, 3), ("buckets", 10, 3), ("bucket_join", 5, 2)],
+    [("exact", 10, 3), ("list_join", 10, 3), ("buckets", 10, 3), ("bucket_join", 5, 2)],
 )
 def test_remove_near_duplicates_matches_exhaustive_search(search, nearest_clusters, bucket_size):
     corpus, index = planted_case(corpus_size=700)

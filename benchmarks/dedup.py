@@ -13,7 +13,8 @@ Parts (targets from the issue, on 2 cores):
 - ``verify``: cosines of those candidate pairs in blocks (>= 20M pairs/s).
 - ``exact``: the default search (``dedup.cluster_lists``), per index size:
   candidate generation alone (which lists each query probes) and the whole
-  search (probe + compare the probed lists' rows in blocks).
+  search (probe + compare the probed lists' rows in blocks); and how many
+  lists the keyed ``list_join`` shuffles each index row to.
 - ``exhaustive``: both whole paths (exact lists; buckets = assign + candidates
   + verify) against ``faiss.IndexFlatIP.range_search`` on the same queries:
   speed-ups and recall (exhaustive search has recall 1).
@@ -177,6 +178,13 @@ def main(argv=None):
         row(f"exact: whole search (probe + compare), index of {m:,} rows", len(queries), "images", wall, cpu, "",
             f"{compared / len(queries):,.0f} rows compared per image; {compared / wall / 1e6:,.0f}M pairs/s "
             f"({compared / cpu / 1e6:,.0f}M per CPU-s) including the probes")
+
+    if "exact" in parts:
+        m = max(index_sizes)
+        reach = np.array([len(r) for r in cluster_lists.lists_within_reach(index[:m], plain_centroids, args.threshold)])
+        print(f"| list join: lists each index row is shuffled to, index of {m:,} rows | mean {reach.mean():.1f}, "
+              f"median {np.median(reach):.0f}, max {reach.max()} | | | each corpus row: 1 (bucket join: 120 per row, both sides) |",
+              flush=True)
 
     if "exhaustive" in parts:
         m = max(index_sizes)

@@ -34,18 +34,16 @@ stages, in order (labels are stable):
   reach.
 - ``"bucket_join"``: ALIGN's rule as a keyed join on bucket keys
   (``BucketJoin``; every vector is shuffled C(n, b) times; the in-corpus
-  self-join uses it too). Every image emits its C(n, b) bucket keys with its vector;
-a bucket's members are compared by one matrix product and a pair is kept
-only in its canonical bucket (the lexicographically smallest it shares), so
-each pair comes out once. Buckets with more than ``max_bucket_members``
-members on a side are salted: split into chunks compared in a grid of cells.
-The price is shuffling every vector C(n, b) = 120 times.
+  self-join uses it too).
+
+The keyed joins live in ``dedup.keyed_joins`` (hot keys are salted there).
 
 Counters (namespace ``dedup``): ``near_duplicate_eval/corpus_images``,
-``.../compared_pairs`` (dot products), ``.../near_duplicate_pairs`` (broadcast searches),
-``near_duplicate_eval/rejected`` and ``near_duplicate_eval/<set>/rejected``
-(the set named in the reason); the keyed join adds ``bucket_join/cells``,
-``bucket_join/compared_pairs`` and ``bucket_join/near_duplicate_pairs``.
+``.../compared_pairs`` (dot products) and ``.../near_duplicate_pairs`` (the
+broadcast searches), ``near_duplicate_eval/rejected`` and
+``near_duplicate_eval/<set>/rejected`` (the set named in the reason); the
+keyed joins add ``list_join/...`` or ``bucket_join/...`` ``cells``,
+``compared_pairs`` and ``near_duplicate_pairs``.
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ from apache_beam.metrics import Metrics
 
 from filters import stages
 from filters.ngram_vocab import METRICS_NAMESPACE, RARE_NGRAM, DropRareNgrams
-from filters.text import normalize_text
+from filters.text import text_identity
 
 TOO_MANY_TEXTS = stages.reason("texts_per_image", "too_many_texts")
 SHARED_TEXT = stages.reason("images_per_text", "shared_text")
@@ -54,10 +54,6 @@ IMAGE_IDENTITIES = ("phash", "sha256")
 # ---------------------------------------------------------------------------
 # Pure functions
 # ---------------------------------------------------------------------------
-
-
-def text_identity(text: str) -> str:
-    return normalize_text(text).casefold()
 
 
 def image_identity(row, identity: str) -> str:

@@ -70,6 +70,11 @@ def word_count(text: str) -> int:
     return len(words(text))
 
 
+def text_identity(text: str) -> str:
+    """What the frequency filters count as one alt-text: normalised, case-folded."""
+    return normalize_text(text).casefold()
+
+
 def decode_caption(value) -> tuple:
     """Caption cell -> ``(str, reason_or_None)``; bytes must be valid UTF-8."""
     if value is None:

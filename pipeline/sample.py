@@ -80,7 +80,8 @@ import pyarrow.parquet as pq
 from PIL import Image, ImageEnhance
 
 from filters import stages
-from filters.text import ngrams, normalize_text, words
+from filters import text as text_lib
+from filters.text import ngrams, normalize_text, text_identity, words
 from pipeline import sample_scenes as scenes
 from pipeline.schema import make_key
 
@@ -154,12 +155,7 @@ def expected_image_fate(width: int, height: int) -> str:
 
 
 def word_count(caption: str) -> int:
-    return len(words(normalize_text(caption)))
-
-
-def text_identity(caption: str) -> str:
-    """What the frequency filters count as one alt-text."""
-    return normalize_text(caption).casefold()
+    return text_lib.word_count(normalize_text(caption))
 
 
 def wording_key(caption: str) -> str:

@@ -41,8 +41,6 @@ that could be within ``theta``, thousands where the buckets compare ~200.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
-
 import numpy as np
 
 from dedup import kmeans as kmeans_lib
@@ -127,12 +125,7 @@ class ClusterListIndex:
         self.block_starts = np.searchsorted(block[list_order], np.arange(block.max() + 2)).astype(np.int64)
 
         nonzero = np.flatnonzero(np.abs(vectors).sum(axis=1) > 0)
-        home = np.zeros(len(nonzero), np.int64)
-        home_cos = np.zeros(len(nonzero), np.float32)
-        for start in range(0, len(nonzero), 8192):
-            sims = vectors[nonzero[start : start + 8192]] @ self.centroids.T
-            home[start : start + 8192] = sims.argmax(axis=1)
-            home_cos[start : start + 8192] = sims.max(axis=1)
+        home, home_cos = _nearest(vectors[nonzero], self.centroids)
         order = np.argsort(home, kind="stable")
         #: original index row of each stored row (stored rows are grouped by list)
         self.row_ids = nonzero[order].astype(np.int64)
@@ -214,12 +207,20 @@ class ClusterListIndex:
         return Matches(q[order], r[order], c[order], probed_total, compared)
 
 
+def _nearest(vectors: np.ndarray, centroids: np.ndarray):
+    """Each row's nearest centroid and its cosine: ``(int64 [N], float32 [N])``, in blocks of rows."""
+    ids = np.zeros(len(vectors), np.int64)
+    cosines = np.zeros(len(vectors), np.float32)
+    for start in range(0, len(vectors), 8192):
+        sims = vectors[start : start + 8192] @ centroids.T
+        ids[start : start + 8192] = sims.argmax(axis=1)
+        cosines[start : start + 8192] = sims.max(axis=1)
+    return ids, cosines
+
+
 def nearest_list(vectors: np.ndarray, centroids: np.ndarray) -> np.ndarray:
     """Index of each row's nearest centroid (``int64 [N]``); rows and centroids unit vectors."""
-    out = np.zeros(len(vectors), np.int64)
-    for start in range(0, len(vectors), 8192):
-        out[start : start + 8192] = (vectors[start : start + 8192] @ centroids.T).argmax(axis=1)
-    return out
+    return _nearest(vectors, centroids)[0]
 
 
 def lists_within_reach(vectors: np.ndarray, centroids: np.ndarray, threshold: float) -> list:
@@ -263,10 +264,3 @@ def exhaustive_pairs(queries: np.ndarray, index: np.ndarray, threshold: float, n
     q, r, c = (np.concatenate(x) for x in (found_q, found_r, found_c))
     order = np.lexsort((r, q))
     return Matches(q[order].astype(np.int64), r[order].astype(np.int64), c[order].astype(np.float32), 0, len(queries) * len(index))
-
-
-def build(vectors: np.ndarray, centroids: np.ndarray, threshold: float, **kwargs) -> Optional[ClusterListIndex]:
-    """``ClusterListIndex`` or None when there are no centroids to list by."""
-    if centroids is None or len(centroids) == 0:
-        return None
-    return ClusterListIndex(vectors, centroids, threshold, **kwargs)

@@ -33,8 +33,15 @@ def planted_embeddings(n_corpus, n_index, dim=64, blobs=1000, zipf=False, seed=0
     src = rng.choice(n_index, planted, replace=False)
     dst = rng.choice(n_corpus, planted, replace=False)
     angle = np.deg2rad(rng.uniform(0, 20, planted)).astype(np.float32)
-    y = index[src]
-    noise = rng.standard_normal(y.shape).astype(np.float32)
-    noise = kmeans.l2_normalize(noise - (noise * y).sum(1, keepdims=True) * y)
-    corpus[dst] = np.cos(angle)[:, None] * y + np.sin(angle)[:, None] * noise
+    corpus[dst] = at_angle(rng, index[src], angle)
     return kmeans.l2_normalize(corpus), index
+
+
+def at_angle(rng, y, angle):
+    """Unit vectors at ``angle`` radians from unit vectors ``y`` ([D] or [N, D]), each in a random direction."""
+    y = np.asarray(y, np.float32)
+    noise = rng.standard_normal(y.shape).astype(np.float32)
+    noise = noise - (noise * y).sum(-1, keepdims=True) * y
+    noise /= np.linalg.norm(noise, axis=-1, keepdims=True)
+    angle = np.asarray(angle, np.float32)[..., None] if y.ndim > 1 else angle
+    return np.cos(angle) * y + np.sin(angle) * noise

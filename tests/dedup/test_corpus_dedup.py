@@ -6,16 +6,15 @@ from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from dedup import corpus_dedup, kmeans, transforms
+from dedup.synthetic import at_angle
 
 THRESHOLD = 0.975
 DIM = 16
 
 
 def _copy_at(rng, y, cosine):
-    noise = rng.standard_normal(y.shape).astype(np.float32)
-    noise = noise - (noise @ y) * y
-    noise /= np.linalg.norm(noise)
-    return np.cos(np.arccos(cosine)) * y + np.sin(np.arccos(cosine)) * noise
+    """A unit vector at exactly ``cosine`` from unit vector y."""
+    return at_angle(rng, y, np.arccos(cosine))
 
 
 def near_duplicate_corpus(size=600, seed=0):

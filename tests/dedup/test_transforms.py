@@ -9,6 +9,7 @@ from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from dedup import kmeans, transforms
+from dedup.synthetic import at_angle
 
 DIM = 16
 THRESHOLD = 0.975
@@ -30,10 +31,7 @@ def _unit(x):
 
 def _copy_at(rng, y, cosine):
     """A unit vector at exactly ``cosine`` from unit vector y."""
-    noise = rng.standard_normal(y.shape).astype(np.float32)
-    noise = noise - (noise @ y) * y
-    noise /= np.linalg.norm(noise)
-    return np.cos(np.arccos(cosine)) * y + np.sin(np.arccos(cosine)) * noise
+    return at_angle(rng, y, np.arccos(cosine))
 
 
 def planted_case(seed=0, corpus_size=1200):

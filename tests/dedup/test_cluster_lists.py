@@ -186,3 +186,25 @@ def test_every_near_duplicate_query_has_its_nearest_list_within_the_rows_reach()
         assert np.mean([len(r) for r in reach]) < len(centroids)  # it prunes
     zero = cluster_lists.lists_within_reach(np.zeros((1, 64), np.float32), centroids, THRESHOLD)
     assert len(zero[0]) == 0
+
+
+def test_reach_covers_the_worst_case_on_a_circle():
+    """Row x at theta/2 from its centroid c1; query q almost theta further on, nearer c2, which lies almost 2 theta from x.
+
+    The pair is a near-duplicate and q's nearest list is c2, so x must be
+    filed under c2: the ``2 theta`` in the reach is needed, not just ``theta``.
+    """
+    theta = float(np.arccos(THRESHOLD))
+    eps = 1e-3 * theta
+
+    def point(angle):
+        return np.array([[np.cos(angle), np.sin(angle), 0.0]], np.float32)
+
+    a = theta / 2
+    x, q = point(a), point(a + theta - eps)
+    centroids = np.concatenate([point(0.0), point(a + 2 * theta - 2 * eps), point(np.pi)])
+    assert float((q @ x.T)[0, 0]) > THRESHOLD
+    assert cluster_lists.nearest_list(x, centroids)[0] == 0
+    assert cluster_lists.nearest_list(q, centroids)[0] == 1
+    assert 1 in cluster_lists.lists_within_reach(x, centroids, THRESHOLD)[0].tolist()
+    assert _pairs(cluster_lists.ClusterListIndex(x, centroids, THRESHOLD, lists_per_block=1).search(q)) == {(0, 0)}

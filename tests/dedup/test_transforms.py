@@ -220,6 +220,7 @@ def test_threshold_is_required_and_checked():
 def test_centroid_thinning_is_automatic_only_for_the_bucket_searches():
     exact = transforms.SearchOptions(threshold=0.975)
     assert exact.centroid_merge_cosine is None
+    assert transforms.SearchOptions(0.975, search="list_join").centroid_merge_cosine is None
     for search in ("buckets", "bucket_join"):
         assert transforms.SearchOptions(0.975, search=search).centroid_merge_cosine == kmeans.merge_cosine_for(0.975)
         assert transforms.SearchOptions(0.975, search=search, merge_cosine=None).centroid_merge_cosine is None

@@ -6,7 +6,7 @@ Three ways two corpus images count as the same image, checked in this order:
 2. ``phash``: identical 64-bit perceptual hash (re-encodes, resizes).
 3. ``embedding``: cosine > threshold between image embeddings, found with the
    same k-means C(n, b) buckets as the evaluation dedup, as a keyed self-join
-   (``dedup.transforms.BucketJoin``): each pair once (canonical bucket), hot
+   (``dedup.keyed_joins.BucketJoin``): each pair once (canonical bucket), hot
    buckets salted into cells of at most ``max_bucket_members`` per side, each
    cell verified by one matrix product. No cell grows with the corpus.
 

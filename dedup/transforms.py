@@ -60,7 +60,7 @@ from dedup import buckets as buckets_lib
 from dedup import cluster_lists
 from dedup import kmeans as kmeans_lib
 from dedup import verify as verify_lib
-from dedup.keyed_joins import (  # noqa: F401  (re-exported: the module's public names)
+from dedup.keyed_joins import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_MAX_BUCKET_MEMBERS,
     METRICS_NAMESPACE,
@@ -129,7 +129,6 @@ class ClusteredIndex:
 
     def __init__(self, rows: IndexRows, centroids: np.ndarray, options: "SearchOptions"):
         self.rows = rows
-        self.search = options.search
         self.threshold = options.threshold
         num_clusters = len(centroids)
         self.nearest_clusters = kmeans_lib.nearest_clusters_for(num_clusters, options.nearest_clusters)
@@ -145,7 +144,7 @@ class ClusteredIndex:
         self.lists = self.shared = self.assigner = None
         if num_clusters == 0:
             return
-        if self.search == "exact":
+        if options.search == "exact":
             self.lists = cluster_lists.ClusterListIndex(rows.vectors, centroids, options.threshold, seed=options.seed)
             return
         self.assigner = kmeans_lib.CentroidAssigner(centroids)

@@ -5,7 +5,7 @@ import numpy as np
 from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from dedup import corpus_dedup, kmeans, transforms
+from dedup import corpus_dedup, keyed_joins, kmeans, transforms
 from dedup.synthetic import at_angle
 
 THRESHOLD = 0.975
@@ -129,7 +129,7 @@ def test_self_join_pairs_once_each():
         pairs = (
             p
             | beam.Create(members)
-            | transforms.BucketJoin(THRESHOLD, radix=5, bucket_size=2, self_join=True, max_bucket_members=5)
+            | keyed_joins.BucketJoin(THRESHOLD, radix=5, bucket_size=2, self_join=True, max_bucket_members=5)
             | beam.Map(lambda m: (m[0], m[1]))
         )
         assert_that(pairs, equal_to(expected))

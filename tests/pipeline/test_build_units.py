@@ -9,7 +9,7 @@ from apache_beam.testing.util import assert_that, equal_to
 from filters.presets import get_preset
 from pipeline import stats, write
 from pipeline.build import JoinVerdicts, resolve_group
-from pipeline.read import Rejection, rows_to_candidates
+from pipeline.read import Rejection, batch_to_records
 from pipeline.schema import Candidate, make_key
 
 
@@ -54,11 +54,12 @@ def test_join_verdicts_transform():
 def test_rows_missing_columns_or_bytes_are_rejected_with_reasons():
     table = pa.table({"url": ["a", "b", "c", "d"], "caption": ["x y z", None, "x y z", "x y z"],
                       "jpg": [b"img", b"img", None, b"img"], "status": ["success", "success", "success", "failed_to_download"]})
-    out = list(rows_to_candidates("f", table.to_batches(), set(table.column_names)))
+    (batch,) = table.to_batches()
+    out = list(batch_to_records("f", batch, 1))
     assert isinstance(out[0], Candidate)
     assert [o.reason for o in out[1:]] == ["read/missing_caption", "read/no_image", "read/bad_status"]
     no_caption = pa.table({"url": ["a"], "jpg": [b"img"]})
-    (only,) = rows_to_candidates("f", no_caption.to_batches(), set(no_caption.column_names))
+    (only,) = batch_to_records("f", no_caption.to_batches()[0], 1)
     assert isinstance(only, Rejection) and only.reason == "read/missing_column"
 
 

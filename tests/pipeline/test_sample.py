@@ -189,7 +189,7 @@ def test_thresholds_match_the_align_preset():
 def test_per_record_fates_match_the_filters(generated, manifest):
     """Read + per-record stages of the pipeline, on the real files, give the manifest's fates."""
     from filters.record import filter_record
-    from pipeline.read import Rejection, rows_to_candidates
+    from pipeline.read import Rejection, read_parquet_file
 
     out, _ = generated
     preset = get_preset("align")
@@ -199,7 +199,8 @@ def test_per_record_fates_match_the_filters(generated, manifest):
     for path in sorted(glob.glob(os.path.join(out, "candidates", "*.parquet"))):
         parquet = pq.ParquetFile(path)
         keys = parquet.read(columns=["key"]).column("key").to_pylist()
-        items = rows_to_candidates(path, parquet.iter_batches(batch_size=256), set(parquet.schema_arrow.names))
+        items = list(read_parquet_file(path))
+        assert len(items) == len(keys)
         for key, item in zip(keys, items):
             line = by_key[key]
             assert item.key == line["pipeline_key"]

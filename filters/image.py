@@ -89,17 +89,51 @@ class Decoded:
     phash: str
 
 
+class UnsupportedMode(ValueError):
+    """A pixel mode this project cannot turn into RGB without guessing (would be written wrong or blank)."""
+
+
+# Modes whose values are not 8-bit channels: handled by their range, never by a
+# plain convert("RGB"), which clips a float image in [0, 1] to black and a
+# 32-bit one to white.
+_SIXTEEN_BIT = ("I;16", "I;16B", "I;16L", "I;16N")
+
+
 def to_rgb(img: Image.Image) -> Image.Image:
-    """Any PIL mode to RGB; transparency is composited on white."""
-    if img.mode in ("RGBA", "LA") or (img.mode == "P" and "transparency" in img.info):
+    """Any PIL mode to RGB; transparency is composited on white.
+
+    Integer and float modes are scaled by their nominal range: 16-bit by 1/256;
+    a 32-bit integer image whose values fit 8 or 16 bits as such; a float image
+    with values in [0, 1] by 255, in [0, 255] as is. Anything else (negative or
+    wider values, CIELab, unknown modes) raises ``UnsupportedMode``.
+    """
+    if img.mode in ("RGBa", "La"):  # premultiplied alpha
+        img = img.convert("RGBA")
+    if img.mode in ("RGBA", "LA", "PA") or (img.mode == "P" and "transparency" in img.info):
         rgba = img.convert("RGBA")
         background = Image.new("RGB", rgba.size, (255, 255, 255))
         background.paste(rgba, mask=rgba.getchannel("A"))
         return background
-    if img.mode in ("I;16", "I;16B", "I;16L", "I"):
+    if img.mode in _SIXTEEN_BIT:
         # 16-bit grayscale: scale to 8 bits instead of clipping at 255.
         return img.point(lambda v: v / 256).convert("L").convert("RGB")
-    return img.convert("RGB")
+    if img.mode in ("I", "F"):
+        low, high = img.getextrema()
+        if img.mode == "F" and 0 <= low and high <= 1:
+            scale = 255
+        elif 0 <= low and high <= 255:
+            scale = 1
+        elif img.mode == "I" and 0 <= low and high <= 65535:
+            scale = 1 / 256
+        else:
+            raise UnsupportedMode(f"{img.mode} image with values in [{low}, {high}]")
+        return img.point(lambda v: v * scale).convert("L").convert("RGB")
+    if img.mode in ("LAB",):
+        raise UnsupportedMode(f"{img.mode} needs a colour profile to become RGB")
+    try:
+        return img.convert("RGB")
+    except ValueError as error:  # a mode Pillow cannot convert
+        raise UnsupportedMode(f"{img.mode}: {error}") from error
 
 
 def perceptual_hash(img: Image.Image) -> str:
@@ -120,6 +154,8 @@ def decode_image(data: bytes, header: Header, preset) -> Tuple[Optional[Decoded]
                 img.load()  # raises on truncated or corrupt pixel data
                 oriented = ImageOps.exif_transpose(img) if header.orientation != 1 else img
                 rgb = to_rgb(oriented)
+    except UnsupportedMode:
+        return None, stages.reason("image_decode", "unsupported_mode")
     except Exception:
         return None, stages.reason("image_decode", "corrupt")
     phash = perceptual_hash(rgb)

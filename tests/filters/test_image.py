@@ -118,3 +118,48 @@ def test_identity_of_reencoded_copy():
     da, db = image.decode_image(a, ha, ALIGN)[0], image.decode_image(b, hb, ALIGN)[0]
     assert da.sha256 != db.sha256
     assert da.phash == db.phash
+
+
+def tiff_of(array, mode=None):
+    out = io.BytesIO()
+    Image.fromarray(array, mode).save(out, format="TIFF")
+    return out.getvalue()
+
+
+RAMP = np.linspace(0, 1, 300 * 300, dtype=np.float32).reshape(300, 300)
+
+
+@pytest.mark.parametrize("values", [
+    RAMP,                                # float in [0, 1]
+    RAMP * 255,                          # float in [0, 255]
+    (RAMP * 65535).astype(np.int32),     # 32-bit integers holding 16-bit values
+    (RAMP * 65535).astype(np.uint16),    # 16-bit
+])
+def test_high_bit_depth_images_keep_their_picture(values):
+    data = tiff_of(values)
+    header, reason = image.read_header(data, ALIGN)
+    assert reason is None
+    decoded, reason = image.decode_image(data, header, ALIGN)
+    assert reason is None
+    stored = np.asarray(Image.open(io.BytesIO(decoded.image)).convert("L"), dtype=float)
+    expected = RAMP * 255
+    assert stored.std() > 50  # not blank
+    assert np.abs(stored - expected).mean() < 3
+
+
+@pytest.mark.parametrize("values", [
+    RAMP * 1000 - 500,                                # float outside any nominal range
+    (RAMP * 2_000_000_000).astype(np.int32),          # 32-bit values: no nominal range to scale by
+    (RAMP * 1000 - 500).astype(np.int32),             # negative
+])
+def test_images_without_a_faithful_rgb_form_are_rejected(values):
+    data = tiff_of(values)
+    header, _ = image.read_header(data, ALIGN)
+    assert image.decode_image(data, header, ALIGN) == (None, "image_decode/unsupported_mode")
+
+
+def test_cielab_is_rejected_not_guessed():
+    out = io.BytesIO()
+    Image.new("LAB", (300, 300), (50, 10, 10)).save(out, format="TIFF")
+    header, _ = image.read_header(out.getvalue(), ALIGN)
+    assert image.decode_image(out.getvalue(), header, ALIGN) == (None, "image_decode/unsupported_mode")

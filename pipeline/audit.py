@@ -32,6 +32,7 @@ import io
 import json
 import math
 import os
+import posixpath
 import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -782,8 +783,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
     parser.add_argument("data_dir", help="build output directory (or its stats/ directory); local or gs://")
     parser.add_argument("--no-html", action="store_true", help="print the funnel only")
+    parser.add_argument("--allow-incomplete", action="store_true",
+                        help="audit a build that did not finish (no COMPLETED), e.g. to see where it stopped")
     args = parser.parse_args(argv)
+    from common import console
+    from common.corpus_dir import IncompleteCorpus, require_completed
+
     stats_dir = stats_dir_of(args.data_dir)
+    corpus_dir = args.data_dir if stats_dir != args.data_dir else (posixpath.dirname(stats_dir.rstrip("/")) or ".")
+    try:
+        require_completed(corpus_dir, args.allow_incomplete)
+    except IncompleteCorpus as error:
+        parser.exit(2, f"error: {error}\n")
+    if argv is None:  # the command line, not a test: library chatter goes to a log file
+        console.route_library_output("audit")
     text = _read_text(_join(stats_dir, FUNNEL_FILE))
     funnel = json.loads(text) if text is not None else None
     if funnel is None:

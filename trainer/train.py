@@ -29,6 +29,7 @@ import json
 import math
 import os
 import signal
+import sys
 import time
 from typing import Any, Callable, Optional
 
@@ -80,6 +81,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     # ------------------------------------------------------------------
     if not config.get("data_dir"):
         raise ValueError("set config.data_dir (e.g. --config.data_dir=out/corpus)")
+    from common.corpus_dir import require_completed
+
+    require_completed(config.data_dir, config.get("allow_incomplete_data", False),
+                      "--config.allow_incomplete_data=true")
     if config.get("compilation_cache_dir"):
         # Cache every compiled program (XLA:CPU compiles of this model take
         # minutes on a busy machine). reset_cache: the cache may already have
@@ -431,7 +436,12 @@ def main(argv):
     del argv
     if _WORKDIR.value is None:
         raise app.UsageError("--workdir is required")
-    final = train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+    from common.corpus_dir import IncompleteCorpus
+
+    try:
+        final = train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+    except IncompleteCorpus as error:
+        sys.exit(f"error: {error}")
     summary = {k: v for k, v in final.items() if not k.startswith("train/") or k == "train/loss"}
     logging.info("final: %s", json.dumps(summary, sort_keys=True))
     print(json.dumps(summary, sort_keys=True))

@@ -89,7 +89,18 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--min_count", type=int, default=2)
     parser.add_argument("--max_texts", type=int, default=None)
     parser.add_argument("--output", default=None, help="default: <data_dir>/vocab.txt")
+    parser.add_argument("--allow_incomplete", action="store_true",
+                        help="read a corpus whose build did not finish (no COMPLETED)")
     args = parser.parse_args(argv)
+    from common import console
+    from common.corpus_dir import IncompleteCorpus, require_completed
+
+    try:
+        require_completed(args.data_dir, args.allow_incomplete, "--allow_incomplete")
+    except IncompleteCorpus as error:
+        parser.exit(2, f"error: {error}\n")
+    if argv is None:  # the command line, not a test: library chatter goes to a log file
+        console.route_library_output("vocab")
     path = build_vocab(
         args.data_dir,
         args.vocab_size,

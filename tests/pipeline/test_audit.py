@@ -168,6 +168,7 @@ def write_fixture_stats(data_dir, funnel=None, omit=(), samples=None):
         if name not in omit:
             with open(os.path.join(stats_dir, name), "w") as handle:
                 handle.write(text)
+    open(os.path.join(str(data_dir), "COMPLETED"), "w").close()  # a finished build
     return stats_dir
 
 
@@ -425,8 +426,21 @@ def test_cli_exit_status_on_failed_check_and_missing_funnel(tmp_path, capsys):
     assert audit.main([str(tmp_path / "bad"), "--no-html"]) == 1
     assert "CONSERVATION CHECK FAILED" in capsys.readouterr().out
     os.makedirs(tmp_path / "empty")
-    assert audit.main([str(tmp_path / "empty"), "--no-html"]) == 2
+    assert audit.main([str(tmp_path / "empty"), "--no-html", "--allow-incomplete"]) == 2
     assert "no funnel.json" in capsys.readouterr().err
+
+
+def test_cli_refuses_a_build_that_did_not_finish(tmp_path, capsys):
+    """A killed build (stats and shards, no COMPLETED) is not audited as if it were whole."""
+    stats_dir = write_fixture_stats(tmp_path)
+    os.remove(tmp_path / "COMPLETED")
+    for target in (str(tmp_path), stats_dir):
+        with pytest.raises(SystemExit) as exit_info:
+            audit.main([target, "--no-html"])
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "has no COMPLETED" in err and "--allow-incomplete" in err
+    assert audit.main([str(tmp_path), "--no-html", "--allow-incomplete"]) == 0
 
 
 def test_cli_runs_as_a_module(tmp_path):

@@ -121,6 +121,7 @@ def tiny_corpus(tmp_path_factory):
         shard_lengths[split] = write_split(data_dir, CORPUS_NAME, split, records, SPLIT_NUM_SHARDS[split])
     write_tfds_metadata(data_dir, CORPUS_NAME, shard_lengths, description="trainer test corpus")
     build_vocab(data_dir, TINY_VOCAB_SIZE)
+    open(os.path.join(data_dir, "COMPLETED"), "w").close()  # a finished build
     return data_dir
 
 

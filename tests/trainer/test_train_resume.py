@@ -134,3 +134,17 @@ def test_nan_guard_stops_with_a_clear_message():
         train._check_and_average(metrics, last_checkpoint=None)
     ok = train._check_and_average(metrics[:1], last_checkpoint=None)
     assert ok == {"loss": 3.0, "grad_norm": 1.0}
+
+
+def test_a_corpus_whose_build_did_not_finish_is_refused(tiny_corpus, cache_dir, tmp_path):
+    """No COMPLETED (a killed build): refused before any work, unless explicitly allowed."""
+    import shutil
+
+    from common.corpus_dir import IncompleteCorpus
+
+    killed = tmp_path / "killed"
+    shutil.copytree(tiny_corpus, killed)
+    os.remove(killed / "COMPLETED")
+    with pytest.raises(IncompleteCorpus, match="allow_incomplete_data"):
+        train.train_and_evaluate(small_config(str(killed), cache_dir), str(tmp_path / "work"))
+    assert not os.path.exists(tmp_path / "work")

@@ -51,6 +51,21 @@ def test_cli_with_smaller_target_writes_smaller_vocab(tiny_corpus, vocab_path, t
     assert len(small) < len(read_vocab(vocab_path))
 
 
+def test_cli_refuses_a_corpus_whose_build_did_not_finish(tiny_corpus, tmp_path, capsys):
+    import shutil
+
+    killed = tmp_path / "killed"
+    shutil.copytree(tiny_corpus, killed)
+    os.remove(killed / "COMPLETED")
+    out = tmp_path / "vocab.txt"
+    with pytest.raises(SystemExit) as exit_info:
+        vocab_lib.main(["--data_dir", str(killed), "--vocab_size", "40", "--output", str(out)])
+    assert exit_info.value.code == 2 and not out.exists()
+    assert "has no COMPLETED" in capsys.readouterr().err
+    vocab_lib.main(["--data_dir", str(killed), "--vocab_size", "40", "--output", str(out), "--allow_incomplete"])
+    assert out.exists()
+
+
 def test_tokenize_cls_first_sep_last_zero_padding(tokenizer):
     ids = tokenizer.tokenize_numpy(["red circle"])
     assert ids.dtype == np.int32 and ids.shape == (1, 16)

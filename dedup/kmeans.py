@@ -205,6 +205,33 @@ def train_from_sample(
 #: Centroids are kept at least this fraction of the near-duplicate angle apart.
 MERGE_ANGLE_FRACTION = 2.0 / 3.0
 
+#: ``centroid_merge_cosine`` values with a meaning of their own (see ``resolve_merge_cosine``).
+AUTOMATIC_MERGE = 0.0
+NEVER_MERGE = -1.0
+
+
+def resolve_merge_cosine(centroid_merge_cosine: float, threshold: float, buckets: bool) -> Optional[float]:
+    """The ``centroid_merge_cosine`` parameter -> the cosine ``thin_centroids`` merges at, or None.
+
+    The parameter has one form wherever it is set (the preset,
+    ``dedup.transforms.SearchOptions``, ``benchmarks.dedup``):
+    ``0`` is automatic: ``merge_cosine_for(threshold)`` for a bucket search
+    (``buckets``), which loses pairs in dense regions without it, and no
+    thinning for the exact searches, which lose none anyway; ``-1`` is never
+    (the paper's plain k-means); any other value is the cosine itself, in
+    (0, 1).
+    """
+    value = float(centroid_merge_cosine)
+    if value == AUTOMATIC_MERGE:
+        return merge_cosine_for(threshold) if buckets else None
+    if value == NEVER_MERGE:
+        return None
+    if not 0.0 < value < 1.0:
+        raise ValueError(
+            f"centroid_merge_cosine must be 0 (automatic), -1 (never) or a cosine in (0, 1), got {centroid_merge_cosine!r}"
+        )
+    return value
+
 
 def merge_cosine_for(threshold: float) -> float:
     """Default centroid-merge cosine for a near-duplicate threshold.

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from typing import Dict, Iterable, List, Optional, Tuple, Union
+from typing import Dict, Iterable, List, Optional, Tuple
 
 import apache_beam as beam
 import numpy as np
@@ -219,11 +219,10 @@ class SearchOptions:
     ``dedup.kmeans.effective_num_clusters``), ``nearest_clusters`` (ALIGN:
     10) and ``bucket_size`` (ALIGN: 3) are the paper's; the last two matter
     only for the bucket searches. ``sample_size``: corpus rows k-means trains
-    on. ``merge_cosine``: centroids closer than this are merged after k-means
-    (``dedup.kmeans.thin_centroids``); ``"auto"``: ``merge_cosine_for(
-    threshold)`` for the bucket searches (it keeps dense regions from losing
-    pairs) and none for ``"exact"`` (which loses none anyway); ``None``:
-    plain k-means as in the paper. ``max_bucket_members``: hot buckets of
+    on. ``centroid_merge_cosine``: centroids closer than this are merged
+    after k-means (``dedup.kmeans.thin_centroids``); 0 automatic, -1 never,
+    as in the preset (``dedup.kmeans.resolve_merge_cosine``).
+    ``max_bucket_members``: hot buckets of
     the keyed join are salted into cells of at most this many per side.
     """
 
@@ -237,7 +236,7 @@ class SearchOptions:
     kmeans_niter: int = kmeans_lib.DEFAULT_NITER
     seed: int = kmeans_lib.DEFAULT_SEED
     max_bucket_members: int = DEFAULT_MAX_BUCKET_MEMBERS
-    merge_cosine: Union[str, float, None] = "auto"
+    centroid_merge_cosine: float = kmeans_lib.AUTOMATIC_MERGE
 
     def __post_init__(self):
         object.__setattr__(self, "threshold", check_threshold(self.threshold))
@@ -247,19 +246,17 @@ class SearchOptions:
             raise ValueError("nearest_clusters and bucket_size must be >= 1")
         if self.num_clusters < 1 or self.sample_size < 1 or self.batch_size < 1:
             raise ValueError("num_clusters, sample_size and batch_size must be >= 1")
-        if self.merge_cosine != "auto" and self.merge_cosine is not None and not -1.0 < float(self.merge_cosine) < 1.0:
-            raise ValueError(f"merge_cosine must be 'auto', None or in (-1, 1), got {self.merge_cosine!r}")
+        self.merge_cosine  # validates centroid_merge_cosine
 
     @property
-    def centroid_merge_cosine(self) -> Optional[float]:
-        if self.merge_cosine == "auto":
-            return None if self.search in EXACT_SEARCHES else kmeans_lib.merge_cosine_for(self.threshold)
-        return None if self.merge_cosine is None else float(self.merge_cosine)
+    def merge_cosine(self) -> Optional[float]:
+        """The cosine k-means centroids are thinned at, None for plain k-means."""
+        return kmeans_lib.resolve_merge_cosine(
+            self.centroid_merge_cosine, self.threshold, buckets=self.search not in EXACT_SEARCHES
+        )
 
     def train_centroids(self) -> "TrainCentroids":
-        return TrainCentroids(
-            self.num_clusters, self.sample_size, self.kmeans_niter, self.seed, self.centroid_merge_cosine
-        )
+        return TrainCentroids(self.num_clusters, self.sample_size, self.kmeans_niter, self.seed, self.merge_cosine)
 
     def batch(self) -> beam.BatchElements:
         return beam.BatchElements(min_batch_size=min(256, self.batch_size), max_batch_size=self.batch_size)

@@ -368,15 +368,6 @@ def _write_pairs(rows, output_dir) -> None:
     stats_lib.write_text(FileSystems.join(output_dir, "stats", "near_duplicates.jsonl"), text)
 
 
-def merge_cosine_option(value: float):
-    """The preset's ``centroid_merge_cosine`` as ``dedup.transforms`` takes it: 0 automatic, < 0 never."""
-    if value == 0:
-        return "auto"
-    if value < 0:
-        return None
-    return float(value)
-
-
 def search_options(preset) -> dict:
     """``dedup.transforms.SearchOptions`` from the preset, but ``search`` (eval and in-corpus differ)."""
     return dict(
@@ -384,7 +375,7 @@ def search_options(preset) -> dict:
         nearest_clusters=preset.nearest_clusters,
         bucket_size=preset.bucket_size,
         sample_size=preset.kmeans_sample_size,
-        merge_cosine=merge_cosine_option(preset.centroid_merge_cosine),
+        centroid_merge_cosine=preset.centroid_merge_cosine,
     )
 
 

@@ -219,11 +219,12 @@ def test_threshold_is_required_and_checked():
 
 def test_centroid_thinning_is_automatic_only_for_the_bucket_searches():
     exact = transforms.SearchOptions(threshold=0.975)
-    assert exact.centroid_merge_cosine is None
-    assert transforms.SearchOptions(0.975, search="list_join").centroid_merge_cosine is None
+    assert exact.merge_cosine is None
+    assert transforms.SearchOptions(0.975, search="list_join").merge_cosine is None
     for search in ("buckets", "bucket_join"):
-        assert transforms.SearchOptions(0.975, search=search).centroid_merge_cosine == kmeans.merge_cosine_for(0.975)
-        assert transforms.SearchOptions(0.975, search=search, merge_cosine=None).centroid_merge_cosine is None
-    assert transforms.SearchOptions(0.975, merge_cosine=0.99).centroid_merge_cosine == 0.99
-    with pytest.raises(ValueError):
-        transforms.SearchOptions(0.975, merge_cosine=1.5)
+        assert transforms.SearchOptions(0.975, search=search).merge_cosine == kmeans.merge_cosine_for(0.975)
+        assert transforms.SearchOptions(0.975, search=search, centroid_merge_cosine=-1).merge_cosine is None
+    assert transforms.SearchOptions(0.975, centroid_merge_cosine=0.99).merge_cosine == 0.99
+    for wrong in (1.5, 1.0, -0.5, "auto", None):
+        with pytest.raises((ValueError, TypeError)):
+            transforms.SearchOptions(0.975, centroid_merge_cosine=wrong)

@@ -136,19 +136,18 @@ def test_preset_search_parameters_reach_the_search_options():
     from dedup import kmeans
     from dedup.transforms import SearchOptions
 
-    assert [build.merge_cosine_option(v) for v in (0.0, -1.0, 0.97)] == ["auto", None, 0.97]
     preset = get_preset("align", ["num_clusters=64", "nearest_clusters=8", "bucket_size=2", "kmeans_sample_size=5000"])
     options = SearchOptions(threshold=0.9, search=preset.near_duplicate_search, **build.search_options(preset))
     assert (options.search, options.num_clusters, options.nearest_clusters, options.bucket_size, options.sample_size) == (
         "exact", 64, 8, 2, 5000)
-    assert options.centroid_merge_cosine is None  # automatic: no thinning for the exact search
+    assert options.merge_cosine is None  # automatic: no thinning for the exact search
     buckets = get_preset("align", ["near_duplicate_search=buckets"])
     options = SearchOptions(threshold=0.9, search=buckets.near_duplicate_search, **build.search_options(buckets))
-    assert options.centroid_merge_cosine == pytest.approx(kmeans.merge_cosine_for(0.9))
+    assert options.merge_cosine == pytest.approx(kmeans.merge_cosine_for(0.9))
     never = get_preset("align", ["near_duplicate_search=buckets", "centroid_merge_cosine=-1"])
-    assert SearchOptions(threshold=0.9, search="buckets", **build.search_options(never)).centroid_merge_cosine is None
+    assert SearchOptions(threshold=0.9, search="buckets", **build.search_options(never)).merge_cosine is None
     fixed = get_preset("align", ["centroid_merge_cosine=0.99"])
-    assert SearchOptions(threshold=0.9, **build.search_options(fixed)).centroid_merge_cosine == 0.99
+    assert SearchOptions(threshold=0.9, **build.search_options(fixed)).merge_cosine == 0.99
 
 
 # ---------------------------------------------------------------------------

@@ -23,9 +23,11 @@ Data: a mixture of 1,000 Gaussian blobs on the unit sphere in D dimensions
 (blob tightness varied so that some blobs hold natural near-duplicates), with
 planted copies of a quarter of the index rows at 0-20 degrees (cosine 0.94-1),
 ``--zipf`` for Zipf(1.2) blob sizes. Centroids: k-means on the corpus; the
-exact search uses them as they are, the bucket parts after ``thin_centroids``
-at ``merge_cosine_for(threshold)`` as the Beam transform does for bucket
-searches (``--no-merge`` for plain k-means there too).
+exact search and the bucket parts use them thinned as ``--centroid-merge-cosine``
+says, with the preset's meaning (``dedup.kmeans.resolve_merge_cosine``): 0
+(default) thins the bucket parts' centroids at ``merge_cosine_for(threshold)``
+and leaves the exact search's plain, as the Beam transform does; -1 is plain
+k-means for both; a cosine thins both.
 
 Every figure is the median of ``--repeats`` runs, as wall-clock rate and as
 rate per CPU-second of this process (faiss and BLAS may use both cores, so
@@ -47,6 +49,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
+from benchmarks import record  # noqa: E402
 from dedup import buckets, cluster_lists, kmeans, verify  # noqa: E402
 from dedup.synthetic import planted_embeddings  # noqa: E402
 
@@ -65,10 +68,19 @@ def timed(fn, repeats):
     return result, statistics.median(walls), statistics.median(cpus)
 
 
+ROWS = []  # what the JSON records: every table row, as printed and as numbers
+
+
+def line(text, **figures):
+    print(text, flush=True)
+    ROWS.append(dict(row=text, **figures))
+
+
 def row(name, count, unit, wall, cpu, target="", extra=""):
-    print(
+    line(
         f"| {name} | {count / wall:,.0f} {unit}/s | {count / cpu:,.0f} {unit}/CPU-s | {target} | {extra} |",
-        flush=True,
+        measure=name, count=count, unit=unit, wall_s=wall, cpu_s=cpu,
+        per_s=count / wall, per_cpu_s=count / cpu, target=target, notes=extra,
     )
 
 
@@ -91,15 +103,18 @@ def main(argv=None):
     parser.add_argument("--kmeans-niter", type=int, default=kmeans.DEFAULT_NITER)
     parser.add_argument("--kmeans-repeats", type=int, default=1)
     parser.add_argument("--zipf", action="store_true")
-    parser.add_argument("--no-merge", action="store_true", help="plain k-means centroids (no thinning)")
+    parser.add_argument("--centroid-merge-cosine", type=float, default=kmeans.AUTOMATIC_MERGE,
+                        help="as the preset's centroid_merge_cosine: 0 automatic, -1 never, else the cosine")
+    parser.add_argument("--json", default="", help="output path (default benchmarks/results/dedup[_zipf].json)")
     args = parser.parse_args(argv)
+    run = record.Run()
     parts = set(args.parts.split(","))
     index_sizes = [int(s) for s in args.index_sizes.split(",")]
 
     import faiss
 
     print(f"# benchmarks.dedup D={args.dim} K={args.num_clusters} zipf={args.zipf} "
-          f"merge={not args.no_merge} faiss threads={faiss.omp_get_max_threads()} ({load()})", flush=True)
+          f"centroid_merge_cosine={args.centroid_merge_cosine} faiss threads={faiss.omp_get_max_threads()} ({load()})", flush=True)
     corpus, index = planted_embeddings(max(args.corpus, args.kmeans_sample), max(index_sizes), args.dim, zipf=args.zipf)
     queries = corpus[: args.queries]
     print("| measure | wall clock | per CPU-second | target | notes |\n| --- | ---: | ---: | --- | --- |", flush=True)
@@ -110,19 +125,26 @@ def main(argv=None):
             lambda: kmeans.train_spherical_kmeans(sample, args.num_clusters, niter=args.kmeans_niter),
             args.kmeans_repeats,
         )
-        print(f"| k-means {len(sample):,} x {args.num_clusters} clusters, niter={args.kmeans_niter} | "
-              f"{wall:.1f} s | {cpu:.1f} CPU-s | <= 120 s | {wall / args.kmeans_niter:.1f} s per iteration |", flush=True)
+        line(f"| k-means {len(sample):,} x {args.num_clusters} clusters, niter={args.kmeans_niter} | "
+             f"{wall:.1f} s | {cpu:.1f} CPU-s | <= 120 s | {wall / args.kmeans_niter:.1f} s per iteration |",
+             measure="kmeans", wall_s=wall, cpu_s=cpu)
     else:
         # Fewer iterations when k-means itself is not measured: only the
         # cluster layout matters for the other parts.
         centroids = kmeans.train_spherical_kmeans(sample, args.num_clusters, niter=8)
-    plain_centroids = centroids
-    if not args.no_merge:
-        sizes = np.bincount(kmeans.CentroidAssigner(centroids).top_clusters(sample, 1)[:, 0], minlength=len(centroids))
-        plain = len(centroids)
-        centroids = kmeans.thin_centroids(centroids, sizes, kmeans.merge_cosine_for(args.threshold))
-        print(f"| centroid thinning at cosine {kmeans.merge_cosine_for(args.threshold):.4f} | {plain} -> "
-              f"{len(centroids)} centroids | | | |", flush=True)
+    sizes = np.bincount(kmeans.CentroidAssigner(centroids).top_clusters(sample, 1)[:, 0], minlength=len(centroids))
+
+    def thinned(buckets_search):
+        merge = kmeans.resolve_merge_cosine(args.centroid_merge_cosine, args.threshold, buckets=buckets_search)
+        if merge is None:
+            return centroids
+        kept = kmeans.thin_centroids(centroids, sizes, merge)
+        line(f"| centroid thinning at cosine {merge:.4f} ({'buckets' if buckets_search else 'exact'}) | "
+             f"{len(centroids)} -> {len(kept)} centroids | | | |")
+        return kept
+
+    exact_centroids = thinned(buckets_search=False)  # the exact search's
+    centroids = thinned(buckets_search=True)
     assigner = kmeans.CentroidAssigner(centroids)
     batches = [queries[s : s + args.batch] for s in range(0, len(queries), args.batch)]
 
@@ -164,15 +186,15 @@ def main(argv=None):
     for m in index_sizes:
         if "exact" not in parts:
             break
-        lists = cluster_lists.ClusterListIndex(index[:m], plain_centroids, args.threshold)
+        lists = cluster_lists.ClusterListIndex(index[:m], exact_centroids, args.threshold)
         cosines, wall, cpu = timed(lambda: [lists.centroids @ b.T for b in batches], args.repeats)
-        row(f"exact: query-centroid cosines ({len(plain_centroids)} centroids; the product top-10 assignment also makes)",
+        row(f"exact: query-centroid cosines ({len(exact_centroids)} centroids; the product top-10 assignment also makes)",
             len(queries), "images", wall, cpu, "", "one matrix product per batch")
         probe_cosine = lists.probe_cosine[:, None]
         probed, wall, cpu = timed(lambda: [c >= probe_cosine for c in cosines], args.repeats)
         probes = sum(int(p.sum()) for p in probed)
         row(f"exact: candidate generation (list probes from those cosines), index of {m:,} rows", len(queries), "images",
-            wall, cpu, ">= 100k images/s", f"{probes / len(queries):.1f} lists probed per image of {len(plain_centroids)}")
+            wall, cpu, ">= 100k images/s", f"{probes / len(queries):.1f} lists probed per image of {len(exact_centroids)}")
         found, wall, cpu = timed(lambda: [lists.search(b, normalized=True) for b in batches], args.repeats)
         compared = sum(f.compared_pairs for f in found)
         row(f"exact: whole search (probe + compare), index of {m:,} rows", len(queries), "images", wall, cpu, "",
@@ -181,16 +203,17 @@ def main(argv=None):
 
     if "exact" in parts:
         m = max(index_sizes)
-        reach = np.array([len(r) for r in cluster_lists.lists_within_reach(index[:m], plain_centroids, args.threshold)])
-        print(f"| list join: lists each index row is shuffled to, index of {m:,} rows | mean {reach.mean():.1f}, "
-              f"median {np.median(reach):.0f}, max {reach.max()} | | | each corpus row: 1 (bucket join: 120 per row, both sides) |",
-              flush=True)
+        reach = np.array([len(r) for r in cluster_lists.lists_within_reach(index[:m], exact_centroids, args.threshold)])
+        line(f"| list join: lists each index row is shuffled to, index of {m:,} rows | mean {reach.mean():.1f}, "
+             f"median {np.median(reach):.0f}, max {reach.max()} | | | each corpus row: 1 |",
+             measure="list_join_lists_per_index_row", mean=float(reach.mean()), median=float(np.median(reach)),
+             max=int(reach.max()))
 
     if "exhaustive" in parts:
         m = max(index_sizes)
         index_vectors = index[:m]
         shared = buckets.SharedClusterIndex(index_clusters[:m], len(centroids), 3)
-        lists = cluster_lists.ClusterListIndex(index_vectors, plain_centroids, args.threshold)
+        lists = cluster_lists.ClusterListIndex(index_vectors, exact_centroids, args.threshold)
 
         def exact_path():
             found = []
@@ -236,6 +259,7 @@ def main(argv=None):
                 f"recall {1 - lost / max(1, len(truth_set)):.5f} ({lost} of {len(truth_set):,} pairs lost); "
                 f"speed-up over exhaustive {flat_wall / wall:.1f}x wall, {flat_cpu / cpu:.1f}x CPU")
     print(f"# done ({load()})", flush=True)
+    run.write("dedup_zipf" if args.zipf else "dedup", {"args": vars(args), "rows": ROWS}, args.json)
 
 
 if __name__ == "__main__":

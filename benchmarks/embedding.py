@@ -1,6 +1,6 @@
 """Near-duplicate embedding throughput ("dct" embedder).
 
-    python -m benchmarks.embedding [--images 1000] [--repeats 5] [--processes 2]
+    python -m benchmarks.embedding [--images 1000] [--repeats 5] [--processes 2] [--json PATH]
 
 Inputs: ``--images`` distinct 400x300 JPEGs (quality 85), random 4:3 crops of
 the photographs shipped in scikit-image / scikit-learn, the size the target
@@ -15,13 +15,13 @@ is stated for. Measured, medians over ``--repeats``:
 - one larger size (1024x768) for scale.
 
 Target (issue 4): >= 1,500 images/s on 2 cores for typical 400x300 JPEGs.
+Writes ``benchmarks/results/embedding.json`` (``benchmarks.record``).
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import json
 import multiprocessing
 import os
 import statistics
@@ -31,6 +31,7 @@ from typing import Callable, List
 import numpy as np
 from PIL import Image
 
+from benchmarks import record
 from dedup import embedders
 from dedup.calibrate import real_photographs
 from dedup.edits import encode_jpeg
@@ -94,7 +95,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--images", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--json", default="", help="output path (default benchmarks/results/embedding.json)")
     args = parser.parse_args(argv)
+    run = record.Run()
 
     dct = embedders.get("dct")
     images = make_jpegs(args.images, 400, 300)
@@ -135,7 +138,7 @@ def main(argv=None) -> dict:
     for key, value in results.items():
         shown = f"{value:,.0f}" if isinstance(value, float) and value > 100 else value
         print(f"{key:<{width}}  {shown}")
-    print(json.dumps(results))
+    run.write("embedding", results, args.json)
     return results
 
 

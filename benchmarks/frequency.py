@@ -159,11 +159,16 @@ def main(argv=None):
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--transform-kw", default="{}",
                         help='JSON keyword arguments for ApplyCorpusFilters, e.g. \'{"hot_key_fanout": 8}\'')
+    parser.add_argument("--json", default="", help="output path (default benchmarks/results/frequency.json)")
     parser.add_argument("--one", nargs=3, metavar=("MODE", "SIZE", "SEED"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
         one_run(args.one[0], int(args.one[1]), int(args.one[2]), json.loads(args.transform_kw))
         return
+    from benchmarks import record
+
+    run = record.Run()
+    all_runs = []
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
     sizes = [int(s) for s in args.sizes.split(",")]
     modes = args.modes.split(",")
@@ -177,6 +182,7 @@ def main(argv=None):
                      "--transform-kw", args.transform_kw],
                     cwd=REPO, env=env, capture_output=True, text=True, check=True)
                 runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+            all_runs.extend(runs)
             med = {k: statistics.median(r[k] for r in runs) for k in runs[0] if isinstance(runs[0][k], float)}
             med.update({k: runs[0][k] for k in ("survivors", "rejected")})
             results[(mode, size)] = med
@@ -204,6 +210,8 @@ def main(argv=None):
                   f"wall {hi['seconds'] / lo['seconds']:.1f}x, CPU {cpu(hi) / cpu(lo):.1f}x, "
                   f"driver peak RSS {hi['peak_rss_mb'] / lo['peak_rss_mb']:.2f}x, "
                   f"peak RSS above baseline {(hi['peak_rss_mb'] - hi['rss_before_mb']) / (lo['peak_rss_mb'] - lo['rss_before_mb']):.2f}x")
+    medians = [dict(mode=mode, size=size, **med) for (mode, size), med in results.items()]
+    run.write("frequency", {"transform_kw": json.loads(args.transform_kw), "medians": medians, "runs": all_runs}, args.json)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,9 @@ wall-clock second (what a trainer would get right now) and images per
 CPU-second of the whole process (all tf.data threads; stable on a shared
 machine, and times the cores you give it is the rate on dedicated cores).
 
-    python -m benchmarks.input_pipeline [--num_images 1000] [--runs 3]
+    python -m benchmarks.input_pipeline [--num_images 1000] [--runs 3] [--json PATH]
+
+Writes ``benchmarks/results/input_pipeline.json`` (``benchmarks.record``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import time
 import numpy as np
 from PIL import Image
 
+from benchmarks import record
 from pipeline import schema, tfrecord
 from pipeline.write import write_contiguous_shards
 
@@ -96,7 +99,10 @@ def main(argv=None):
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--work_dir", default=None, help="default: a temporary directory")
+    parser.add_argument("--json", default="", help="output path (default benchmarks/results/input_pipeline.json)")
     args = parser.parse_args(argv)
+    run = record.Run()
+    figures = {"num_images": args.num_images, "batch_size": args.batch_size, "runs": args.runs, "configs": {}}
 
     from trainer.tokenizer import Tokenizer
     from trainer.vocab import build_vocab
@@ -122,6 +128,12 @@ def main(argv=None):
             wall, cpu = zip(*runs)
             print(f"{name:<8} {image_size:>5} {resize_size:>6} {args.batch_size:>5}  "
                   f"{statistics.median(wall):8.0f}  {statistics.median(cpu):12.0f}  {[round(r) for r in wall]}")
+            figures["configs"][name] = {
+                "image_size": image_size, "resize_size": resize_size,
+                "images_per_s": statistics.median(wall), "images_per_cpu_s": statistics.median(cpu),
+                "runs_images_per_s": list(wall), "runs_images_per_cpu_s": list(cpu),
+            }
+    run.write("input_pipeline", figures, args.json)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Per-record filter throughput and end-to-end build throughput.
 
-    python -m benchmarks.record_filters --sample out/sample [--repeats 5] [--build]
+    python -m benchmarks.record_filters --sample out/sample [--repeats 5] [--build] [--json PATH]
 
 Measures, on the JPEG/PNG bytes of a generated sample (``pipeline.sample``):
 - header-only checks (``read_header`` + ``check_header``) records/s,
@@ -8,7 +8,8 @@ Measures, on the JPEG/PNG bytes of a generated sample (``pipeline.sample``):
   pHash, re-encode when needed) records/s,
 - with ``--build``: the whole Beam job on the sample, in-process and with two
   worker processes, records/s (input rows / wall time, including start-up).
-Medians over ``--repeats`` runs; one core for the pure functions.
+Medians over ``--repeats`` runs; one core for the pure functions. Writes
+``benchmarks/results/record_filters.json`` (``benchmarks.record``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import time
 
 import pyarrow.parquet as pq
 
+from benchmarks import record
 from filters import image as image_rules
 from filters.presets import get_preset
 from filters.record import filter_record
@@ -60,7 +62,9 @@ def main():
     parser.add_argument("--limit", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--build", action="store_true")
+    parser.add_argument("--json", default="", help="output path (default benchmarks/results/record_filters.json)")
     args = parser.parse_args()
+    run = record.Run()
     preset = get_preset("align")
     candidates = load_candidates(args.sample, args.limit)
     n = len(candidates)
@@ -100,7 +104,9 @@ def main():
             results[f"build_{label}_records_per_s"] = rows / statistics.median(times)
             results[f"build_{label}_seconds"] = statistics.median(times)
         results["build_rows"] = rows
-    print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in results.items()}, indent=1))
+    results = {k: round(v, 2) if isinstance(v, float) else v for k, v in results.items()}
+    print(json.dumps(results, indent=1))
+    run.write("record_filters", results, args.json)
 
 
 if __name__ == "__main__":

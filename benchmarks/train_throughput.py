@@ -31,6 +31,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from benchmarks import record  # noqa: E402
+
 WORK = os.path.join(ROOT, "benchmarks", "_work", "train_throughput")
 DEFAULT_BATCH = {"tiny": 128, "b3_bert_mini": 8}
 SHAPES = ("circle", "square", "triangle")
@@ -112,7 +114,9 @@ def main(argv=None):
     parser.add_argument("--configs", default="tiny,b3_bert_mini")
     parser.add_argument("--steps", type=int, default=8, help="timed steps after the first")
     parser.add_argument("--batch", action="append", default=[], help="NAME=B batch override")
+    parser.add_argument("--json", default="", help="output path (default benchmarks/results/train_throughput.json)")
     args = parser.parse_args(argv)
+    run = record.Run()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     batches = dict(DEFAULT_BATCH, **{k: int(v) for k, v in (b.split("=") for b in args.batch)})
 
@@ -137,6 +141,7 @@ def main(argv=None):
         print(f"| {r['config']} | {r['batch']} | {r['image_size']} | {r['max_text_len']} | "
               f"{r['median_step_s']:.3f} | {r['pairs_per_s']:.1f} | {r['pairs_per_cpu_s']:.1f} | "
               f"{r['run_including_compile_s']:.0f} |")
+    run.write("train_throughput", {"configs": results}, args.json)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from typing import Optional, Tuple
 from PIL import Image, ImageOps
 
 from filters import stages
+from filters.presets import keeps
 
 _EXIF_ORIENTATION = 0x0112
 _TRANSPOSED = {5, 6, 7, 8}  # orientations that swap width and height
@@ -55,27 +56,33 @@ def read_header(data: bytes, preset) -> Tuple[Optional[Header], Optional[str]]:
         return None, stages.reason("image_header", "undecodable")
     if width <= 0 or height <= 0:
         return None, stages.reason("image_header", "undecodable")
-    if width * height > preset.max_pixels:
+    if not keeps(preset, "max_pixels", width * height):
         return None, stages.reason("image_header", "decompression_bomb")
     if orientation in _TRANSPOSED:
         width, height = height, width
     return Header(fmt, width, height, orientation), None
 
 
+# MPO (CIPA multi-picture format, as cameras write) is a JPEG whose first
+# picture any JPEG decoder reads; a "JPEG only" rule means it too.
+FORMAT_FAMILY = {"MPO": "JPEG"}
+
+
+def format_allowed(fmt: str, formats) -> bool:
+    return fmt in formats or FORMAT_FAMILY.get(fmt) in formats
+
+
 def check_header(header: Header, preset) -> Optional[str]:
-    """Format, size and aspect rules on header facts; the first failure wins."""
-    if header.format not in preset.formats:
+    """Format, size and aspect rules on header facts; the first failure wins.
+
+    The side of each threshold that is kept comes from ``filters.presets``.
+    """
+    if not format_allowed(header.format, preset.formats):
         return stages.reason("image_format", "not_allowed")
     shorter, longer = sorted((header.width, header.height))
-    if shorter <= preset.min_shorter_side or shorter <= preset.min_both_sides:
+    if not (keeps(preset, "min_shorter_side", shorter) and keeps(preset, "min_both_sides", shorter)):
         return stages.reason("image_size", "too_small")
-    ratio = longer / shorter
-    too_elongated = (
-        ratio > preset.max_aspect_ratio
-        if preset.max_aspect_ratio_inclusive
-        else ratio >= preset.max_aspect_ratio
-    )
-    if too_elongated:
+    if not keeps(preset, "max_aspect_ratio", longer / shorter):
         return stages.reason("image_aspect", "too_elongated")
     return None
 

@@ -33,6 +33,7 @@ import numpy as np
 from PIL import Image, ImageOps
 
 from filters import stages
+from filters.presets import keeps, rule_enabled
 
 # ---------------------------------------------------------------------------
 # Data: NudeNet's classes and which of them count as pornographic
@@ -97,11 +98,11 @@ class NsfwScorer(Protocol):
 
 def is_pornographic(score: float, threshold: float) -> bool:
     """The stage's rule (``threshold >= 1.0`` means the stage does not run)."""
-    return threshold < 1.0 and score >= threshold
+    return stage_enabled(threshold) and not keeps({"nsfw_threshold": threshold}, "nsfw_threshold", score)
 
 
 def stage_enabled(threshold: float) -> bool:
-    return threshold < 1.0
+    return rule_enabled("nsfw_threshold", {"nsfw_threshold": threshold})
 
 
 def _load_nudenet(**kwargs) -> Tuple[Optional["NudenetScorer"], str]:

@@ -10,12 +10,12 @@ joined by one space.
 
 from __future__ import annotations
 
-import collections
 import re
 import unicodedata
 from typing import List
 
 from filters import stages
+from filters.presets import keeps
 
 _WORD = re.compile(r"\w+(?:['\u2019]\w+)*")
 # Control, format (zero-width, BOM, bidi marks) and separator characters other
@@ -34,9 +34,11 @@ def words(text: str) -> List[str]:
     return _WORD.findall(text.casefold())
 
 
-def ngrams(text: str) -> List[str]:
-    """Unigrams then bigrams of ``text`` (with repeats, in order)."""
+def ngrams(text: str, max_order: int = 2) -> List[str]:
+    """Unigrams then (``max_order`` 2) bigrams of ``text``, with repeats, in order."""
     toks = words(text)
+    if max_order < 2:
+        return toks
     return toks + [f"{a} {b}" for a, b in zip(toks, toks[1:])]
 
 
@@ -52,18 +54,26 @@ def check_text(raw: str, preset) -> tuple:
         return text, stages.reason("text", "empty")
     if "\ufffd" in text:
         return text, stages.reason("text", "invalid_encoding")
-    if len(text) > preset.max_chars:
+    if not keeps(preset, "max_chars", len(text)):
         return text, stages.reason("text", "too_long_chars")
     toks = words(text)
-    if len(toks) < preset.min_words:
+    if not keeps(preset, "min_words", len(toks)):
         return text, stages.reason("text_length", "too_few_words")
-    if len(toks) > preset.max_words:
+    if not keeps(preset, "max_words", len(toks)):
         return text, stages.reason("text_length", "too_many_words")
-    if preset.max_word_repetition < 1.0:
-        top = collections.Counter(toks).most_common(1)[0][1]
-        if top / len(toks) > preset.max_word_repetition:
-            return text, stages.reason("text_repetition", "repetitive")
+    if toks and not keeps(preset, "max_word_repetition", repetition(toks)):
+        return text, stages.reason("text_repetition", "repetitive")
     return text, None
+
+
+def repetition(toks: List[str]) -> float:
+    """CC12M's "fraction of word repetition": repeated words / words = 1 - distinct/total.
+
+    "a cat on a mat" is 1 - 4/5 = 0.2; "red sports car" is 0.
+    """
+    # (total - distinct) / total, not 1 - distinct/total: 1/5 is the double
+    # 0.2 exactly, while 1 - 4/5 is not.
+    return (len(toks) - len(set(toks))) / len(toks)
 
 
 def word_count(text: str) -> int:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import base64
 import binascii
+import functools
 import html
 import io
 import json
@@ -36,7 +37,7 @@ import posixpath
 import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from filters import stages
+from filters import presets, stages
 
 STATS_DIR = "stats"
 FUNNEL_FILE = "funnel.json"
@@ -228,6 +229,12 @@ def _top_reasons(row: dict, limit: int = TOP_REASONS) -> str:
     return ", ".join(shown)
 
 
+def _override(value) -> str:
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value))
+    return json.dumps(value)
+
+
 def format_funnel(funnel: dict) -> str:
     """The funnel as an aligned text table, then written/rejected totals and checks."""
     total_in = _int(funnel.get("input"))
@@ -256,8 +263,11 @@ def format_funnel(funnel: dict) -> str:
         return "  ".join(parts).rstrip()
 
     dataset = funnel.get("dataset") or "?"
-    preset = funnel.get("preset_name") or "?"
-    out = [f"funnel of {dataset!r} (preset {preset!r}): {total_in:,} input records", line(header)]
+    preset = repr(funnel.get("preset_name") or "?")
+    overrides = funnel.get("preset_overrides") or {}
+    if overrides:
+        preset += " with " + ", ".join(f"{k}={_override(v)}" for k, v in overrides.items())
+    out = [f"funnel of {dataset!r} (preset {preset}): {total_in:,} input records", line(header)]
     out.append("  ".join("-" * w for w in widths))
     out += [line(cells) for cells in table]
     notes = [(row.get("stage", "?"), row["note"]) for row in rows if row.get("note")]
@@ -283,24 +293,17 @@ def format_funnel(funnel: dict) -> str:
 # Plots (matplotlib imported here only)
 # ---------------------------------------------------------------------------
 
-#: Which preset parameters cut each distribution, and on which side values
-#: are kept: ("param", op) keeps ``value op param``. ``aspect_ratio`` keeps
-#: ``<=`` instead of ``<`` when the preset says max_aspect_ratio_inclusive.
-#: A parameter set to 0 is disabled (min_both_sides in the align preset).
+#: Which preset parameters cut each distribution. The side that is kept
+#: (``value OP param``) comes from ``filters.presets.keep_op``, the one place
+#: the direction is written; a parameter at its "off" value draws no line.
 DISTRIBUTION_CUTS = {
-    "shorter_side": (("min_shorter_side", ">"), ("min_both_sides", ">")),
-    "aspect_ratio": (("max_aspect_ratio", "<"),),
-    "words_per_text": (("min_words", ">="), ("max_words", "<=")),
-    "texts_per_image": (("max_texts_per_image", "<="),),
-    "images_per_text": (("max_images_per_text", "<="),),
+    "shorter_side": ("min_shorter_side", "min_both_sides"),
+    "aspect_ratio": ("max_aspect_ratio",),
+    "words_per_text": ("min_words", "max_words"),
+    "texts_per_image": ("max_texts_per_image",),
+    "images_per_text": ("max_images_per_text",),
 }
 
-_OPS = {
-    ">": lambda v, t: v > t,
-    ">=": lambda v, t: v >= t,
-    "<": lambda v, t: v < t,
-    "<=": lambda v, t: v <= t,
-}
 
 #: A distribution is drawn on a log count axis when its largest bin is at
 #: least this many times its smallest non-empty one (unless it says "log").
@@ -312,13 +315,11 @@ KEPT, CUT, MIXED, UNKNOWN = "#4c78a8", "#e45756", "#f2a33a", "#9d9da1"
 def distribution_cuts(name: str, dist: dict, preset: dict) -> List[Tuple[str, str, float]]:
     """``[(label, op, value)]`` for a distribution: its own ``cut``, else the preset's."""
     cuts = []
-    for param, op in DISTRIBUTION_CUTS.get(name, ()):
+    for param in DISTRIBUTION_CUTS.get(name, ()):
         value = preset.get(param)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not presets.rule_enabled(param, preset):
             continue
-        if param == "max_aspect_ratio" and preset.get("max_aspect_ratio_inclusive"):
-            op = "<="
-        cuts.append((param, op, float(value)))
+        cuts.append((param, presets.keep_op(param, preset), float(value)))
     if not cuts and isinstance(dist.get("cut"), (int, float)):
         cuts.append(("cut", "", float(dist["cut"])))
     return cuts
@@ -354,7 +355,7 @@ def _bin_label(lo: float, hi: Optional[float], integer: bool) -> str:
 
 def _bin_colour(lo: float, hi: Optional[float], cuts, integer: bool) -> str:
     """Kept, cut or mixed: does every value of the bin pass every cut?"""
-    ops = [(_OPS[op], value) for _, op, value in cuts if op in _OPS]
+    ops = [(functools.partial(presets.compare, op), value) for _, op, value in cuts if op]
     if not ops:
         return UNKNOWN
     last = (hi - 1 if integer else hi * (1 - 1e-9)) if hi is not None else math.inf

@@ -39,7 +39,7 @@ from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions, StandardOptions
 
 from filters import stages
-from filters.presets import format_preset, get_preset
+from filters.presets import PresetError, format_preset, get_preset
 from filters.record import filter_record
 from filters.image import thumbnail_b64
 from pipeline import near_duplicates as near_dup
@@ -466,19 +466,27 @@ def counters(result) -> Optional[dict]:
     return {c.key.metric.name: c.committed for c in queried}
 
 
+def _resolve_preset(name, overrides):
+    """The preset, or a one-line exit naming the bad parameter and its range (before any work)."""
+    try:
+        return get_preset(name, overrides)
+    except PresetError as error:
+        raise SystemExit(f"pipeline.build: error: {error}") from None
+
+
 def run(argv: Optional[List[str]] = None) -> dict:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--print-preset" in argv:
         parser = argparse.ArgumentParser()
         BuildOptions._add_argparse_args(parser)
         known, _ = parser.parse_known_args([a for a in argv if a != "--print-preset"])
-        print(format_preset(get_preset(known.preset, known.overrides)))
+        print(format_preset(_resolve_preset(known.preset, known.overrides)))
         return {}
     options = PipelineOptions(argv)
     opts = options.view_as(BuildOptions)
     if not opts.input or not opts.output:
         raise SystemExit("--input and --output are required")
-    preset = get_preset(opts.preset, opts.overrides)
+    preset = _resolve_preset(opts.preset, opts.overrides)
     if options.view_as(StandardOptions).runner is None:
         options.view_as(StandardOptions).runner = LOCAL_RUNNER
     options.view_as(SetupOptions).save_main_session = False

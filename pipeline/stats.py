@@ -120,6 +120,9 @@ def build_funnel(
         "dataset": dataset,
         "preset_name": getattr(preset, "name", ""),
         "preset": preset.as_dict() if preset is not None else {},
+        # What was set on top of the named preset (--set), so the funnel says
+        # "align with ...", not "align".
+        "preset_overrides": dict(getattr(preset, "overrides", ())),
         "input": input_count,
         "stages": rows,
         "written": dict(sorted(written.items())),

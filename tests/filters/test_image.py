@@ -163,3 +163,27 @@ def test_cielab_is_rejected_not_guessed():
     Image.new("LAB", (300, 300), (50, 10, 10)).save(out, format="TIFF")
     header, _ = image.read_header(out.getvalue(), ALIGN)
     assert image.decode_image(out.getvalue(), header, ALIGN) == (None, "image_decode/unsupported_mode")
+
+
+def encode_mpo(size):
+    """A two-picture MPO (CIPA multi-picture JPEG), as stereo and phone cameras write."""
+    first, second = Image.new("RGB", size, (200, 40, 40)), Image.new("RGB", size, (40, 40, 200))
+    out = io.BytesIO()
+    first.save(out, format="MPO", save_all=True, append_images=[second])
+    return out.getvalue()
+
+
+def test_mpo_counts_as_jpeg_for_a_jpeg_only_rule():
+    data = encode_mpo((600, 450))
+    header, _ = image.read_header(data, CC12M)
+    assert header.format == "MPO"
+    assert verdict(data, CC12M) is None
+    assert verdict(data, get_preset("cc12m", ["formats=png"])) == "image_format/not_allowed"
+    decoded, reason = image.decode_image(data, header, CC12M)
+    assert reason is None and Image.open(io.BytesIO(decoded.image)).format == "JPEG"
+
+
+def test_cc12m_size_edges_400_and_401():
+    assert verdict(encode((500, 400)), CC12M) == "image_size/too_small"
+    assert verdict(encode((401, 500)), CC12M) is None
+    assert verdict(encode((401, 401)), CC12M) is None

@@ -16,6 +16,7 @@ def test_normalisation_nfc_whitespace_and_invisibles():
 def test_tokenisation_words_and_bigrams():
     assert text.words("Don't PANIC: 25&id image_tid!") == ["don't", "panic", "25", "id", "image_tid"]
     assert text.ngrams("a b c") == ["a", "b", "c", "a b", "b c"]
+    assert text.ngrams("a b c", max_order=1) == ["a", "b", "c"]
 
 
 @pytest.mark.parametrize(
@@ -34,6 +35,23 @@ def test_tokenisation_words_and_bigrams():
 )
 def test_align_text_rules(caption, reason):
     assert text.check_text(caption, ALIGN)[1] == reason
+
+
+@pytest.mark.parametrize(
+    "caption, repetition, reason",
+    [
+        ("red sports car", 0.0, None),  # 3 words: CC12M's minimum is reachable
+        ("a cat on a mat", 0.2, None),  # 1 repeat in 5 words: at the limit, kept
+        ("the cat and the dog", 0.2, None),
+        ("the dog and the dog", 0.4, "text_repetition/repetitive"),
+        ("a a b b c c d e f g", 0.3, "text_repetition/repetitive"),
+        ("dog dog dog dog cat", 0.6, "text_repetition/repetitive"),
+        ("two words", 0.0, "text_length/too_few_words"),
+    ],
+)
+def test_cc12m_word_repetition_is_repeated_words_over_words(caption, repetition, reason):
+    assert text.repetition(text.words(caption)) == pytest.approx(repetition)
+    assert text.check_text(caption, CC12M)[1] == reason
 
 
 def test_cc12m_repetition_and_length():

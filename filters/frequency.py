@@ -1,8 +1,7 @@
 """Whole-corpus frequency filters as Beam composites (ALIGN section 3, CC12M section 2).
 
-``ApplyCorpusFilters`` runs three stages over the records that passed every
-per-record stage, in this order (``filters.stages``), each over the
-survivors of the one before:
+``ApplyCorpusFilters`` runs up to three stages (``filters.stages`` order);
+a stage whose limit is 0 (off) does not run (cc12m has no sharing limits):
 
 1. ``texts_per_image``: an image with more than ``max_texts_per_image``
    distinct alt-texts loses every pair ("images with more than 1000
@@ -12,12 +11,26 @@ survivors of the one before:
    are shared by more than 10 images", e.g. "1920x1080", "alt_img").
 3. ``rare_ngrams``: see ``filters.ngram_vocab``.
 
-Identities. An *image* is its perceptual hash (``image_identity="phash"``:
-re-encoded or resized copies of one picture count as one image) or its
-sha256 (``"sha256"``: byte-identical copies only); a record without that
-hash falls back to its sha256, then to its own key (an image of its own).
-An *alt-text* is ``normalize_text(text).casefold()``: "Alt IMG" and "alt img"
-are one alt-text, for both counts.
+Which rows are counted. Every count (distinct alt-texts per image, distinct
+images per alt-text, n-gram occurrences) is taken over one set of rows, the
+*counting pool*; the verdicts apply to the rows being judged (the survivors
+of every earlier stage). With ``counting_base="raw"`` (default, the papers'
+reading: ALIGN counts its vocabulary "from the raw dataset", and an alt-text
+shared by 11 images is shared whether or not one of them is small) the pool
+is every row whose image header parses and whose alt-text normalises to
+readable text, before the quality thresholds (format, size, aspect, length,
+repetition, full decode, NSFW); with ``"survivors"`` it is the rows being
+judged. The three counts are independent of each other: a row rejected by
+``texts_per_image`` still counts toward ``images_per_text`` and the n-grams.
+
+Identities. An *image* is the sha256 of its bytes (``image_identity=
+"sha256"``, default: never pools two different images) or its 64-bit
+perceptual hash (``"phash"``: also pools re-encoded or resized copies of one
+picture, but also different flat-colour or text images; measured in
+benchmarks/RESULTS.md); a row without that hash falls back to its sha256,
+then to its own key (an image of its own). An *alt-text* is
+``normalize_text(text).casefold()``: "Alt IMG" and "alt img" are one
+alt-text, for both counts.
 
 Records and keys. The unit is a record (a row). A key is normally one
 record; if the same key arrives twice (the same url and alt-text read
@@ -27,8 +40,8 @@ once, with the reason of the earliest stage that rejected any of its rows.
 Scale. Distinct counts are ``CombinePerKey`` with sets capped at
 threshold + 1 (the rule only needs "more than the threshold", so a state is
 never bigger than that, however hot the image or alt-text); the verdict is
-joined back to the records with ``CoGroupByKey``. The histograms are over
-those capped counts, so their last bin reads "more than the threshold".
+joined back to the judged rows with ``CoGroupByKey``. The histograms are
+over those capped counts, so their last bin reads "more than the threshold".
 """
 
 from __future__ import annotations
@@ -41,6 +54,7 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 from filters import stages
+from filters.presets import keeps, rule_enabled
 from filters.ngram_vocab import METRICS_NAMESPACE, RARE_NGRAM, DropRareNgrams
 from filters.text import text_identity
 
@@ -154,56 +168,60 @@ class HistogramFn(beam.CombineFn):
 # ---------------------------------------------------------------------------
 
 
-class _SplitGroupsOverLimit(beam.DoFn):
-    def __init__(self, limit: int, reason: str, metric: str):
-        self.limit = limit
+class _RejectGroupsOverLimit(beam.DoFn):
+    def __init__(self, param: str, limit: int, reason: str):
+        self.rule = {param: limit}
+        self.param = param
         self.reason = reason
-        self.metric = metric
-        self.distribution = Metrics.distribution(METRICS_NAMESPACE, metric)
+        self.distribution = Metrics.distribution(METRICS_NAMESPACE, param.replace("max_", ""))
 
     def process(self, joined):
         _, sides = joined
-        (count,) = sides["count"]
-        self.distribution.update(count)
-        if count > self.limit:
+        count = next(iter(sides["count"]), 0)
+        if sides["count"]:
+            self.distribution.update(count)
+        if not keeps(self.rule, self.param, count):
             for row in sides["rows"]:
-                yield beam.pvalue.TaggedOutput("rejected", (row[0], self.reason))
-        else:
-            yield from sides["rows"]
+                yield row[0], self.reason
 
 
 class DropSharedGroups(beam.PTransform):
-    """Drop every row of a group with more than ``limit`` distinct members.
+    """Reject every judged row of a group with more than ``limit`` distinct members in the pool.
 
     ``group_and_member(row) -> (group, (member, row))`` names the group (an
     image, or an alt-text) and what is counted in it (alt-texts, or images).
-    Returns ``{"survivors", "rejected": (key, reason), "histogram": one dict}``.
+    Input ``{"judged": rows, "counted": rows}``; ``param`` is the preset
+    parameter (``max_texts_per_image``/``max_images_per_text``) whose
+    ``keep`` side decides. Returns ``{"rejected": (key, reason), "histogram":
+    one dict}``; the histogram is over the groups of the pool.
     """
 
-    def __init__(self, group_and_member, limit: int, reason: str, metric: str, label=None):
+    def __init__(self, group_and_member, param: str, limit: int, reason: str, label=None):
         super().__init__(label)
         self.group_and_member = group_and_member
+        self.param = param
         self.limit = limit
         self.reason = reason
-        self.metric = metric
 
-    def expand(self, rows):
-        keyed = rows | "ByGroup" >> beam.Map(self.group_and_member)
+    def expand(self, inputs):
         counts = (
-            keyed
+            inputs["counted"]
+            | "CountedByGroup" >> beam.Map(self.group_and_member)
             | "Members" >> beam.MapTuple(lambda group, member_row: (group, member_row[0]))
             | "CountDistinct" >> beam.CombinePerKey(CappedDistinctCountFn(self.limit + 1)))
-        split = (
-            {"rows": keyed | "Rows" >> beam.MapTuple(lambda group, member_row: (group, member_row[1])),
-             "count": counts}
+        judged = (
+            inputs["judged"]
+            | "JudgedByGroup" >> beam.Map(self.group_and_member)
+            | "Rows" >> beam.MapTuple(lambda group, member_row: (group, member_row[1])))
+        rejected = (
+            {"rows": judged, "count": counts}
             | "JoinCounts" >> beam.CoGroupByKey()
-            | "Split" >> beam.ParDo(_SplitGroupsOverLimit(self.limit, self.reason, self.metric))
-            .with_outputs("rejected", main="survivors"))
+            | "OverLimit" >> beam.ParDo(_RejectGroupsOverLimit(self.param, self.limit, self.reason)))
         histogram = (
             counts
             | "Counts" >> beam.Values()
             | "Histogram" >> beam.CombineGlobally(HistogramFn(log2_edges(self.limit))))
-        return {"survivors": split.survivors, "rejected": split.rejected, "histogram": histogram}
+        return {"rejected": rejected, "histogram": histogram}
 
 
 class _CountReason(beam.DoFn):
@@ -228,15 +246,26 @@ class FirstReasonPerKey(beam.PTransform):
             | "CountReasons" >> beam.ParDo(_CountReason()))
 
 
+def stages_run(preset) -> list:
+    """The corpus stages this preset runs, in order (a stage at its off value does not)."""
+    values = preset.as_dict()
+    names = [name for name, param in (("texts_per_image", "max_texts_per_image"),
+                                      ("images_per_text", "max_images_per_text"))
+             if rule_enabled(param, values)]
+    return names + ["rare_ngrams"]
+
+
 class ApplyCorpusFilters(beam.PTransform):
     """The whole-corpus frequency filters of a preset.
 
-    Input ``{"survivors": (key, sha256, phash, text), "all_texts": str}``:
-    the records that passed every per-record stage (no image bytes), and the
-    normalised alt-text of every input record that had one. Output
+    Input ``{"survivors": rows, "counted_only": rows}``, a row being ``(key,
+    sha256, phash, text)`` without image bytes: ``survivors`` are judged and
+    counted; ``counted_only`` are the other rows of the counting pool (rows
+    of the raw pool that a per-record stage rejected; empty under
+    ``counting_base="survivors"``), counted but not judged. Output
     ``{"rejected": (key, reason), "stats": (name, json_value)}`` with each key
-    at most once (first stage wins) and the stats ``count_of_counts``,
-    ``texts_per_image`` and ``images_per_text``.
+    at most once (first stage wins) and the stats ``count_of_counts`` and,
+    for the stages that run, ``texts_per_image`` and ``images_per_text``.
 
     ``hot_key_fanout`` (unigram counts; off, see ``filters.ngram_vocab``) and
     ``frequent_ngrams`` (size of the known-frequent side input; 0 sends every
@@ -254,22 +283,27 @@ class ApplyCorpusFilters(beam.PTransform):
 
     def expand(self, pcolls):
         preset, p = self.preset, self.label_prefix
-        per_image = pcolls["survivors"] | f"{p}TextsPerImage" >> DropSharedGroups(
-            functools.partial(_image_then_text, preset.image_identity),
-            preset.max_texts_per_image, TOO_MANY_TEXTS, "texts_per_image")
-        per_text = per_image["survivors"] | f"{p}ImagesPerText" >> DropSharedGroups(
-            functools.partial(_text_then_image, preset.image_identity),
-            preset.max_images_per_text, SHARED_TEXT, "images_per_text")
-        rare = {"survivors": per_text["survivors"], "all_texts": pcolls["all_texts"]} | (
+        survivors = pcolls["survivors"]
+        pool = (survivors, pcolls["counted_only"]) | f"{p}CountingPool" >> beam.Flatten()
+        run = stages_run(preset)
+        rejected, stats = [], []
+        for stage, param, reason, order, label in (
+            ("texts_per_image", "max_texts_per_image", TOO_MANY_TEXTS, _image_then_text, "TextsPerImage"),
+            ("images_per_text", "max_images_per_text", SHARED_TEXT, _text_then_image, "ImagesPerText"),
+        ):
+            if stage not in run:
+                continue
+            shared = {"judged": survivors, "counted": pool} | f"{p}{label}" >> DropSharedGroups(
+                functools.partial(order, preset.image_identity), param, getattr(preset, param), reason)
+            rejected.append(shared["rejected"])
+            stats.append(shared["histogram"] | f"{p}Name{label}" >> beam.Map(lambda h, name: (name, h), stage))
+        rare = {"survivors": survivors, "counted_texts": pool | f"{p}PoolTexts" >> beam.Map(lambda row: row[3])} | (
             f"{p}RareNgrams" >> DropRareNgrams(
                 preset, hot_key_fanout=self.hot_key_fanout, frequent_ngrams=self.frequent_ngrams))
+        rejected.append(rare["rejected"])
+        stats.insert(0, rare["stats"])
         rejected = (
-            (per_image["rejected"], per_text["rejected"], rare["rejected"])
+            tuple(rejected)
             | f"{p}AllRejected" >> beam.Flatten()
             | f"{p}FirstReason" >> FirstReasonPerKey())
-        histograms = (
-            per_image["histogram"] | f"{p}NameTextsPerImage" >> beam.Map(lambda h: ("texts_per_image", h)),
-            per_text["histogram"] | f"{p}NameImagesPerText" >> beam.Map(lambda h: ("images_per_text", h)),
-        )
-        stats = (rare["stats"],) + histograms | f"{p}AllStats" >> beam.Flatten()
-        return {"rejected": rejected, "stats": stats}
+        return {"rejected": rejected, "stats": tuple(stats) | f"{p}AllStats" >> beam.Flatten()}

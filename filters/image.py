@@ -149,6 +149,18 @@ def perceptual_hash(img: Image.Image) -> str:
     return str(imagehash.phash(img))
 
 
+def phash_of(data: bytes) -> Optional[str]:
+    """The pHash ``decode_image`` would give these bytes, or None if they do not fully decode."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as img:
+                img.load()
+                return perceptual_hash(to_rgb(ImageOps.exif_transpose(img)))
+    except Exception:
+        return None
+
+
 def decode_image(data: bytes, header: Header, preset) -> Tuple[Optional[Decoded], Optional[str]]:
     """Full decode; identity; bytes to store. ``(decoded, None)`` or ``(None, reason)``."""
     try:

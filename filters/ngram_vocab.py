@@ -5,10 +5,13 @@ million most frequent unigrams and bigrams from the raw dataset)"; CC12M
 section 2 counts a word type as rare below 20 occurrences. Both are one rule
 here:
 
-- **What is counted.** The unigrams and bigrams of ``filters.text.ngrams``
-  (the same tokenisation as the word-count rule) of *every* input alt-text,
-  before any filter (``all_texts``: one element per record, so a caption read
-  twice counts twice). Every *occurrence* counts: "a cat and a dog" adds 2 to
+- **What is counted.** The n-grams of ``filters.text.ngrams`` up to
+  ``max_ngram_order`` (2: unigrams and bigrams, ALIGN; 1: words, CC12M's
+  "word type"; the same tokenisation as the word-count rule) of every
+  alt-text of the counting pool (``counted_texts``: one element per row,
+  so a caption read twice counts twice; which rows, see
+  ``filters.frequency``: by default the raw pool, before the quality
+  thresholds). Every *occurrence* counts: "a cat and a dog" adds 2 to
   "a". This is token frequency, the sense of "most frequent unigrams" and of
   CC3M's "occurrences".
 - **The vocabulary.** An n-gram is in the vocabulary iff its count is at least
@@ -116,24 +119,24 @@ def count_of_counts_summary(count_of_counts: Dict[int, int], cut: int, preset) -
     }
 
 
-def ngram_occurrences(text: str):
+def ngram_occurrences(text: str, max_order: int = 2):
     """``(n-gram, occurrences in text)``: pre-summed so a repeated n-gram is one element."""
-    return collections.Counter(ngrams(text)).items()
+    return collections.Counter(ngrams(text, max_order)).items()
 
 
-def tagged_ngram_occurrences(text: str):
+def tagged_ngram_occurrences(text: str, max_order: int = 2):
     """``ngram_occurrences`` with unigrams on the tagged output "unigrams"."""
-    for gram, count in ngram_occurrences(text):
+    for gram, count in ngram_occurrences(text, max_order):
         if " " in gram:
             yield gram, count
         else:
             yield beam.pvalue.TaggedOutput("unigrams", (gram, count))
 
 
-def ngram_record_pairs(row, known_in_vocabulary: Iterable[str] = ()):
+def ngram_record_pairs(row, known_in_vocabulary: Iterable[str] = (), max_order: int = 2):
     """``(n-gram, key)`` once per distinct n-gram of the record, minus known-frequent ones."""
     key, text = row[0], row[3]
-    for gram in set(ngrams(text)).difference(known_in_vocabulary):
+    for gram in set(ngrams(text, max_order)).difference(known_in_vocabulary):
         yield gram, key
 
 
@@ -167,7 +170,7 @@ def _keys_outside_vocabulary(joined):
 
 
 class DropRareNgrams(beam.PTransform):
-    """``{"survivors": rows, "all_texts": texts}`` -> ``{"rejected", "stats"}``.
+    """``{"survivors": rows, "counted_texts": texts}`` -> ``{"rejected", "stats"}``.
 
     ``rejected`` is ``(key, "rare_ngrams/rare_ngram")``, once per rare n-gram
     of the record (the caller deduplicates keys across stages); ``stats`` is
@@ -181,8 +184,9 @@ class DropRareNgrams(beam.PTransform):
         self.frequent_ngrams = frequent_ngrams
 
     def expand(self, pcolls):
-        survivors, all_texts = pcolls["survivors"], pcolls["all_texts"]
+        survivors, counted_texts = pcolls["survivors"], pcolls["counted_texts"]
         preset = self.preset
+        order = preset.max_ngram_order
         if not vocabulary_enabled(preset):
             pipeline = survivors.pipeline
             stats = pipeline | "NoVocabularyStats" >> beam.Create([("count_of_counts", {
@@ -194,16 +198,16 @@ class DropRareNgrams(beam.PTransform):
         if self.hot_key_fanout > 1:
             # Only unigrams take the fanout path: every element on it pays an
             # extra DoFn and combine, and the bigram table is the big, cold one.
-            occurrences = all_texts | "Occurrences" >> beam.FlatMap(
-                tagged_ngram_occurrences).with_outputs("unigrams", main="bigrams")
+            occurrences = counted_texts | "Occurrences" >> beam.FlatMap(
+                tagged_ngram_occurrences, order).with_outputs("unigrams", main="bigrams")
             unigram_counts = occurrences.unigrams | "CountUnigrams" >> beam.CombinePerKey(
                 sum).with_hot_key_fanout(self.hot_key_fanout)
             bigram_counts = occurrences.bigrams | "CountBigrams" >> beam.CombinePerKey(sum)
             ngram_counts = (unigram_counts, bigram_counts) | "NgramCounts" >> beam.Flatten()
         else:
             ngram_counts = (
-                all_texts
-                | "Occurrences" >> beam.FlatMap(ngram_occurrences)
+                counted_texts
+                | "Occurrences" >> beam.FlatMap(ngram_occurrences, order)
                 | "CountNgrams" >> beam.CombinePerKey(sum))
         count_of_counts = (
             ngram_counts
@@ -221,9 +225,9 @@ class DropRareNgrams(beam.PTransform):
                 | "MostFrequent" >> beam.combiners.Top.Of(self.frequent_ngrams, key=operator.itemgetter(1))
                 | "FrequentNgrams" >> beam.Map(lambda top: frozenset(gram for gram, _ in top)))
             pairs = survivors | "NgramKeyPairs" >> beam.FlatMap(
-                ngram_record_pairs, known_in_vocabulary=beam.pvalue.AsSingleton(frequent))
+                ngram_record_pairs, known_in_vocabulary=beam.pvalue.AsSingleton(frequent), max_order=order)
         else:
-            pairs = survivors | "NgramKeyPairs" >> beam.FlatMap(ngram_record_pairs)
+            pairs = survivors | "NgramKeyPairs" >> beam.FlatMap(ngram_record_pairs, max_order=order)
 
         rejected = (
             {"vocabulary": vocabulary, "records": pairs}

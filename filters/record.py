@@ -8,9 +8,11 @@ pays for an expensive one.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Dict, Optional, Tuple
 
 from filters import image as image_rules
+from filters import stages
 from filters import text as text_rules
 from pipeline.schema import Candidate
 
@@ -54,3 +56,28 @@ def filter_record(candidate: Candidate, preset) -> Tuple[Candidate, Optional[str
         None,
         measures,
     )
+
+
+#: Rejections that leave a row in the raw counting pool: the quality
+#: thresholds. A row rejected by ``read``, ``image_header`` (no readable
+#: image) or ``text`` (no readable alt-text) is not a candidate at all.
+COUNTED_REJECTIONS = ("image_format", "image_size", "image_aspect", "text_length", "text_repetition",
+                      "image_decode", "nsfw")
+
+
+def counted_row(candidate: Candidate, reason: str, preset) -> Optional[tuple]:
+    """The ``(key, sha256, phash, text)`` row a rejected record adds to the counting pool, or None.
+
+    Only with ``counting_base="raw"`` (``filters.frequency``): the corpus-wide
+    counts then see every row with a readable image header and alt-text,
+    before the quality thresholds. The identity is the one a survivor would
+    get (sha256 of the bytes; the pHash only when it is the identity, at the
+    cost of a decode; "" when the pixels do not decode).
+    """
+    if preset.counting_base != "raw" or stages.stage_of(reason) not in COUNTED_REJECTIONS:
+        return None
+    text, text_reason = text_rules.check_text(candidate.alt_text, preset)
+    if text_reason and stages.stage_of(text_reason) == "text":
+        return None
+    phash = (image_rules.phash_of(candidate.image) or "") if preset.image_identity == "phash" else ""
+    return (candidate.key, hashlib.sha256(candidate.image).hexdigest(), phash, text)

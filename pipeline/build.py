@@ -40,7 +40,7 @@ from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions, 
 
 from filters import stages
 from filters.presets import PresetError, format_preset, get_preset
-from filters.record import filter_record
+from filters.record import counted_row, filter_record
 from filters.image import thumbnail_b64
 from pipeline import near_duplicates as near_dup
 from pipeline import stats as stats_lib
@@ -85,6 +85,7 @@ def _rejection(candidate: Candidate, reason: str) -> Rejection:
 class _FilterRecord(beam.DoFn):
     REJECTED = "rejected"
     MEASURES = "measures"
+    COUNTED = "counted"  # rejected rows that stay in the corpus-wide counting pool
 
     def __init__(self, preset):
         self.preset = preset
@@ -96,6 +97,9 @@ class _FilterRecord(beam.DoFn):
         if reason:
             Metrics.counter(NS, reason).inc()
             yield beam.pvalue.TaggedOutput(self.REJECTED, _rejection(result, reason))
+            counted = counted_row(candidate, reason, self.preset)
+            if counted is not None:
+                yield beam.pvalue.TaggedOutput(self.COUNTED, counted)
         else:
             yield result
 
@@ -109,7 +113,7 @@ class ApplyRecordFilters(beam.PTransform):
 
     def expand(self, candidates):
         return candidates | "FilterRecord" >> beam.ParDo(_FilterRecord(self.preset)).with_outputs(
-            _FilterRecord.REJECTED, _FilterRecord.MEASURES, main="survivors"
+            _FilterRecord.REJECTED, _FilterRecord.MEASURES, _FilterRecord.COUNTED, main="survivors"
         )
 
 
@@ -245,20 +249,11 @@ class DropKeys(beam.PTransform):
         )
 
 
-def _texts_for_ngram_counts(element) -> List[str]:
-    """Every input record whose caption was read counts toward the n-gram table."""
-    from filters.text import normalize_text
-
-    if isinstance(element, Candidate) or element.reason in ("read/bad_status", "read/no_image"):
-        text = normalize_text(element.alt_text)
-        return [text] if text else []
-    return []
-
-
 def build_pipeline(p: beam.Pipeline, opts: BuildOptions, preset, notes: dict, eval_index=None) -> None:
     """Adds the whole build to ``p``; ``eval_index`` is a loaded ``EvalIndex`` or None."""
     from filters import nsfw
     from filters.frequency import ApplyCorpusFilters
+    from filters.frequency import stages_run as corpus_stages_run
 
     read = p | "ReadCandidates" >> ReadCandidates(opts.input)
     input_count = read | "CountInput" >> beam.combiners.Count.Globally()
@@ -271,6 +266,10 @@ def build_pipeline(p: beam.Pipeline, opts: BuildOptions, preset, notes: dict, ev
     verdicts = []
 
     light = survivors | "LightRows" >> beam.Map(lambda r: (r.key, r.sha256, r.phash, r.text))
+    # The raw counting pool holds the rows NSFW rejects too: they are judged
+    # by the corpus stages as well, and their NSFW verdict, earlier in the
+    # stage order, wins in JoinVerdicts.
+    judged = light
     keyed_images = survivors | "KeyImages" >> beam.Map(lambda r: (r.key, r.image))
     if nsfw.stage_enabled(preset.nsfw_threshold):
         scored = (
@@ -282,10 +281,11 @@ def build_pipeline(p: beam.Pipeline, opts: BuildOptions, preset, notes: dict, ev
         light = (light, scored.rejected) | "DropPornographic" >> DropKeys()
         ran.append("nsfw")
 
-    all_texts = read | "TextsForNgrams" >> beam.FlatMap(_texts_for_ngram_counts)
-    corpus = {"survivors": light, "all_texts": all_texts} | "ApplyCorpusFilters" >> ApplyCorpusFilters(preset)
+    if preset.counting_base == "survivors":
+        judged = light
+    corpus = {"survivors": judged, "counted_only": filtered.counted} | "ApplyCorpusFilters" >> ApplyCorpusFilters(preset)
     verdicts.append(corpus["rejected"])
-    ran += ["texts_per_image", "images_per_text", "rare_ngrams"]
+    ran += corpus_stages_run(preset)
     extra = [corpus["stats"]]
 
     pairs = embedded = None

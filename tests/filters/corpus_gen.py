@@ -2,8 +2,9 @@
 
 A corpus is what ``ApplyCorpusFilters`` sees: ``survivors`` (records that
 passed the per-record stages, as ``(key, sha256, phash, text)``) and
-``all_texts`` (the alt-text of every input record, survivors and records
-rejected earlier). The bulk is a small grammar ("red car with black wheels on
+``counted_only`` (records of the raw counting pool that a per-record stage
+rejected: they count, they are not judged); ``all_texts`` is the alt-text of
+every row of the pool. The bulk is a small grammar ("red car with black wheels on
 the road"): Zipf-weighted words, so its n-grams range from very frequent to
 rare, as in real alt-text. Around it, groups of records are planted just on
 either side of every threshold; ``Corpus.planted`` names them (name -> keys):
@@ -22,13 +23,15 @@ images per text (limit M = ``images_limit``)
   ``ipt_phash``       M+1 files, two of them copies of one picture: over only by sha256
   ``ipt_case``        M+1 images, the text in case/space variants
   ``ipt_after_tpi``   M+1 images, one of which is over-captioned (its row is
-                      rejected first, leaving M)
+                      rejected first; the text is still on M+1 images)
   ``ipt_after_tpi_image``  that one row
+  ``ipt_small``       M judged images + 1 rejected earlier (too small): over
+                      the limit under the raw counting base only
   ``ipt_dup_key``     M images plus an exact duplicate record (same key)
   ``ipt_wins``        M+1 images, text also has a hapax token
 rare n-grams (count C = ``rare_count``)
   ``rare_below``/``rare_at``/``rare_above``  a token (and its bigram) occurring
-                      C-1 / C / C+1 times in all_texts, 3 of them in records
+                      C-1 / C / C+1 times in the pool, 3 of them in records
                       that are not survivors
   ``occurrences``     "thricezq thricezq thricezq" on 7 images + 3 more texts:
                       30 unigram and 20 bigram occurrences, but only in 10 texts
@@ -81,7 +84,7 @@ BOILERPLATE = (
 @dataclasses.dataclass
 class Corpus:
     survivors: List[Row]
-    all_texts: List[str]
+    counted_only: List[Row]
     planted: Dict[str, List[str]]
     tie_count: int
     vocab_size_at_tie: int
@@ -89,13 +92,17 @@ class Corpus:
     images_limit: int
     rare_count: int
 
+    @property
+    def all_texts(self) -> List[str]:
+        return [row[3] for row in self.survivors + self.counted_only]
+
 
 class _Builder:
     def __init__(self, seed: int, texts_limit: int):
         self.rng = random.Random(seed)
         self.texts_limit = texts_limit
         self.survivors: List[Row] = []
-        self.all_texts: List[str] = []
+        self.counted_only: List[Row] = []
         self.planted: Dict[str, List[str]] = collections.defaultdict(list)
         self.used = set()  # casefolded texts handed out by unique_text
         self.serial = 0
@@ -122,14 +129,20 @@ class _Builder:
         sha256, phash = image or self.new_image()
         key = make_key(f"https://img.example/{self.serial}.jpg", text)
         self.survivors.append((key, sha256, phash, text))
-        self.all_texts.append(text)
         if plant:
             self.planted[plant].append(key)
         return key
 
-    def add_rejected_earlier(self, text: str):
-        """A record some per-record stage rejected: its text still counts for n-grams."""
-        self.all_texts.append(text)
+    def add_rejected_earlier(self, text: str, image=None):
+        """A record some per-record stage rejected: it still counts (raw counting base)."""
+        self.serial += 1
+        sha256, phash = image or self.new_image()
+        key = make_key(f"https://img.example/{self.serial}.jpg", text)
+        self.counted_only.append((key, sha256, phash, text))
+
+    @property
+    def size(self) -> int:
+        return len(self.survivors) + len(self.counted_only)
 
     def grammar_text(self) -> str:
         rng = self.rng
@@ -214,10 +227,13 @@ def _plant_images_per_text(b: _Builder, limit: int):
     for _ in range(limit):
         b.add(text, None, "ipt_dup_key")
     b.survivors.append(b.survivors[-1])
-    b.all_texts.append(text)
     text = f"{next(boiler)} {b.token('hapax')}"
     for _ in range(limit + 1):
         b.add(text, None, "ipt_wins")
+    text = next(boiler)
+    for _ in range(limit):
+        b.add(text, None, "ipt_small")
+    b.add_rejected_earlier(text)
 
 
 def _plant_token(b: _Builder, stem: str, count: int, plant: str, elsewhere: int = 0):
@@ -253,14 +269,13 @@ def _plant_rare_ngrams(b: _Builder, rare: int, tie: int):
 
 def _fill(b: _Builder, num_candidates: int):
     regular: List[Row] = []
-    while len(b.all_texts) < num_candidates:
+    while b.size < num_candidates:
         roll = b.rng.random()
         if roll < 0.15:
             b.add_rejected_earlier(b.grammar_text())
         elif roll < 0.16 and regular:
             row = b.rng.choice(regular)  # the same record read twice
             b.survivors.append(row)
-            b.all_texts.append(row[3])
         elif roll < 0.19 and regular:
             source = b.rng.choice(regular)
             b.add(b.grammar_text(), b.copy_of((source[1], source[2])))
@@ -278,7 +293,7 @@ def generate(
     tie_count: int = 7,
     big_image_texts: int = 0,
 ) -> Corpus:
-    """A corpus of at least ``num_candidates`` input records (``len(all_texts)``)."""
+    """A corpus of at least ``num_candidates`` input records (survivors + counted_only)."""
     b = _Builder(seed, texts_limit)
     _plant_texts_per_image(b, texts_limit, big_image_texts)
     _plant_images_per_text(b, images_limit)
@@ -287,17 +302,17 @@ def generate(
     order = list(range(len(b.survivors)))
     b.rng.shuffle(order)  # planted groups must not arrive together
     survivors = [b.survivors[i] for i in order]
-    b.rng.shuffle(b.all_texts)
+    b.rng.shuffle(b.counted_only)
 
     counts = collections.Counter()
-    for text in b.all_texts:
-        counts.update(ngrams(text))
+    for row in b.survivors + b.counted_only:
+        counts.update(ngrams(row[3]))
     above = sum(1 for c in counts.values() if c > tie_count)
     tied = sum(1 for c in counts.values() if c == tie_count)
     assert tied >= 12, "the tie group must hold at least the planted tokens and bigrams"
     return Corpus(
         survivors=survivors,
-        all_texts=b.all_texts,
+        counted_only=b.counted_only,
         planted=dict(b.planted),
         tie_count=tie_count,
         # The smallest K whose K-th largest count is tie_count: keeping exactly

@@ -7,21 +7,24 @@ sort for the vocabulary. It holds everything in one process, which is the
 point: it is easy to check by reading, and the Beam job must agree with it
 record for record.
 
-Rules, in order, each over the survivors of the previous one (a row is a
-record ``(key, sha256, phash, text)``; a key is reported once, with its
-earliest reason):
+Rules (a row is a record ``(key, sha256, phash, text)``; a key is reported
+once, with its earliest reason). Every count is over the pool = survivors +
+counted_only (rows an earlier stage rejected, which under the raw counting
+base still count); verdicts are on the survivors. A limit of 0 turns a
+sharing rule off.
 
 1. image = phash (or sha256 with ``image_identity="sha256"``); a missing hash
    falls back to sha256, then to the record's own key. An image with more than
    ``max_texts_per_image`` distinct alt-texts (``normalize_text(t).casefold()``)
-   loses all its rows.
-2. An alt-text with more than ``max_images_per_text`` distinct images loses
-   all its rows.
-3. n-gram counts = occurrences of ``filters.text.ngrams`` over all raw
-   alt-texts. Threshold = the K-th largest count (all n-grams tied with it
-   kept; 1 if fewer than K n-grams) when ``vocab_size = K > 0``, and at least
-   ``min_ngram_count``. A row with any n-gram counted below the threshold
-   (or never counted) is rejected. No rule if both are 0.
+   in the pool loses all its rows.
+2. An alt-text with more than ``max_images_per_text`` distinct images in the
+   pool loses all its rows.
+3. n-gram counts = occurrences of ``filters.text.ngrams`` (up to
+   ``max_ngram_order``) over the pool's alt-texts. Threshold = the K-th
+   largest count (all n-grams tied with it kept; 1 if fewer than K n-grams)
+   when ``vocab_size = K > 0``, and at least ``min_ngram_count``. A row with
+   any n-gram counted below the threshold (or never counted) is rejected. No
+   rule if both are 0.
 """
 
 from __future__ import annotations
@@ -71,38 +74,42 @@ def vocabulary_threshold(counts: Dict[str, int], vocab_size: int, min_ngram_coun
 
 
 def corpus_filters(
-    survivors: Iterable[Tuple[str, str, str, str]], all_texts: Iterable[str], preset
+    survivors: Iterable[Tuple[str, str, str, str]], counted_only: Iterable[Tuple[str, str, str, str]], preset
 ) -> Tuple[Dict[str, str], Dict[str, dict]]:
     """Returns ``({key: reason}, {stat name: value})``."""
-    df = pd.DataFrame(list(survivors), columns=["key", "sha256", "phash", "text"])
-    df["image"] = [_image(k, s, p, preset.image_identity) for k, s, p in zip(df["key"], df["sha256"], df["phash"])]
-    df["alt"] = [normalize_text(t).casefold() for t in df["text"]]
+    survivors, counted_only = list(survivors), list(counted_only)
+    columns = ["key", "sha256", "phash", "text"]
+    df = pd.DataFrame(survivors, columns=columns)
+    pool = pd.DataFrame(survivors + counted_only, columns=columns)
+    for frame in (df, pool):
+        frame["image"] = [_image(k, s, p, preset.image_identity)
+                          for k, s, p in zip(frame["key"], frame["sha256"], frame["phash"])]
+        frame["alt"] = [normalize_text(t).casefold() for t in frame["text"]]
     reasons: Dict[str, str] = {}
     stats: Dict[str, dict] = {}
 
-    texts_per_image = df.groupby("image")["alt"].nunique()
-    stats["texts_per_image"] = _histogram(texts_per_image, preset.max_texts_per_image)
-    crowded = set(texts_per_image[texts_per_image > preset.max_texts_per_image].index)
-    dropped = df["image"].isin(crowded)
-    for key in df.loc[dropped, "key"]:
-        reasons.setdefault(key, TEXTS_PER_IMAGE)
-    df = df[~dropped]
+    if preset.max_texts_per_image > 0:
+        texts_per_image = pool.groupby("image")["alt"].nunique()
+        stats["texts_per_image"] = _histogram(texts_per_image, preset.max_texts_per_image)
+        crowded = set(texts_per_image[texts_per_image > preset.max_texts_per_image].index)
+        for key in df.loc[df["image"].isin(crowded), "key"]:
+            reasons.setdefault(key, TEXTS_PER_IMAGE)
 
-    images_per_text = df.groupby("alt")["image"].nunique()
-    stats["images_per_text"] = _histogram(images_per_text, preset.max_images_per_text)
-    shared = set(images_per_text[images_per_text > preset.max_images_per_text].index)
-    dropped = df["alt"].isin(shared)
-    for key in df.loc[dropped, "key"]:
-        reasons.setdefault(key, IMAGES_PER_TEXT)
-    df = df[~dropped]
+    if preset.max_images_per_text > 0:
+        images_per_text = pool.groupby("alt")["image"].nunique()
+        stats["images_per_text"] = _histogram(images_per_text, preset.max_images_per_text)
+        shared = set(images_per_text[images_per_text > preset.max_images_per_text].index)
+        for key in df.loc[df["alt"].isin(shared), "key"]:
+            reasons.setdefault(key, IMAGES_PER_TEXT)
 
     if preset.vocab_size > 0 or preset.min_ngram_count > 0:
+        order = preset.max_ngram_order
         counts = collections.Counter()
-        for text in all_texts:
-            counts.update(ngrams(text))
+        for text in pool["text"]:
+            counts.update(ngrams(text, order))
         threshold = vocabulary_threshold(counts, preset.vocab_size, preset.min_ngram_count)
         for key, text in zip(df["key"], df["text"]):
-            if any(counts.get(g, 0) < threshold for g in ngrams(text)):
+            if any(counts.get(g, 0) < threshold for g in ngrams(text, order)):
                 reasons.setdefault(key, RARE_NGRAM)
         stats["count_of_counts"] = {
             "counts": dict(collections.Counter(counts.values())),

@@ -26,18 +26,23 @@ def preset(name="align", **values):
     return get_preset(name, **values)
 
 
-def run(survivors, all_texts, preset_, **kw):
+def counted(*texts, prefix="e"):
+    """Rows of the counting pool that an earlier stage rejected, each its own image."""
+    return [row(f"{prefix}{i}", text) for i, text in enumerate(texts)]
+
+
+def run(survivors, counted_only, preset_, **kw):
     """Run the composite; returns (pipeline, outputs) for assert_that before ``p.run()``."""
     p = TestPipeline(runner="FnApiRunner")
     out = {
         "survivors": p | "Survivors" >> beam.Create(survivors),
-        "all_texts": p | "AllTexts" >> beam.Create(all_texts),
+        "counted_only": p | "CountedOnly" >> beam.Create(counted_only),
     } | ApplyCorpusFilters(preset_, **kw)
     return p, out
 
 
-def assert_rejected(survivors, all_texts, preset_, expected, **kw):
-    p, out = run(survivors, all_texts, preset_, **kw)
+def assert_rejected(survivors, counted_only, preset_, expected, **kw):
+    p, out = run(survivors, counted_only, preset_, **kw)
     assert_that(out["rejected"], equal_to(expected))
     result = p.run()
     result.wait_until_finish()
@@ -127,6 +132,8 @@ def test_count_of_counts_summary_is_exact_when_small_and_log2_when_large():
 def test_ngram_record_pairs_are_distinct_and_skip_known_frequent():
     pairs = set(ngram_vocab.ngram_record_pairs(("k", "s", "p", "a cat and a cat"), {"a"}))
     assert pairs == {(g, "k") for g in ["cat", "and", "a cat", "cat and", "and a"]}
+    words = set(ngram_vocab.ngram_record_pairs(("k", "s", "p", "a cat and a cat"), {"a"}, max_order=1))
+    assert words == {(g, "k") for g in ["cat", "and"]}
     assert len(list(ngram_vocab.ngram_record_pairs(("k", "s", "p", "a a a")))) == 2
 
 
@@ -155,24 +162,59 @@ SHARING_CASES = [
     row("t1", "click here"), row("t2", "click here"),
     # on 3 files that are 2 pictures
     row("d1", "thumbnail", "twin", "f1"), row("d2", "thumbnail", "twin", "f2"), row("d3", "thumbnail"),
-    # on 3 images, but the crowded one goes first (3 texts > 2), leaving 2
+    # on 3 images, one of them crowded (3 texts > 2): each count sees every
+    # row of the pool, so the text is still shared by 3 images
     row("k0", "no description", "crowded"), row("k1", "tall tree", "crowded"), row("k2", "short tree", "crowded"),
     row("k3", "no description"), row("k4", "no description"),
+    # on 2 judged images + 1 rejected earlier (too small): 3 images in the raw pool
+    row("m1", "wooden fence"), row("m2", "wooden fence"),
+    # 2 texts on a judged image + 1 on a row of it rejected earlier
+    row("p1", "blue door", "painted"), row("p2", "red door", "painted"),
     # the same record read twice counts once, and is reported once
     row("r1", "untitled", "same"), row("r1", "untitled", "same"), row("r2", "untitled"),
 ]
+SHARING_COUNTED_ONLY = [row("m3", "wooden fence"), row("p3", "green door", "painted")]
 SHARING_EXPECTED = {
     # identity: (rejected by texts_per_image, by images_per_text)
-    "phash": ("o1 o2 o3 x1 x2 x3 k0 k1 k2".split(), "s1 s2 s3".split()),
-    "sha256": ("o1 o2 o3 k0 k1 k2".split(), "s1 s2 s3 d1 d2 d3".split()),
+    "phash": ("o1 o2 o3 x1 x2 x3 k0 k1 k2".split(), "s1 s2 s3 k3 k4".split()),
+    "sha256": ("o1 o2 o3 k0 k1 k2".split(), "s1 s2 s3 d1 d2 d3 k3 k4".split()),
 }
 
 
 @pytest.mark.parametrize("identity", ["phash", "sha256"])
-def test_texts_per_image_then_images_per_text(identity):
+def test_texts_per_image_and_images_per_text_over_the_survivors(identity):
     too_many, shared = SHARING_EXPECTED[identity]
-    assert_rejected(SHARING_CASES, [], preset(image_identity=identity),
+    assert_rejected(SHARING_CASES, [], preset(image_identity=identity, counting_base="survivors"),
                     [(k, TOO_MANY_TEXTS) for k in too_many] + [(k, SHARED_TEXT) for k in shared])
+
+
+@pytest.mark.parametrize("identity", ["phash", "sha256"])
+def test_rows_rejected_earlier_count_under_the_raw_base(identity):
+    """An alt-text on 3 images, one of them too small, is shared by 3 (limit 2): dropped."""
+    too_many, shared = SHARING_EXPECTED[identity]
+    assert_rejected(SHARING_CASES, SHARING_COUNTED_ONLY, preset(image_identity=identity),
+                    [(k, TOO_MANY_TEXTS) for k in too_many + ["p1", "p2"]]
+                    + [(k, SHARED_TEXT) for k in shared + ["m1", "m2"]])
+
+
+def test_align_alt_text_on_11_images_one_too_small_is_dropped_under_the_raw_base():
+    survivors = [row(f"i{i}", "vintage poster print") for i in range(10)]
+    small = [row("small", "vintage poster print")]
+    align = get_preset("align", vocab_size=0)
+    assert (align.max_images_per_text, align.counting_base) == (10, "raw")
+    assert_rejected(survivors, small, align, [(f"i{i}", SHARED_TEXT) for i in range(10)])
+    assert_rejected(survivors, [], align, [])
+
+
+def test_cc12m_runs_no_sharing_limit():
+    survivors = [row(f"i{i}", "vintage poster print") for i in range(12)]
+    survivors += [row(f"t{i}", f"poster {i} vintage print", "placeholder") for i in range(1001)]
+    p = get_preset("cc12m", min_ngram_count=0)
+    assert frequency.stages_run(p) == ["rare_ngrams"]
+    p_, out = run(survivors, [], p)
+    assert_that(out["rejected"], equal_to([]), label="rejected")
+    assert_that(out["stats"] | beam.Keys(), equal_to(["count_of_counts"]), label="stats")
+    p_.run().wait_until_finish()
 
 
 def test_texts_per_image_at_the_real_align_limit():
@@ -188,36 +230,47 @@ def test_texts_per_image_at_the_real_align_limit():
 # ---------------------------------------------------------------------------
 
 
-def test_min_ngram_count_counts_occurrences_over_all_texts():
-    all_texts = (["common word"] * 3 + ["zebra"] * 3 + ["okapi"] * 2
-                 # "moa" occurs 4 times and "moa moa" 3 times, but all in one text
-                 + ["moa moa moa moa"]
-                 # "kiwi" is in one survivor but in three input texts
-                 + ["kiwi"] * 3)
+def test_min_ngram_count_counts_occurrences_over_the_pool():
+    # With the survivors' own texts: common 4, word 3, "common word" 3,
+    # zebra 3, "common zebra" 1, okapi 2; "moa" occurs 4 times and "moa moa"
+    # 3 times, but all in one text; "kiwi" is in one survivor but 3 pool rows.
+    others = counted("common word", "common word", "zebra", "okapi", "kiwi", "kiwi")
     survivors = [
         row("z", "zebra"), row("o", "okapi"), row("c", "common word"),
         row("m", "common zebra"),   # two frequent unigrams, but a bigram seen 0 times
         row("moa", "moa moa moa moa"), row("kiwi", "kiwi"),
         row("punct", "!!! ???"),    # no n-grams: none outside the vocabulary
     ]
-    assert_rejected(survivors, all_texts, preset("cc12m", min_ngram_count=3), [("o", RARE_NGRAM), ("m", RARE_NGRAM)])
+    assert_rejected(survivors, others, preset("align", min_ngram_count=3, max_images_per_text=0),
+                    [("o", RARE_NGRAM), ("m", RARE_NGRAM)])
+    # cc12m counts word types only: the unseen pair "common zebra" is no rare word.
+    assert_rejected(survivors, others, preset("cc12m", min_ngram_count=3, max_images_per_text=0), [("o", RARE_NGRAM)])
+
+
+def test_cc12m_word_type_seen_19_times_is_rare_and_20_times_is_not():
+    survivors = [row("w19", "kestrel photo of a dog"), row("w20", "osprey photo of a dog"),
+                 row("pair", "dog photo")]  # an unseen pair of common words: not a word type
+    # kestrel 19 occurrences, osprey 20, in the whole pool (judged rows included)
+    others = counted(*(["kestrel"] * 18 + ["osprey"] * 19 + ["photo of a dog"] * 20))
+    assert_rejected(survivors, others, get_preset("cc12m"), [("w19", RARE_NGRAM)])
 
 
 @pytest.mark.parametrize("frequent_ngrams, hot_key_fanout", [(0, 0), (1, 8), (10_000, 2)])
 def test_vocab_size_keeps_every_ngram_tied_at_the_cut(frequent_ngrams, hot_key_fanout):
     # counts: car 7, red 4, blue 4, "red car" 4, "blue car" 2, green 1, "green car" 1
-    all_texts = ["red car"] * 4 + ["blue car"] * 2 + ["blue"] * 2 + ["green car"]
+    # pool: "red car" 4, "blue car" 2, "blue" 2, "green car" 1
+    others = counted("red car", "red car", "red car", "blue car", "blue")
     survivors = [row("r", "red car"), row("b", "blue"), row("bc", "blue car"), row("g", "green car")]
     # K=2: the 2nd largest count is 4, held by red, blue and "red car": all kept.
-    assert_rejected(survivors, all_texts, preset(vocab_size=2), [("bc", RARE_NGRAM), ("g", RARE_NGRAM)],
+    assert_rejected(survivors, others, preset(vocab_size=2, max_images_per_text=0), [("bc", RARE_NGRAM), ("g", RARE_NGRAM)],
                     frequent_ngrams=frequent_ngrams, hot_key_fanout=hot_key_fanout)
 
 
 def test_vocab_size_and_min_count_both_hold():
-    all_texts = ["red car"] * 4 + ["blue car"] * 2 + ["blue"] * 2 + ["green car"]
+    others = counted("red car", "red car", "red car", "blue car", "blue")
     survivors = [row("r", "red car"), row("b", "blue"), row("bc", "blue car"), row("g", "green car")]
     # top 5 alone would keep "blue car" (count 2); count >= 3 does not.
-    assert_rejected(survivors, all_texts, preset(vocab_size=5, min_ngram_count=3),
+    assert_rejected(survivors, others, preset(vocab_size=5, min_ngram_count=3, max_images_per_text=0),
                     [("bc", RARE_NGRAM), ("g", RARE_NGRAM)])
 
 
@@ -242,9 +295,9 @@ def test_first_stage_wins_and_each_key_is_reported_once():
         row("b1", "alt img qqq"), row("b2", "alt img qqq"), row("b3", "alt img qqq"),  # shared, and rare
         row("c1", "zork one"),  # only rare
     ]
-    all_texts = [r[3] for r in survivors]  # "alt img qqq" 4 times: rare below 5
+    # "alt img qqq" 4 times: rare below 5
     p = preset("cc12m", min_ngram_count=5)
-    assert_rejected(survivors, all_texts, p, [
+    assert_rejected(survivors, [], p, [
         ("a1", TOO_MANY_TEXTS), ("a2", TOO_MANY_TEXTS), ("a3", TOO_MANY_TEXTS),
         ("b1", SHARED_TEXT), ("b2", SHARED_TEXT), ("b3", SHARED_TEXT),
         ("c1", RARE_NGRAM)])
@@ -256,15 +309,14 @@ def test_stats_and_metrics():
         row("s1", "alt img"), row("s2", "alt img"), row("s3", "alt img"),
         row("k1", "red car"),
     ]
-    all_texts = [r[3] for r in survivors] + ["alt img"]
     p = preset(vocab_size=3)
-    pipeline, out = run(survivors, all_texts, p)
-    # images: over (3 texts: capped 3 = "over 2"), 4 others with 1 text each
-    # texts after step 2: "alt img" on 3 images (over 2), "red car" on 1
+    pipeline, out = run(survivors, counted("alt img"), p)
+    # pool images: over (3 texts: capped 3 = "over 2"), 5 others with 1 text each
+    # pool texts: "alt img" on 4 images (capped 3), "red car" on 2, "blue car" and "green car" on 1
     # n-gram counts: car 4, alt 4, img 4, "alt img" 4; red 2, "red car" 2; blue, green and bigrams 1
     assert_that(out["stats"], equal_to([
-        ("texts_per_image", {"edges": [1, 2, 3, 4], "counts": [4, 0, 1]}),
-        ("images_per_text", {"edges": [1, 2, 3, 4], "counts": [1, 0, 1]}),
+        ("texts_per_image", {"edges": [1, 2, 3, 4], "counts": [5, 0, 1]}),
+        ("images_per_text", {"edges": [1, 2, 3, 4], "counts": [2, 1, 1]}),
         ("count_of_counts", {
             "counts": {"1": 4, "2": 2, "4": 4}, "bucketing": "exact", "cut_count": 4, "vocab_size": 4,
             "vocab_size_limit": 3, "min_ngram_count": 0, "num_ngrams": 10, "num_occurrences": 24}),
@@ -275,8 +327,8 @@ def test_stats_and_metrics():
     counters = {c.key.metric.name: c.committed for c in metrics["counters"]}
     assert counters == {TOO_MANY_TEXTS: 3, SHARED_TEXT: 3, RARE_NGRAM: 1}
     dists = {d.key.metric.name: d.committed for d in metrics["distributions"]}
-    assert (dists["texts_per_image"].count, dists["texts_per_image"].max) == (5, 3)
-    assert (dists["images_per_text"].count, dists["images_per_text"].sum) == (2, 4)
+    assert (dists["texts_per_image"].count, dists["texts_per_image"].max) == (6, 3)
+    assert (dists["images_per_text"].count, dists["images_per_text"].sum) == (4, 7)
 
 
 def test_empty_corpus():
@@ -294,7 +346,7 @@ def test_empty_corpus():
 def test_label_prefix_lets_two_instances_share_a_pipeline():
     p = TestPipeline(runner="FnApiRunner")
     inputs = {"survivors": p | "S" >> beam.Create([row("a", "alt img"), row("b", "alt img")]),
-              "all_texts": p | "T" >> beam.Create(["alt img"] * 2)}
+              "counted_only": p | "T" >> beam.Create([])}
     strict = inputs | "Strict" >> ApplyCorpusFilters(preset(max_images_per_text=1), label_prefix="strict_")
     loose = inputs | "Loose" >> ApplyCorpusFilters(preset(), label_prefix="loose_")
     assert_that(strict["rejected"], equal_to([("a", SHARED_TEXT), ("b", SHARED_TEXT)]), label="strict")

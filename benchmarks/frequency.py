@@ -44,7 +44,11 @@ BOILERPLATE = ["alt img", "image may contain", "click to enlarge", "product phot
 
 
 def synthetic_corpus(num_candidates: int, seed: int = 0, word_types: int = 200_000):
-    """``(survivors, all_texts)``: ``num_candidates`` input texts, about 85% survivors."""
+    """``(survivors, counted_only)``: ``num_candidates`` rows, about 85% survivors.
+
+    ``counted_only`` are the rows a per-record stage rejected, which the raw
+    counting base still counts (``filters.frequency``).
+    """
     rng = np.random.default_rng(seed)
     ranks = np.arange(1, word_types + 1)
     p = 1.0 / ranks**1.1
@@ -54,37 +58,35 @@ def synthetic_corpus(num_candidates: int, seed: int = 0, word_types: int = 200_0
     starts = np.concatenate([[0], np.cumsum(lengths)])
     texts = [" ".join(f"w{w}" for w in words[starts[i]:starts[i + 1]]) for i in range(num_candidates)]
     roll = rng.random(num_candidates)
-    survivors, all_texts = [], []
+    survivors, counted_only = [], []
     for i, text in enumerate(texts):
         if roll[i] < 0.01:
             text = BOILERPLATE[i % len(BOILERPLATE)]
-        all_texts.append(text)
-        if roll[i] > 0.85:
-            continue  # rejected by a per-record stage: counts n-grams only
         sha = f"{rng.integers(2**63):016x}" * 4
         phash = sha[:16]
+        if roll[i] > 0.85:
+            counted_only.append((f"k{i:08d}", sha, phash, text))  # rejected by a per-record stage
+            continue
         if roll[i] > 0.83 and survivors:
             phash = survivors[int(rng.integers(len(survivors)))][2]  # a re-encoded copy
         survivors.append((f"k{i:08d}", sha, phash, text))
-    return survivors, all_texts
+    return survivors, counted_only
 
 
-def write_inputs(survivors, all_texts, directory):
-    with open(os.path.join(directory, "survivors.jsonl"), "w") as f:
-        for row in survivors:
-            f.write(json.dumps(row) + "\n")
-    with open(os.path.join(directory, "all_texts.jsonl"), "w") as f:
-        for text in all_texts:
-            f.write(json.dumps(text) + "\n")
+def write_inputs(survivors, counted_only, directory):
+    for name, rows in (("survivors", survivors), ("counted_only", counted_only)):
+        with open(os.path.join(directory, f"{name}.jsonl"), "w") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
 
 
-def preset_for(all_texts):
+def preset_for(survivors, counted_only):
     from filters.presets import get_preset
     from filters.text import ngrams
 
     distinct = set()
-    for text in all_texts:
-        distinct.update(ngrams(text))
+    for row in survivors + counted_only:
+        distinct.update(ngrams(row[3]))
     return get_preset("align", vocab_size=len(distinct) // 10)
 
 
@@ -103,9 +105,9 @@ def run_beam(directory, preset, mode, transform_kw=None):
         read = {
             name: p | f"Read{name}" >> beam.io.ReadFromText(os.path.join(directory, f"{name}.jsonl"))
             | f"Parse{name}" >> beam.Map(json.loads)
-            for name in ("survivors", "all_texts")
+            for name in ("survivors", "counted_only")
         }
-        read["survivors"] = read["survivors"] | "AsTuple" >> beam.Map(tuple)
+        read = {name: rows | f"AsTuple{name}" >> beam.Map(tuple) for name, rows in read.items()}
         out = read | ApplyCorpusFilters(preset, **(transform_kw or {}))
         (out["rejected"] | beam.Map(json.dumps)
          | beam.io.WriteToText(os.path.join(directory, "out", "rejected")))
@@ -116,9 +118,9 @@ def run_reference(directory, preset):
 
     with open(os.path.join(directory, "survivors.jsonl")) as f:
         survivors = [tuple(json.loads(line)) for line in f]
-    with open(os.path.join(directory, "all_texts.jsonl")) as f:
-        all_texts = [json.loads(line) for line in f]
-    rejected, _ = reference.corpus_filters(survivors, all_texts, preset)
+    with open(os.path.join(directory, "counted_only.jsonl")) as f:
+        counted_only = [tuple(json.loads(line)) for line in f]
+    rejected, _ = reference.corpus_filters(survivors, counted_only, preset)
     os.makedirs(os.path.join(directory, "out"), exist_ok=True)
     with open(os.path.join(directory, "out", "rejected-reference"), "w") as f:
         for item in rejected.items():
@@ -127,10 +129,10 @@ def run_reference(directory, preset):
 
 def one_run(mode, size, seed, transform_kw):
     """Child process: generate (untimed), run one mode (timed), print JSON."""
-    survivors, all_texts = synthetic_corpus(size, seed)
-    preset = preset_for(all_texts)
+    survivors, counted_only = synthetic_corpus(size, seed)
+    preset = preset_for(survivors, counted_only)
     with tempfile.TemporaryDirectory() as directory:
-        write_inputs(survivors, all_texts, directory)
+        write_inputs(survivors, counted_only, directory)
         rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         start, cpu_start = time.perf_counter(), time.process_time()
         if mode == "reference":

@@ -1,10 +1,25 @@
 """The fixed order of filter stages, and how a rejection is named.
 
 Every input record ends in exactly one place: written to a split, or rejected
-by the *first* stage (in this order) that rejects it. A later stage never sees
-a record an earlier one rejected, so per-corpus counts (texts per image,
-images per text, n-gram counts) are taken over the survivors of all earlier
-stages. The funnel in ``stats/funnel.json`` lists stages in this order.
+by the *first* stage (in this order) that rejects it. The funnel in
+``stats/funnel.json`` lists stages in this order.
+
+What each corpus-wide count sees (``texts_per_image``, ``images_per_text``
+and the n-gram counts of ``rare_ngrams``; preset ``counting_base``): all
+three count over the same rows, and none over another's result.
+
+- ``raw`` (default; ALIGN counts rare tokens "from the raw dataset"): every
+  row that passed ``read``, ``image_header`` and ``text`` (a readable image
+  header and a readable alt-text), including the rows that ``image_format``,
+  ``image_size``, ``image_aspect``, ``text_length``, ``text_repetition``,
+  ``image_decode`` or ``nsfw`` reject. An alt-text on 11 images, one of them
+  too small, is on 11 images.
+- ``survivors``: only the rows that passed every per-record stage and
+  ``nsfw``.
+
+In both, a verdict applies only to rows that are still in the running: a
+row rejected earlier keeps its first reason. The near-duplicate stages
+compare the rows that no earlier stage rejected.
 
 A rejection reason is ``"<stage>/<detail>"``, e.g. ``"image_size/too_small"``.
 The stage part must be one of ``STAGES``; details are short stable words
@@ -22,12 +37,12 @@ STAGES = (
     ("image_aspect", "aspect ratio (longer/shorter) below the maximum"),
     ("text", "alt-text normalises to something: not empty, not too long in characters"),
     ("text_length", "unigram count within [min_words, max_words]"),
-    ("text_repetition", "no word makes up more than max_word_repetition of the words"),
+    ("text_repetition", "repeated words / words (1 - distinct/total) at most max_word_repetition"),
     ("image_decode", "the full image decodes (not truncated or corrupt)"),
     ("nsfw", "pornographic-content score below nsfw_threshold"),
     ("texts_per_image", "the image has at most max_texts_per_image distinct alt-texts"),
     ("images_per_text", "the alt-text is shared by at most max_images_per_text distinct images"),
-    ("rare_ngrams", "every unigram and bigram of the alt-text is in the n-gram vocabulary"),
+    ("rare_ngrams", "every n-gram (words, and bigrams if max_ngram_order is 2) is in the vocabulary"),
     ("near_duplicate_eval", "the image is not a near-duplicate of an evaluation image"),
     ("near_duplicate_corpus", "the image is not a near-duplicate of another kept corpus image"),
     ("duplicate_pair", "the same (url, alt-text) pair was not already kept"),

@@ -1,6 +1,6 @@
 """How often does an image identity pool images that a person calls different?
 
-    python -m benchmarks.image_identity [--json out.json]
+    python -m benchmarks.image_identity [--json PATH]   # default benchmarks/results/image_identity.json
 
 The per-image counts (``texts_per_image``, ``images_per_text``) treat rows
 with the same identity as one image. An identity that pools two different
@@ -27,12 +27,12 @@ import hashlib
 import importlib.util
 import io
 import itertools
-import json
 import os
 from typing import Callable, Dict, List
 
 from PIL import Image, ImageDraw, ImageFont
 
+from benchmarks import record
 from filters.image import phash_of
 
 SIZE = (480, 360)
@@ -208,15 +208,14 @@ def measure() -> dict:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--json", default="", help="where to write the JSON (default benchmarks/results/image_identity.json)")
     args = parser.parse_args(argv)
+    run = record.Run()
     results = measure()
     for name, by_identity in results.items():
         for ident, row in by_identity.items():
             print(f"{name:40s} {ident:7s} " + " ".join(f"{k}={v}" for k, v in row.items()))
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(results, handle, indent=1, sort_keys=True)
+    run.write("image_identity", results, args.json)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,11 @@
 """All per-record rules on one candidate, in stage order (pure, no Beam).
 
+When the input states the source size (``Candidate.source_width/height``,
+e.g. img2dataset's ``original_width``/``original_height``), the size and
+aspect rules judge it instead of the stored image's header, and it is what
+the shards' ``original_*`` features carry. The decompression-bomb check
+(in ``read_header``) still judges the stored image, which is what gets decoded.
+
 Order (see ``filters.stages``): image header -> format -> size -> aspect ->
 text -> text length -> text repetition -> full image decode. The first rule
 that fails decides the reason; later rules do not run, so a cheap rule always
@@ -8,6 +14,7 @@ pays for an expensive one.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from typing import Dict, Optional, Tuple
 
@@ -28,11 +35,18 @@ def filter_record(candidate: Candidate, preset) -> Tuple[Candidate, Optional[str
     header, reason = image_rules.read_header(candidate.image, preset)
     if reason:
         return candidate, reason, measures
-    candidate = candidate.replace(format=header.format, width=header.width, height=header.height)
-    shorter, longer = sorted((header.width, header.height))
+    if candidate.source_width and candidate.source_height:
+        # The downloader resized the stored image and kept the source size
+        # (img2dataset's original_width/height): ALIGN's size and aspect rules
+        # are about the image on the web, so they judge that size.
+        judged = dataclasses.replace(header, width=candidate.source_width, height=candidate.source_height)
+    else:
+        judged = header
+    candidate = candidate.replace(format=judged.format, width=judged.width, height=judged.height)
+    shorter, longer = sorted((judged.width, judged.height))
     measures["shorter_side"] = shorter
     measures["aspect_ratio"] = longer / shorter
-    reason = image_rules.check_header(header, preset)
+    reason = image_rules.check_header(judged, preset)
     if reason:
         return candidate, reason, measures
 

@@ -46,6 +46,8 @@ from pipeline import near_duplicates as near_dup
 from pipeline import stats as stats_lib
 from pipeline import write as write_lib
 from pipeline.read import ReadCandidates, Rejection
+from pipeline.readers.input_notes import input_notes
+from pipeline.readers.rows import Columns, make_columns
 from pipeline.schema import Candidate
 
 LOCAL_RUNNER = "FnApiRunner"
@@ -57,7 +59,33 @@ class BuildOptions(PipelineOptions):
 
     @classmethod
     def _add_argparse_args(cls, parser):
-        parser.add_argument("--input", help="glob of img2dataset-style Parquet files (local or gs://)")
+        parser.add_argument("--input", help="glob of input files or directories (local or gs://); see README 'Input formats'")
+        parser.add_argument(
+            "--input_format", "--input-format", dest="input_format", default=None,
+            help="read every data file as this format instead of by its name: parquet, webdataset, tsv, jsonl, tfrecord",
+        )
+        parser.add_argument("--url_col", "--url-col", dest="url_col", default="", help="input column/field of the URL (default: url)")
+        parser.add_argument(
+            "--caption_col", "--caption-col", dest="caption_col", default="",
+            help="input column/field of the alt-text (default: first of caption, alt_text, text, texts)",
+        )
+        parser.add_argument(
+            "--image_col", "--image-col", dest="image_col", default="",
+            help="input column/field of the image bytes (default: first of jpg, image, png, webp, jpeg)",
+        )
+        parser.add_argument(
+            "--carry_columns", "--carry-columns", dest="carry_columns", default="",
+            help="comma-separated input columns written to the shards as source_<column> (key and sha256 always are)",
+        )
+        parser.add_argument(
+            "--tsv_columns", "--tsv-columns", dest="tsv_columns", default="",
+            help="column names of a headerless TSV, in order (default url,caption as CC12M; CC3M is caption,url)",
+        )
+        parser.add_argument(
+            "--layout", default="flat", choices=("flat", "tfds"),
+            help="flat: the corpus in --output; tfds: in --output/NAME/VERSION/, so tfds.builder(NAME, data_dir=OUTPUT) loads it",
+        )
+        parser.add_argument("--version", default="1.0.0", help="dataset version (the VERSION directory of --layout tfds)")
         parser.add_argument("--output", help="output directory (local or gs://)")
         parser.add_argument("--preset", default="align", help="filter preset: align or cc12m")
         parser.add_argument("--set", dest="overrides", action="append", default=[], help="NAME=VALUE preset override (repeatable)")
@@ -255,7 +283,7 @@ def build_pipeline(p: beam.Pipeline, opts: BuildOptions, preset, notes: dict, ev
     from filters.frequency import ApplyCorpusFilters
     from filters.frequency import stages_run as corpus_stages_run
 
-    read = p | "ReadCandidates" >> ReadCandidates(opts.input)
+    read = p | "ReadCandidates" >> ReadCandidates(opts.input, opts.input_format, input_columns(opts))
     input_count = read | "CountInput" >> beam.combiners.Count.Globally()
     parsed = read | "SplitReadRejects" >> beam.Partition(lambda x, _: int(isinstance(x, Rejection)), 2)
     candidates, read_rejects = parsed[0], parsed[1]
@@ -350,7 +378,7 @@ def build_pipeline(p: beam.Pipeline, opts: BuildOptions, preset, notes: dict, ev
         )
     all_rejections = (read_rejects, filtered.rejected, joined_rejects) | "FlattenRejections" >> beam.Flatten()
 
-    shard_lengths = written_records | "WriteShards" >> write_lib.WriteShards(opts.output, opts.name, preset)
+    shard_lengths = written_records | "WriteShards" >> write_lib.WriteShards(opts.output, opts.name, preset, input_columns(opts).carry)
     written_counts = shard_lengths | "WrittenPerSplit" >> beam.FlatMap(lambda d: [(s, sum(c)) for s, c in d.items()])
     _ = shard_lengths | "WriteShardList" >> beam.Map(
         lambda d: stats_lib.write_text(FileSystems.join(opts.output, write_lib.SHARDS_FILE), json.dumps(d, sort_keys=True))
@@ -360,6 +388,22 @@ def build_pipeline(p: beam.Pipeline, opts: BuildOptions, preset, notes: dict, ev
     extra_stats = extra | "FlattenExtraStats" >> beam.Flatten()
     meta = {"ran": ran, "notes": notes, "dataset": opts.name, "preset": preset}
     _ = (input_count, all_rejections, written_counts, histograms, extra_stats) | "WriteStats" >> WriteStats(opts.output, meta)
+
+
+def input_columns(opts) -> Columns:
+    """Which input columns hold what, and which are carried to the shards (``--*_col``, ``--carry_columns``)."""
+    return make_columns(
+        getattr(opts, "url_col", ""), getattr(opts, "caption_col", ""), getattr(opts, "image_col", ""),
+        [c.strip() for c in (getattr(opts, "carry_columns", "") or "").split(",")],
+        getattr(opts, "tsv_columns", ""),
+    )
+
+
+def corpus_directory(output: str, layout: str, name: str, version: str) -> str:
+    """Where the corpus goes: ``output`` (flat) or ``output/NAME/VERSION`` (TFDS's by-name layout)."""
+    if layout == "tfds":
+        return FileSystems.join(output, name, version)
+    return output
 
 
 def _write_pairs(rows, output_dir) -> None:
@@ -444,11 +488,11 @@ def _prepare_output(output: str, overwrite: bool) -> None:
     FileSystems.delete([output])
 
 
-def _finalize(output: str, name: str, preset) -> dict:
+def _finalize(output: str, name: str, preset, carried=(), version: str = "1.0.0") -> dict:
     with FileSystems.open(FileSystems.join(output, write_lib.SHARDS_FILE)) as handle:
         shard_lengths = json.loads(handle.read())
     description = f"Alt-text corpus built with preset {preset.name!r} by pipeline.build"
-    write_lib.write_tfds_metadata(output, name, shard_lengths, description)
+    write_lib.write_tfds_metadata(output, name, shard_lengths, description, carried, version)
     with FileSystems.open(FileSystems.join(output, "stats", "funnel.json")) as handle:
         funnel = json.loads(handle.read())
     stats_lib.write_text(FileSystems.join(output, "COMPLETED"), "")
@@ -487,11 +531,14 @@ def run(argv: Optional[List[str]] = None) -> dict:
     if not opts.input or not opts.output:
         raise SystemExit("--input and --output are required")
     preset = _resolve_preset(opts.preset, opts.overrides)
+    opts.output = corpus_directory(opts.output, opts.layout, opts.name, opts.version)
     if options.view_as(StandardOptions).runner is None:
         options.view_as(StandardOptions).runner = LOCAL_RUNNER
     options.view_as(SetupOptions).save_main_session = False
     _prepare_output(opts.output, opts.overwrite)
     notes = stage_notes(preset)
+    for stage, note in input_notes(opts.input, opts.input_format, input_columns(opts)).items():
+        notes[stage] = f"{notes[stage]}; {note}" if stage in notes else note
     eval_index = load_eval_index(opts.eval_images, opts.embedder, preset, opts.output) if opts.eval_images else None
     if eval_index is not None:
         notes["near_duplicate_eval"] = eval_index.note
@@ -499,7 +546,7 @@ def run(argv: Optional[List[str]] = None) -> dict:
     build_pipeline(p, opts, preset, notes, eval_index)
     result = p.run()
     result.wait_until_finish()
-    funnel = _finalize(opts.output, opts.name, preset)
+    funnel = _finalize(opts.output, opts.name, preset, input_columns(opts).carry, opts.version)
     funnel_counters = counters(result)
     if funnel_counters is not None:
         stats_lib.write_text(

@@ -83,6 +83,7 @@ from filters import stages
 from filters import text as text_lib
 from filters.text import ngrams, normalize_text, text_identity, words
 from pipeline import sample_scenes as scenes
+from pipeline.readers.rows import download_reason
 from pipeline.schema import make_key
 
 # ---------------------------------------------------------------------------
@@ -580,8 +581,9 @@ def plant_read_cases(plan: Plan) -> None:
         for row, error in zip(unit.rows, errors):
             _, row.caption = content_with_caption(rng)
             row.recipe, row.status, row.error_message, row.reported_size = None, "failed_to_download", error, None
+            row.expected = download_reason(row.status, error)  # one funnel line per kind of failure
 
-    plan.add("failed_download", stages.reason("read", "bad_status"),
+    plan.add("failed_download", download_reason("failed_to_download", errors[0]),
              "img2dataset could not download it: status failed_to_download, jpg is null", failed, count=4)
 
     def no_bytes(value):

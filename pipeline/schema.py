@@ -51,6 +51,12 @@ class Candidate:
     alt_text: str                     # raw, as read
     image: Optional[bytes] = None     # encoded bytes; None until downloaded
     source: tuple = ()                # (("column", value), ...) kept for the audit
+    # What the input says about the image before its downloader touched it
+    # (img2dataset's original_width/original_height); 0 when it says nothing.
+    # The size and aspect filters judge these, not the stored (resized) image.
+    source_width: int = 0
+    source_height: int = 0
+    carried: tuple = ()               # (("name", "text"), ...) written as source_<name> features
     # Filled by filters.text:
     text: str = ""                    # normalised alt-text, what gets written
     # Filled by filters.image:
@@ -88,6 +94,26 @@ FEATURES = {
 
 SPLITS = ("train", "validation")
 
+#: Input columns written to the shards by default, as ``source_<column>``
+#: (the input's own key and sha256 let a user join the corpus back to their
+#: metadata); ``--carry_columns`` adds more.
+DEFAULT_CARRIED = ("key", "sha256")
+CARRIED_PREFIX = "source_"
+
+
+def carried_features(columns) -> dict:
+    """Extra text features for carried input columns: optional for the trainer.
+
+    They are declared in ``features.json`` (so TFDS parses them) but are not
+    part of ``FEATURES``: ``tf_feature_spec()`` and the trainer ignore them.
+    Every shard record holds every declared one (empty text when the input
+    row had no value), as a TFDS ``FeaturesDict`` requires.
+    """
+    return {
+        CARRIED_PREFIX + column: ("text", "string", f"the input's column {column!r}, as text (empty if absent)")
+        for column in columns
+    }
+
 
 def shard_filename(name: str, split: str, index: int, num_shards: int) -> str:
     """TFDS naming: ``<name>-<split>.tfrecord-00000-of-00016``."""
@@ -108,13 +134,13 @@ def tf_feature_spec():
     return spec
 
 
-def tfds_features():
-    """The same spec as a ``tfds.features.FeaturesDict`` (for features.json)."""
+def tfds_features(extra: Optional[dict] = None):
+    """The same spec as a ``tfds.features.FeaturesDict`` (for features.json), plus ``extra`` ones."""
     import numpy as np
     import tensorflow_datasets as tfds
 
     built = {}
-    for name, (kind, dtype, doc) in FEATURES.items():
+    for name, (kind, dtype, doc) in {**FEATURES, **(extra or {})}.items():
         if kind == "image":
             built[name] = tfds.features.Image(encoding_format="jpeg", doc=doc)
         elif kind == "text":

@@ -1,15 +1,16 @@
-"""TFRecord shards without TensorFlow on the workers.
+"""TFRecord shards without TensorFlow on the workers: writing and reading.
 
 A ``tf.train.Example`` is a small protobuf; encoding it by hand (with keys in
 a fixed order) keeps the Beam workers free of the TensorFlow dependency and
-makes the bytes deterministic. ``tests/pipeline/test_tfrecord.py`` checks the
+makes the bytes deterministic. Reading (``read_frames``, ``decode_example``)
+is the same codec backwards, for re-filtering shards as input. ``tests/pipeline/test_tfrecord.py`` checks the
 output against TensorFlow's own parser and reader.
 """
 
 from __future__ import annotations
 
 import struct
-from typing import Dict, Iterable, Union
+from typing import Dict, Iterable, Iterator, List, Tuple, Union
 
 import google_crc32c
 
@@ -68,3 +69,127 @@ def write_records(file_obj, payloads: Iterable[bytes]) -> int:
         file_obj.write(frame_record(payload))
         count += 1
     return count
+
+
+# ---------------------------------------------------------------------------
+# Reading
+# ---------------------------------------------------------------------------
+
+
+class FrameError(Exception):
+    """The file cannot be framed past this point (bad length checksum, truncated)."""
+
+
+class CorruptPayload(Exception):
+    """One record's payload checksum does not match; the next record is still framed."""
+
+
+def read_frames(file_obj) -> Iterator[Union[bytes, CorruptPayload]]:
+    """Each record's payload, or ``CorruptPayload`` for one that fails its checksum.
+
+    Raises ``FrameError`` where the framing itself breaks: nothing after it
+    can be located.
+    """
+    while True:
+        head = file_obj.read(12)
+        if not head:
+            return
+        if len(head) < 12:
+            raise FrameError(f"truncated record header ({len(head)} of 12 bytes)")
+        if _masked_crc(head[:8]) != head[8:12]:
+            raise FrameError("record length checksum mismatch")
+        (length,) = struct.unpack("<Q", head[:8])
+        payload = file_obj.read(length)
+        tail = file_obj.read(4)
+        if len(payload) < length or len(tail) < 4:
+            raise FrameError(f"truncated record ({len(payload)} of {length} payload bytes)")
+        if _masked_crc(payload) != tail:
+            yield CorruptPayload("record payload checksum mismatch")
+        else:
+            yield payload
+
+
+def _read_varint(data: bytes, pos: int) -> Tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= len(data):
+            raise ValueError("truncated varint")
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, pos
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint too long")
+
+
+def _fields_of(data: bytes) -> Iterator[Tuple[int, int, object]]:
+    """``(field number, wire type, value)``: value is int (varint/fixed) or bytes (length-delimited)."""
+    pos = 0
+    while pos < len(data):
+        tag, pos = _read_varint(data, pos)
+        number, wire = tag >> 3, tag & 7
+        if wire == 0:
+            value, pos = _read_varint(data, pos)
+        elif wire == 1:
+            value, pos = data[pos : pos + 8], pos + 8
+        elif wire == 2:
+            length, pos = _read_varint(data, pos)
+            if pos + length > len(data):
+                raise ValueError("truncated field")
+            value, pos = data[pos : pos + length], pos + length
+        elif wire == 5:
+            value, pos = data[pos : pos + 4], pos + 4
+        else:
+            raise ValueError(f"unsupported wire type {wire}")
+        yield number, wire, value
+
+
+def _signed(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _feature_values(feature: bytes) -> List[Value]:
+    values: List[Value] = []
+    for kind, _, payload in _fields_of(feature):
+        for number, wire, value in _fields_of(payload):
+            if number != 1:
+                continue
+            if kind == 1:  # bytes_list
+                values.append(bytes(value))
+            elif kind == 2:  # float_list: packed or not
+                values.extend(struct.unpack(f"<{len(value) // 4}f", value))  # packed or one fixed32
+            elif kind == 3:  # int64_list: packed (wire 2) or one varint (wire 0)
+                if wire == 0:
+                    values.append(_signed(value))
+                else:
+                    pos = 0
+                    while pos < len(value):
+                        item, pos = _read_varint(value, pos)
+                        values.append(_signed(item))
+    return values
+
+
+def decode_example(payload: bytes) -> Dict[str, List[Value]]:
+    """A serialised ``tf.train.Example`` as ``{name: [values]}`` (bytes, int or float values).
+
+    Raises ``ValueError`` on bytes that are not an Example.
+    """
+    features: Dict[str, List[Value]] = {}
+    for number, wire, value in _fields_of(payload):
+        if number != 1 or wire != 2:
+            continue
+        for entry_number, entry_wire, entry in _fields_of(value):
+            if entry_number != 1 or entry_wire != 2:
+                continue
+            name, feature = None, b""
+            for field, field_wire, item in _fields_of(entry):
+                if field == 1 and field_wire == 2:
+                    name = bytes(item).decode("utf-8")
+                elif field == 2 and field_wire == 2:
+                    feature = bytes(item)
+            if name is None:
+                raise ValueError("feature map entry without a name")
+            features[name] = _feature_values(feature)
+    return features

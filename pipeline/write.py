@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Dict, List
+from typing import Dict, List, Sequence
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
@@ -24,7 +24,7 @@ from apache_beam.metrics import Metrics
 
 from pipeline import tfrecord
 from pipeline.stats import METRICS_NAMESPACE
-from pipeline.schema import FEATURES, SPLITS, Candidate, key_fraction, shard_filename
+from pipeline.schema import CARRIED_PREFIX, FEATURES, SPLITS, Candidate, carried_features, key_fraction, shard_filename
 
 SHARDS_FILE = "stats/_shards.json"
 
@@ -42,7 +42,8 @@ def shard_of(key: str, num_shards: int) -> int:
     return min(num_shards - 1, int(key_fraction(key, salt="shard") * num_shards))
 
 
-def to_example(record: Candidate) -> bytes:
+def to_example(record: Candidate, carried: Sequence[str] = ()) -> bytes:
+    """The record's Example: ``FEATURES`` in order, then ``source_<column>`` for each carried column."""
     values = {
         "image": record.image,
         "texts": record.text,
@@ -56,6 +57,9 @@ def to_example(record: Candidate) -> bytes:
         "phash": record.phash,
     }
     assert list(values) == list(FEATURES), "writer and schema.FEATURES disagree"
+    have = dict(record.carried)
+    for column in carried:
+        values[CARRIED_PREFIX + column] = have.get(column, "")
     return tfrecord.encode_example(values)
 
 
@@ -113,17 +117,19 @@ class WriteShards(beam.PTransform):
     (also written to ``stats/_shards.json`` for the launcher).
     """
 
-    def __init__(self, output_dir: str, name: str, preset):
+    def __init__(self, output_dir: str, name: str, preset, carried: Sequence[str] = ()):
         super().__init__()
         self.output_dir = output_dir
         self.name = name
         self.preset = preset
+        self.carried = tuple(carried)
 
     def expand(self, records):
         fraction = self.preset.validation_fraction
         bound = self.preset.max_records_per_shard
+        carried = self.carried
         by_split = records | "AssignSplit" >> beam.Map(
-            lambda r: (split_of(r.key, fraction), (r.key, to_example(r)))
+            lambda r: (split_of(r.key, fraction), (r.key, to_example(r, carried)))
         )
         counts = (
             by_split
@@ -193,13 +199,16 @@ class WriteRejectionLedger(beam.PTransform):
         )
 
 
-def write_tfds_metadata(output_dir: str, name: str, shard_lengths: Dict[str, List[int]], description: str) -> None:
+def write_tfds_metadata(
+    output_dir: str, name: str, shard_lengths: Dict[str, List[int]], description: str, carried: Sequence[str] = (),
+    version: str = "1.0.0",
+) -> None:
     """dataset_info.json + features.json, so tfds.builder_from_directory loads the dir."""
     import tensorflow_datasets as tfds
 
     from pipeline.schema import tfds_features
 
-    features = tfds_features()
+    features = tfds_features(carried_features(carried))
     split_infos = []
     for split in SPLITS:
         lengths = shard_lengths.get(split)
@@ -227,6 +236,7 @@ def write_tfds_metadata(output_dir: str, name: str, shard_lengths: Dict[str, Lis
         split_infos=split_infos,
         filename_template="{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}",
         description=description,
+        version=version,
         check_data=False,
     )
     # write_metadata names the dataset after the directory; keep the shard name.

@@ -57,7 +57,7 @@ def test_rows_missing_columns_or_bytes_are_rejected_with_reasons():
     (batch,) = table.to_batches()
     out = list(batch_to_records("f", batch, 1))
     assert isinstance(out[0], Candidate)
-    assert [o.reason for o in out[1:]] == ["read/missing_caption", "read/no_image", "read/bad_status"]
+    assert [o.reason for o in out[1:]] == ["read/missing_caption", "read/no_image", "read/download_failed/failed_to_download"]
     no_caption = pa.table({"url": ["a"], "jpg": [b"img"]})
     (only,) = batch_to_records("f", no_caption.to_batches()[0], 1)
     assert isinstance(only, Rejection) and only.reason == "read/missing_column"

@@ -34,7 +34,9 @@ SEED = 0
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 REASONS = {
-    "read/missing_column", "read/no_image", "read/bad_status", "read/missing_caption", "read/caption_not_utf8",
+    "read/missing_column", "read/no_image", "read/missing_caption", "read/caption_not_utf8",
+    "read/download_failed/http_404", "read/download_failed/timeout", "read/download_failed/http_403",
+    "read/download_failed/failed_to_resize",
     "image_header/undecodable", "image_header/decompression_bomb", "image_format/not_allowed",
     "image_size/too_small", "image_aspect/too_elongated", "text/empty", "text/invalid_encoding",
     "text/too_long_chars", "text_length/too_few_words", "text_length/too_many_words", "image_decode/corrupt",

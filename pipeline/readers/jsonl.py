@@ -1,0 +1,52 @@
+"""URL lists as JSON Lines: one object per line, ``{"url": ..., "caption": ...}``.
+
+Each line is one record: a line that is not a JSON object (bad JSON, invalid
+UTF-8, an array, a bare string) is ``read/malformed_line``; an object
+without the url or caption field is ``read/missing_column``; a well-formed
+one has no image bytes and is ``read/not_downloaded`` (run a downloader such
+as img2dataset first). Other fields can be carried to the output
+(``--carry_columns``). Blank lines are malformed lines too: they are counted,
+not skipped, so the count always equals the file's lines.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Iterator, Optional
+
+from apache_beam.io.filesystems import FileSystems
+
+from filters import stages
+from pipeline.readers.rows import Columns, Rejection, Row, first_present, shown, to_record
+from pipeline.schema import make_key
+
+
+def read_lines(path: str, lines, columns: Columns = Columns()) -> Iterator[object]:
+    for number, raw in enumerate(lines, start=1):
+        position = f"{path}#{number}"
+        try:
+            found = json.loads(raw)
+        except ValueError as error:  # includes invalid UTF-8 (UnicodeDecodeError)
+            found = error
+        if not isinstance(found, dict):
+            note = f"not a JSON object ({type(found).__name__}): {shown(raw[:200]).strip()}"
+            yield Rejection(make_key(position, ""), stages.reason("read", "malformed_line"), url=position, alt_text=note)
+            continue
+        url_col = first_present(columns.url, found)
+        caption_col = first_present(columns.caption, found)
+        missing = tuple(n for n, c in (("url", url_col), ("caption", caption_col)) if c is None)
+        yield to_record(
+            Row(position, found.get(url_col) if url_col else None, found.get(caption_col) if caption_col else None,
+                meta=found, missing=missing, has_image_column=False),
+            columns.carry,
+        )
+
+
+def read_file(path: str, columns: Columns = Columns()) -> Iterator[object]:
+    with FileSystems.open(path) as handle:
+        yield from read_lines(path, handle, columns)
+
+
+def expected_records(path: str, columns: Columns = Columns()) -> Optional[int]:
+    """A line is a record by construction (one yield per line); the file states no count."""
+    return None

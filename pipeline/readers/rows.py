@@ -76,6 +76,9 @@ class Columns(NamedTuple):
 def make_columns(url_col: str = "", caption_col: str = "", image_col: str = "", carry: Sequence[str] = (), tsv_columns: str = "") -> Columns:
     """``Columns`` from command-line values (empty = the defaults)."""
     base = Columns()
+    for column in carry:
+        if column and not re.fullmatch(r"[A-Za-z0-9_]+", column):
+            raise ValueError(f"--carry_columns: {column!r} cannot be a feature name (letters, digits, _ only)")
     return base._replace(
         url=(url_col,) if url_col else base.url,
         caption=(caption_col,) if caption_col else base.caption,

@@ -11,13 +11,21 @@ Each record is one input record:
 - a record whose payload checksum fails -> ``read/corrupt_record`` (the next
   one is still framed and read);
 - a payload that is not an Example -> ``read/malformed_record``;
-- a file whose framing breaks (truncated, bad length checksum) adds one
-  ``read/truncated_file`` record naming where it stopped: nothing after that
-  point can be located, so its count is unknown.
+- a file whose framing breaks (truncated, bad length checksum) is
+  ``read/truncated_file`` from where it stopped: nothing after that point
+  can be located.
+
+A TFRecord file states no count of its own, but a TFDS directory's
+``dataset_info.json`` states every shard's length. When the file is such a
+shard, that length is the count: a truncated shard rejects exactly the
+records it is missing, and reading any other number stops the job. Without
+it, a truncated file adds one ``read/truncated_file`` record.
 """
 
 from __future__ import annotations
 
+import json
+import posixpath
 from typing import Iterator, Optional
 
 from apache_beam.io.filesystems import FileSystems
@@ -45,7 +53,25 @@ def example_row(position: str, features: dict, columns: Columns) -> Row:
     )
 
 
-def read_handle(path: str, handle, columns: Columns = Columns()) -> Iterator[object]:
+def stated_length(path: str) -> Optional[int]:
+    """The shard's length from ``dataset_info.json`` in its directory (TFDS naming), or None."""
+    directory, name = posixpath.split(path.replace("\\", "/"))
+    info_path = FileSystems.join(directory, "dataset_info.json") if directory else "dataset_info.json"
+    try:
+        with FileSystems.open(info_path) as handle:
+            info = json.loads(handle.read())
+    except Exception:
+        return None
+    suffix = info.get("fileFormat", "tfrecord")
+    for split in info.get("splits", []):
+        lengths = split.get("shardLengths", [])
+        for index, length in enumerate(lengths):
+            if name == f"{info.get('name')}-{split.get('name')}.{suffix}-{index:05d}-of-{len(lengths):05d}":
+                return int(length)
+    return None
+
+
+def read_handle(path: str, handle, columns: Columns = Columns(), stated: Optional[int] = None) -> Iterator[object]:
     index = 0
     try:
         for payload in codec.read_frames(handle):
@@ -61,15 +87,18 @@ def read_handle(path: str, handle, columns: Columns = Columns()) -> Iterator[obj
                 continue
             yield to_record(example_row(position, features, columns), columns.carry)
     except codec.FrameError as error:
-        where = f"{path}#after-{index}"
-        yield Rejection(make_key(where, ""), stages.reason("read", "truncated_file"), url=where, alt_text=str(error))
+        missing = stated - index if stated is not None and stated > index else 1
+        for number in range(index + 1, index + 1 + missing):
+            where = f"{path}#{number}" if stated is not None else f"{path}#after-{index}"
+            yield Rejection(make_key(where, ""), stages.reason("read", "truncated_file"), url=where, alt_text=str(error))
 
 
 def read_file(path: str, columns: Columns = Columns()) -> Iterator[object]:
+    stated = stated_length(path)
     with FileSystems.open(path) as handle:
-        yield from read_handle(path, handle, columns)
+        yield from read_handle(path, handle, columns, stated)
 
 
 def expected_records(path: str, columns: Columns = Columns()) -> Optional[int]:
-    """A TFRecord file states no count (TFDS's dataset_info.json does, per shard; not checked here)."""
-    return None
+    """The shard length ``dataset_info.json`` states, or None (a bare TFRecord file states no count)."""
+    return stated_length(path)

@@ -277,3 +277,21 @@ def test_a_glob_over_img2dataset_output_reads_each_shard_once(tmp_path):
 def test_unknown_format_is_one_named_rejection(tmp_path):
     (tmp_path / "notes.bin").write_bytes(b"\x00\x01")
     assert_read(str(tmp_path / "*"), [("read/unknown_format", str(tmp_path / "notes.bin"))])
+
+
+def test_own_corpus_directory_as_input_is_counted_against_dataset_info(tmp_path):
+    """Re-filtering a built corpus: TFDS metadata is skipped, each shard's stated length is its count."""
+    examples = [own_shard_record(i) for i in range(6)]
+    lengths = write.write_contiguous_shards(str(tmp_path), "corpus", "train", examples, 2)
+    write.write_tfds_metadata(str(tmp_path), "corpus", {"train": lengths}, "test corpus", carried=("key",))
+    (tmp_path / "COMPLETED").write_bytes(b"")
+    shard = tmp_path / "corpus-train.tfrecord-00001-of-00002"
+    data = shard.read_bytes()
+    shard.write_bytes(data[: len(data) // 2])  # 3 records stated; the cut falls inside the second
+    assert tfrecord_reader.expected_records(str(shard)) == 3
+    records = list(tfrecord_reader.read_file(str(shard), Columns()))
+    assert fates(records) == {"written": 1, "read/truncated_file": 2}
+    expected = [("written", f"https://e.x/{i}.jpg") for i in (0, 1, 2, 3)] + [
+        ("read/truncated_file", f"{shard}#{n}") for n in (2, 3)
+    ]
+    assert_read(str(tmp_path / "*"), expected)

@@ -33,6 +33,7 @@ from apache_beam.metrics import Metrics
 
 from filters import stages
 from pipeline import readers
+from pipeline.readers import files as files_reader
 from pipeline.readers import parquet as parquet_reader
 from pipeline.readers.parquet import batch_to_records, image_column_usable, parquet_records  # noqa: F401 (re-exported)
 from pipeline.readers.rows import (  # noqa: F401 (re-exported)
@@ -62,17 +63,25 @@ def _matches(path: str, patterns) -> bool:
 def plan_file(path: str, override: Optional[str], patterns) -> Optional[tuple]:
     """``(format, path to read)`` for one matched file, or None to skip it.
 
-    Skipped: non-data files, and img2dataset's metadata Parquet beside a
-    ``.tar`` shard that the pattern also matched (the shard reads it).
-    A metadata Parquet whose tar was not matched reads the pair by the tar.
+    Skipped: non-data files, img2dataset's metadata Parquet beside a ``.tar``
+    shard that the pattern also matched (the shard reads it), and the sample
+    files of its ``files`` output when their shard's Parquet is matched. A
+    metadata Parquet whose tar was not matched reads the pair by the tar; one
+    beside a folder of samples reads that folder (``readers.files``).
     """
     if readers.is_non_data(path):
         return None
+    shard = files_reader.metadata_of_member(path)
+    if shard and _matches(shard, patterns) and FileSystems.exists(shard) and parquet_reader.has_image_column(shard) is False:
+        return None  # a sample file of img2dataset's files output: read with its shard
     fmt = readers.format_of(path, override)
-    if readers.format_by_name(path) == "parquet" and fmt in ("parquet", "webdataset"):
+    if readers.format_by_name(path) == "parquet" and fmt in ("parquet", "webdataset", "files"):
         tar = re.sub(r"\.parquet$", ".tar", path)
-        if tar != path and FileSystems.exists(tar) and parquet_reader.has_image_column(path) is False:
-            return None if _matches(tar, patterns) else ("webdataset", tar)
+        if parquet_reader.has_image_column(path) is False:
+            if FileSystems.exists(tar):
+                return None if _matches(tar, patterns) else ("webdataset", tar)
+            if files_reader.has_folder(path):
+                return "files", path
     return fmt, path
 
 

@@ -67,12 +67,11 @@ def tar_samples(handle) -> Iterator[Tuple[str, Dict[str, bytes]]]:
             yield key, sample
 
 
-def _metadata_rows(path: str, columns: Columns):
+def _metadata_rows(meta_path: str, columns: Columns):
     """The metadata Parquet's rows by img2dataset key, plus the rejections it already decided.
 
     Returns ``(by_key, decided, num_rows)``; ``num_rows`` is None without a file.
     """
-    meta_path = metadata_path(path)
     if not FileSystems.exists(meta_path):
         return {}, [], None
     try:
@@ -128,23 +127,35 @@ def sample_row(path: str, index: int, key: str, sample: Dict[str, bytes], listed
     )
 
 
-def read_file(path: str, columns: Columns = Columns()) -> Iterator[object]:
-    by_key, decided, _ = _metadata_rows(path, columns)
+def read_shard(path: str, meta_path: str, samples, columns: Columns = Columns()) -> Iterator[object]:
+    """One shard's records: ``samples`` (an iterable of ``(key, fields)`` that may raise
+    part-way) joined with the metadata Parquet at ``meta_path``."""
+    by_key, decided, _ = _metadata_rows(meta_path, columns)
     for item in decided:
         yield item if isinstance(item, Rejection) else to_record(item, columns.carry)
     index = 0
     try:
-        with FileSystems.open(path) as handle:
-            for key, sample in tar_samples(handle):
-                index += 1
-                yield to_record(sample_row(path, index, key, sample, by_key.pop(key, None), columns), columns.carry)
-    except Exception as error:  # truncated or corrupt tar: what was read stays read
+        for key, sample in samples:
+            index += 1
+            yield to_record(sample_row(path, index, key, sample, by_key.pop(key, None), columns), columns.carry)
+    except Exception as error:  # truncated or corrupt shard: what was read stays read
         where = f"{path}#after-{index}"
         yield Rejection(make_key(where, ""), stages.reason("read", "truncated_shard"), url=where, alt_text=repr(error)[:200])
-    for key, row in sorted(by_key.items()):  # listed as downloaded, absent from the tar
+    for key, row in sorted(by_key.items()):  # listed as downloaded, absent from the shard
         record = to_record(row, columns.carry)
-        yield Rejection(record.key, stages.reason("read", "missing_from_shard"), url=record.url, alt_text=record.alt_text) \
-            if not isinstance(record, Rejection) or record.reason == "read/not_downloaded" else record
+        if isinstance(record, Rejection) and record.reason != "read/not_downloaded":
+            yield record
+        else:
+            yield Rejection(record.key, stages.reason("read", "missing_from_shard"), url=record.url, alt_text=record.alt_text)
+
+
+def _tar_file_samples(path: str):
+    with FileSystems.open(path) as handle:
+        yield from tar_samples(handle)
+
+
+def read_file(path: str, columns: Columns = Columns()) -> Iterator[object]:
+    return read_shard(path, metadata_path(path), _tar_file_samples(path), columns)
 
 
 def expected_records(path: str, columns: Columns = Columns()) -> Optional[int]:

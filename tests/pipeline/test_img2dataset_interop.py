@@ -125,8 +125,9 @@ def test_default_img2dataset_webdataset_output_by_source_size_and_loaded_by_name
 
 @pytest.mark.slow
 def test_four_img2dataset_outputs_give_the_same_corpus(tmp_path, server):
+    """Parquet and WebDataset, resized and not; and the ``files`` output (img2dataset 1.47's default)."""
     url_list = write_url_list(tmp_path, server)
-    configs = [(fmt, mode) for fmt in ("webdataset", "parquet") for mode in ("border", "no")]
+    configs = [(fmt, mode) for fmt in ("webdataset", "parquet") for mode in ("border", "no")] + [("files", "border")]
     with ThreadPoolExecutor(len(configs)) as pool:
         outputs = list(pool.map(lambda c: run_img2dataset(url_list, tmp_path / f"{c[0]}-{c[1]}", *c), configs))
     results = {}

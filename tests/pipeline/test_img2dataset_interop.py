@@ -13,9 +13,7 @@ the result by name with ``tfds.builder``; the slow test runs all four.
 import glob
 import json
 import os
-import shutil
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -86,6 +84,18 @@ def expected_outcome(server):
     return {server.url(c.path): c.expected for c in CASES}
 
 
+def readme_snippet_loads(data_dir, version):
+    """The README's TFDS snippet, run as written (dataset name, data_dir and version substituted)."""
+    import re
+
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    snippet = next(block for block in re.findall(r"```python\n(.*?)```", readme, re.S) if "tfds.builder(" in block)
+    code = snippet.replace("alt_text_corpus", NAME).replace("OUTPUT", str(data_dir)).replace("1.0.0", version)
+    scope = {}
+    exec(compile(code, "README.md", "exec"), scope)
+    assert scope["builder"].info.name == NAME and scope["ds"] is not None
+
+
 @pytest.fixture(scope="module")
 def server():
     with LoopbackImages() as running:
@@ -112,6 +122,7 @@ def test_default_img2dataset_webdataset_output_by_source_size_and_loaded_by_name
     assert tfds.builder_from_directory(str(corpus)).info.splits.total_num_examples == builder.info.splits.total_num_examples
     features = json.loads((corpus / "features.json").read_text())
     assert {"source_key", "source_sha256", "source_photo_id"} <= set(json.dumps(features).split('"'))
+    readme_snippet_loads(data_dir, "1.2.0")
     examples = [e for split in builder.info.splits for e in tfds.as_numpy(builder.as_dataset(split=split))]
     by_url = {e["url"].decode(): e for e in examples}
     sizes = {server.url(c.path): c.size for c in CASES if c.expected == "written"}

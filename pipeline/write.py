@@ -97,10 +97,16 @@ class _WriteShard(beam.DoFn):
 
 
 def _fill_empty_shards(output_dir: str, name: str, written: List[tuple]) -> Dict[str, List[int]]:
-    """Hashing may leave a shard empty; TFDS expects every index, so write it."""
+    """Hashing may leave a shard empty; TFDS expects every index, so write it.
+
+    A build that writes no record at all still gets one empty shard per split:
+    an empty corpus is a valid TFDS directory with 0 examples, not a missing one.
+    """
     lengths: Dict[str, List[int]] = {}
     for split, index, num_shards, count in written:
         lengths.setdefault(split, [0] * num_shards)[index] = count
+    if not lengths:
+        lengths = {split: [0] for split in SPLITS}
     present = {(s, i) for s, i, _, _ in written}
     for split, counts in lengths.items():
         for index in range(len(counts)):

@@ -30,6 +30,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import sys
 from typing import List, Optional
 
@@ -86,16 +87,21 @@ class BuildOptions(PipelineOptions):
             help="flat: the corpus in --output; tfds: in --output/NAME/VERSION/, so tfds.builder(NAME, data_dir=OUTPUT) loads it",
         )
         parser.add_argument("--version", default="1.0.0", help="dataset version (the VERSION directory of --layout tfds)")
-        parser.add_argument("--output", help="output directory (local or gs://)")
-        parser.add_argument("--preset", default="align", help="filter preset: align or cc12m")
-        parser.add_argument("--set", dest="overrides", action="append", default=[], help="NAME=VALUE preset override (repeatable)")
-        parser.add_argument("--name", default="alt_text_corpus", help="dataset name used in shard file names")
+        parser.add_argument("--output", help="directory to write, a literal path (local or gs://); see --layout")
+        parser.add_argument("--preset", default="align", help="filter preset: align (default) or cc12m")
+        parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="NAME=VALUE",
+                            help="override one preset threshold (repeatable; names and ranges: --print-preset)")
+        parser.add_argument("--name", default="alt_text_corpus",
+                            help="dataset name, the start of every shard file name (letters, digits, '_')")
         parser.add_argument(
-            "--eval-images", "--eval_images", dest="eval_images", action="append", default=[],
-            help="NAME=PATH evaluation image set to decontaminate against (repeatable)",
+            "--eval-images", "--eval_images", dest="eval_images", action="append", default=[], metavar="NAME=PATH",
+            help="evaluation image set whose near-duplicates are removed: a folder of images, TFDS shards "
+                 "or Parquet (repeatable)",
         )
-        parser.add_argument("--embedder", default="dct", help="image embedder for near-duplicate search")
-        parser.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
+        parser.add_argument("--embedder", default="dct",
+                            help="image embedder for near-duplicate search: dct (default, no model) or checkpoint")
+        parser.add_argument("--overwrite", action="store_true",
+                            help="replace the corpus a previous build wrote in --output (deletes only its files)")
 
 
 # ---------------------------------------------------------------------------
@@ -438,24 +444,26 @@ class EvalIndex:
         self.note = note
 
 
-def load_eval_index(specs, embedder_name, preset, output_dir) -> EvalIndex:
-    """Read and embed the evaluation sets in the launcher, write them under ``output_dir``.
-
-    Called after ``_prepare_output`` (which empties ``output_dir``); the
-    workers read the files (``pipeline.near_duplicates``).
-    """
+def embed_eval_sets(specs, embedder_name, preset):
+    """The evaluation sets read and embedded in memory (the output is not touched yet)."""
     from dedup.index_sets import load_index_sets
 
     embedder = _embedder(embedder_name)
     index = load_index_sets(specs, embedder)
     threshold = near_dup.resolve_threshold(preset, embedder)
-    directory = near_dup.index_directory(output_dir)
-    near_dup.write_index(index, directory, near_dup.index_thumbnails(index))
     note = (
         f"{index.num_images} evaluation images ({len(index)} rows with variants) "
         f"from {', '.join(specs)}; embedder {embedder_name}, cosine > {threshold}, "
         f"{preset.near_duplicate_search} search"
     )
+    return index, threshold, note
+
+
+def write_eval_index(loaded, output_dir) -> EvalIndex:
+    """Write the embedded sets to ``<output_dir>/near_duplicates/index/``, where the workers read them."""
+    index, threshold, note = loaded
+    directory = near_dup.index_directory(output_dir)
+    near_dup.write_index(index, directory, near_dup.index_thumbnails(index))
     return EvalIndex(directory, threshold, note)
 
 
@@ -479,92 +487,274 @@ def stage_notes(preset) -> dict:
     return notes
 
 
-def _prepare_output(output: str, overwrite: bool) -> None:
-    """Shards of an earlier run would mix with this one's: start empty."""
-    if not FileSystems.exists(output):
-        return
-    if not overwrite:
-        raise SystemExit(f"{output} exists; pass --overwrite to replace it")
-    FileSystems.delete([output])
+EXIT_BUILT, EXIT_FAILED, EXIT_USAGE, EXIT_LOCKED = 0, 1, 2, 3
+
+EPILOG = """\
+Every other --flag goes to Apache Beam (--runner, --project, --region,
+--temp_location, --setup_file, --direct_running_mode, --direct_num_workers, ...).
+
+Output contract: --output is a literal directory (glob characters are
+characters). It must not equal, contain or lie inside an input location. An
+existing non-empty output is refused unless --overwrite is given, and then only
+if it is a corpus a previous build wrote: only that build's files are deleted,
+anything else makes the build refuse. A lock file (_BUILD_LOCK) makes a second
+build into the same output fail at once. Shards and stats get their final names
+only after the job succeeded; COMPLETED is written last.
+
+Exit codes: 0 built (also when no record was written: an empty corpus),
+1 the job failed or its counts do not reconcile (no COMPLETED),
+2 invalid arguments or unsafe output (nothing was touched),
+3 another build holds the output's lock."""
+
+
+class UsageError(Exception):
+    """An invalid argument: reported in one line with the usage; nothing was touched."""
+
+
+class AccountingError(Exception):
+    """The job ran but its counts do not add up; COMPLETED is not written."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m pipeline.build",
+        description="Build a filtered alt-text corpus: img2dataset-style Parquet in, TFDS-compatible shards out.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
+    BuildOptions._add_argparse_args(parser)
+    parser.add_argument("--print-preset", action="store_true",
+                        help="print every threshold of the preset (after --set) with its meaning, and exit")
+    parser.add_argument("--log-file", default=None,
+                        help="where library logging goes (default: $ALT_TEXT_CORPUS_LOG_DIR/build.log or a temp dir)")
+    return parser
+
+
+def beam_options(beam_args: List[str]) -> PipelineOptions:
+    """Beam's options from the remaining flags; an unknown flag is an error, not a warning."""
+    from apache_beam.options import pipeline_options as po
+
+    class Parser(po._BeamArgumentParser):  # Beam's own parser: value-provider arguments
+        def error(self, message):
+            raise UsageError(message)
+
+    parser = Parser(allow_abbrev=False)
+    seen = {}
+    for cls in PipelineOptions.__subclasses__():
+        if cls is not BuildOptions:
+            seen.setdefault(str(cls), cls)
+    for cls in seen.values():
+        cls._add_argparse_args(parser)
+    _, unknown = parser.parse_known_args(beam_args)
+    if unknown:
+        raise UsageError(f"unrecognized arguments: {' '.join(unknown)}")
+    options = PipelineOptions(beam_args)
+    if options.view_as(StandardOptions).runner is None:
+        options.view_as(StandardOptions).runner = LOCAL_RUNNER
+    options.view_as(SetupOptions).save_main_session = False
+    return options
+
+
+def validate(args) -> tuple:
+    """Every check that needs no output: returns ``(preset, input files)`` or raises ``UsageError``."""
+    from pipeline import output as output_lib
+    from pipeline.read import list_input_files
+
+    if not args.input or not args.output:
+        raise UsageError("--input and --output are required")
+    problem = output_lib.valid_dataset_name(args.name)
+    if problem:
+        raise UsageError(problem)
+    try:
+        preset = get_preset(args.preset, args.overrides)
+    except PresetError as error:
+        raise UsageError(str(error)) from None
+    from dedup import embedders
+    from pipeline import readers
+
+    if args.input_format and args.input_format not in readers.FORMATS:
+        raise UsageError(f"--input_format {args.input_format!r}: one of {', '.join(readers.FORMATS)}")
+    if not re.match(r"^\d+\.\d+\.\d+$", args.version or ""):
+        raise UsageError(f"--version {args.version!r}: expected MAJOR.MINOR.PATCH, e.g. 1.0.0")
+    try:
+        input_columns(args)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    if args.embedder not in embedders.names():
+        raise UsageError(f"--embedder {args.embedder!r}: known embedders are {', '.join(embedders.names())}")
+    eval_paths = []
+    for spec in args.eval_images:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise UsageError(f"--eval-images {spec!r}: expected NAME=PATH")
+        if not FileSystems.exists(path):
+            raise UsageError(f"--eval-images {spec!r}: {path} does not exist")
+        eval_paths.append(path)
+    files = list_input_files(args.input)
+    if not files:
+        raise UsageError(f"--input {args.input} matches no files")
+    try:
+        output_lib.check_location(args.output, [output_lib.input_location(args.input)] + eval_paths)
+    except output_lib.OutputRefused as error:
+        raise UsageError(str(error)) from None
+    return preset, files
+
+
+def say(message: str) -> None:
+    """Progress for the person at the terminal (library logging goes to the log file)."""
+    print(message, flush=True)
 
 
 def _finalize(output: str, name: str, preset, carried=(), version: str = "1.0.0") -> dict:
+    """TFDS metadata for the published shards; returns the funnel."""
     with FileSystems.open(FileSystems.join(output, write_lib.SHARDS_FILE)) as handle:
         shard_lengths = json.loads(handle.read())
     description = f"Alt-text corpus built with preset {preset.name!r} by pipeline.build"
     write_lib.write_tfds_metadata(output, name, shard_lengths, description, carried, version)
     with FileSystems.open(FileSystems.join(output, "stats", "funnel.json")) as handle:
         funnel = json.loads(handle.read())
-    stats_lib.write_text(FileSystems.join(output, "COMPLETED"), "")
     return funnel
 
 
-def counters(result) -> Optional[dict]:
-    """The ``funnel`` Beam Metrics counters by name, or None if the runner has none."""
+def accounting_problems(funnel: dict, read_counts: Optional[dict]) -> List[str]:
+    """Why the funnel cannot be trusted: conservation, and input vs what the files state.
+
+    ``read_counts`` are the reader's counters (``pipeline.read``): rows per
+    file as its metadata states them (``parquet_rows``, ``<format>_records``)
+    and one per unreadable file.
+    """
+    problems = []
+    if not funnel.get("conserved", False):
+        problems.append("conservation law violated: input != written + rejected")
+    if read_counts is not None:
+        rows = sum(v for k, v in read_counts.items() if k == "parquet_rows" or k.endswith("_records"))
+        unreadable = read_counts.get("unreadable_files", 0)
+        if funnel["input"] != rows + unreadable:
+            problems.append(
+                f"input count {funnel['input']:,} differs from the files' metadata: {rows:,} rows "
+                f"+ {unreadable:,} unreadable files"
+            )
+    return problems
+
+
+def counters(result, namespace: str = NS) -> Optional[dict]:
+    """Beam Metrics counters of ``namespace`` by name, or None if the runner has none."""
     from apache_beam.metrics.metric import MetricsFilter
 
     try:
-        queried = result.metrics().query(MetricsFilter().with_namespace(NS))["counters"]
+        queried = result.metrics().query(MetricsFilter().with_namespace(namespace))["counters"]
     except Exception:  # runners without metrics support (e.g. Dask)
         return None
     return {c.key.metric.name: c.committed for c in queried}
 
 
-def _resolve_preset(name, overrides):
-    """The preset, or a one-line exit naming the bad parameter and its range (before any work)."""
-    try:
-        return get_preset(name, overrides)
-    except PresetError as error:
-        raise SystemExit(f"pipeline.build: error: {error}") from None
-
-
 def run(argv: Optional[List[str]] = None) -> dict:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if "--print-preset" in argv:
-        parser = argparse.ArgumentParser()
-        BuildOptions._add_argparse_args(parser)
-        known, _ = parser.parse_known_args([a for a in argv if a != "--print-preset"])
-        print(format_preset(_resolve_preset(known.preset, known.overrides)))
+    """The build. Raises ``UsageError``/``OutputRefused`` (nothing touched), ``OutputLocked``,
+    ``AccountingError`` (funnel written, no COMPLETED) or the job's own error."""
+    import uuid
+
+    from pipeline import output as output_lib
+    from pipeline.read import READ_NAMESPACE
+
+    parser = build_parser()
+    args, beam_args = parser.parse_known_args(list(sys.argv[1:] if argv is None else argv))
+    if args.print_preset:
+        try:
+            print(format_preset(get_preset(args.preset, args.overrides)))
+        except PresetError as error:
+            raise UsageError(str(error)) from None
         return {}
-    options = PipelineOptions(argv)
-    opts = options.view_as(BuildOptions)
-    if not opts.input or not opts.output:
-        raise SystemExit("--input and --output are required")
-    preset = _resolve_preset(opts.preset, opts.overrides)
-    opts.output = corpus_directory(opts.output, opts.layout, opts.name, opts.version)
-    if options.view_as(StandardOptions).runner is None:
-        options.view_as(StandardOptions).runner = LOCAL_RUNNER
-    options.view_as(SetupOptions).save_main_session = False
-    _prepare_output(opts.output, opts.overwrite)
+    options = beam_options(beam_args)
+    preset, files = validate(args)
+    args.output = corpus_directory(args.output, args.layout, args.name, args.version)
+    plan = output_lib.plan_output(args.output, args.overwrite)
+    say(f"input: {len(files):,} file(s) matching {args.input}")
     notes = stage_notes(preset)
-    for stage, note in input_notes(opts.input, opts.input_format, input_columns(opts)).items():
+    for stage, note in input_notes(args.input, args.input_format, input_columns(args)).items():
         notes[stage] = f"{notes[stage]}; {note}" if stage in notes else note
-    eval_index = load_eval_index(opts.eval_images, opts.embedder, preset, opts.output) if opts.eval_images else None
-    if eval_index is not None:
-        notes["near_duplicate_eval"] = eval_index.note
-    p = beam.Pipeline(options=options)
-    build_pipeline(p, opts, preset, notes, eval_index)
-    result = p.run()
-    result.wait_until_finish()
-    funnel = _finalize(opts.output, opts.name, preset, input_columns(opts).carry, opts.version)
-    funnel_counters = counters(result)
-    if funnel_counters is not None:
-        stats_lib.write_text(
-            FileSystems.join(opts.output, "stats", "metrics.json"), stats_lib.to_json(funnel_counters, sort_keys=True)
-        )
+    loaded = None
+    if args.eval_images:
+        say(f"embedding evaluation images: {', '.join(args.eval_images)}")
+        loaded = embed_eval_sets(args.eval_images, args.embedder, preset)
+    # Everything is checked: from here on the output is touched.
+    run_id = uuid.uuid4().hex[:12]
+    lock = output_lib.Lock(args.output, run_id)
+    lock.acquire()
     try:
+        if plan.to_delete:
+            say(f"output: deleting the previous build in {args.output} ({len(plan.to_delete):,} files)")
+            output_lib.delete_planned(plan)
+        output_lib.write_marker(args.output, args.name)
+        eval_index = write_eval_index(loaded, args.output) if loaded is not None else None
+        if eval_index is not None:
+            notes["near_duplicate_eval"] = eval_index.note
+        staging = output_lib.staging_dir(args.output, run_id)
+        job_args = argparse.Namespace(**dict(vars(args), output=staging))
+        p = beam.Pipeline(options=options)
+        build_pipeline(p, job_args, preset, notes, eval_index)
+        say(f"running the job on {options.view_as(StandardOptions).runner}")
+        result = p.run()
+        result.wait_until_finish()
+        lock.check()
+        output_lib.publish(staging, args.output)
+        funnel = _finalize(args.output, args.name, preset, input_columns(args).carry, args.version)
+        funnel_counters = counters(result)
+        if funnel_counters is not None:
+            stats_lib.write_text(
+                FileSystems.join(args.output, "stats", "metrics.json"), stats_lib.to_json(funnel_counters, sort_keys=True)
+            )
         from pipeline.audit import format_funnel
-    except ImportError:  # the audit module is optional at this layer
-        format_funnel = stats_lib.to_json
-    print(format_funnel(funnel))
+
+        say(format_funnel(funnel))
+        problems = accounting_problems(funnel, counters(result, READ_NAMESPACE))
+        if problems:
+            raise AccountingError("; ".join(problems))
+        lock.check()
+        stats_lib.write_text(FileSystems.join(args.output, output_lib.COMPLETED), "")
+    finally:
+        lock.release()
+    total = sum(funnel["written"].values())
+    if total == 0:
+        say(f"no record was written: every input record was rejected (see the funnel). "
+            f"{args.output} is an empty corpus (0 examples per split).")
+    say(f"corpus: {args.output} ({total:,} records, COMPLETED)")
     return funnel
 
 
 def main() -> None:
-    logging.basicConfig(level=logging.WARNING)
-    funnel = run()
-    if funnel and not funnel.get("conserved", False):
-        sys.exit("conservation law violated: input != written + rejected")
+    from common import console
+    from pipeline import output as output_lib
+
+    argv = sys.argv[1:]
+    log_file = None
+    for i, arg in enumerate(argv):
+        if arg == "--log-file" and i + 1 < len(argv):
+            log_file = argv[i + 1]
+        elif arg.startswith("--log-file="):
+            log_file = arg.split("=", 1)[1]
+    log_path = console.route_library_output("build", log_file)
+    usage = build_parser().format_usage().strip()
+    try:
+        run(argv)
+    except (UsageError, output_lib.OutputRefused) as error:
+        print(usage, file=sys.stderr)
+        console.error(str(error))
+        sys.exit(EXIT_USAGE)
+    except output_lib.OutputLocked as error:
+        console.error(str(error))
+        sys.exit(EXIT_LOCKED)
+    except AccountingError as error:
+        console.error(f"{error}; COMPLETED not written")
+        sys.exit(EXIT_FAILED)
+    except KeyboardInterrupt:
+        console.error("interrupted; the output has no COMPLETED")
+        sys.exit(EXIT_FAILED)
+    except Exception as error:  # the job's own failure: one line here, the traceback in the log
+        logging.exception("build failed")
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        console.error(f"the build failed: {type(error).__name__}: {first[:300]} (details: {log_path})")
+        sys.exit(EXIT_FAILED)
 
 
 if __name__ == "__main__":

@@ -229,6 +229,7 @@ class Lock:
                            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
         if not is_remote(self.path):
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            self._drop_if_stale()
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
             except FileExistsError:
@@ -242,6 +243,18 @@ class Lock:
             time.sleep(1.0)  # let a racing writer's object land, then see who won
         self.held = True
         self.check()
+
+    def _drop_if_stale(self) -> None:
+        """A lock left by a killed build on this machine (its process is gone) is removed."""
+        try:
+            holder = json.loads(read_text(self.path) or "")
+            if holder["host"] != socket.gethostname():
+                return
+            os.kill(int(holder["pid"]), 0)
+        except ProcessLookupError:
+            os.remove(self.path)
+        except (OSError, ValueError, KeyError, TypeError):
+            return
 
     def _locked_message(self) -> str:
         return (

@@ -77,10 +77,15 @@ def test_beam_counters_equal_the_funnel(tmp_path):
 
 
 def test_existing_output_needs_overwrite(tmp_path):
+    from pipeline.output import OutputRefused
+
+    (tmp_path / "in").mkdir()
+    write_input(tmp_path / "in")
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "x").write_text("old")
-    with pytest.raises(SystemExit, match="--overwrite"):
-        build.run(["--input", str(tmp_path / "*.parquet"), "--output", str(tmp_path / "out")])
+    with pytest.raises(OutputRefused, match="--overwrite"):
+        build.run(["--input", str(tmp_path / "in" / "*.parquet"), "--output", str(tmp_path / "out")])
+    assert (tmp_path / "out" / "x").read_text() == "old"
 
 
 def test_print_preset(capsys):

@@ -8,6 +8,8 @@ cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
 export TF_CPP_MIN_LOG_LEVEL=2
 OUT="${OUT:-out}"
+# Library logging (TensorFlow, Beam, absl) goes to files here, not to the console.
+export ALT_TEXT_CORPUS_LOG_DIR="$OUT/logs"
 PY=.venv/bin/python
 step() { echo "== $1 ($((SECONDS - START)) s so far)"; }
 START=$SECONDS

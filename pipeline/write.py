@@ -212,6 +212,7 @@ def write_tfds_metadata(
     """dataset_info.json + features.json, so tfds.builder_from_directory loads the dir."""
     import tensorflow_datasets as tfds
 
+    from pipeline.output import escape_glob
     from pipeline.schema import tfds_features
 
     features = tfds_features(carried_features(carried))
@@ -221,7 +222,8 @@ def write_tfds_metadata(
         if not lengths:
             continue
         paths = [os.path.join(output_dir, shard_filename(name, split, i, len(lengths))) for i in range(len(lengths))]
-        num_bytes = sum(FileSystems.match([p])[0].metadata_list[0].size_in_bytes for p in paths)
+        # The output is a literal path: a '*' in it must not match a neighbour's files.
+        num_bytes = sum(FileSystems.match([escape_glob(p)])[0].metadata_list[0].size_in_bytes for p in paths)
         split_infos.append(
             tfds.core.SplitInfo(
                 name=split,

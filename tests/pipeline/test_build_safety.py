@@ -109,17 +109,22 @@ def test_output_equal_to_inside_or_containing_the_input_is_refused(tmp_path, mon
 
 def test_glob_characters_in_the_output_are_literal(built, tmp_path):
     _, pattern = built
-    neighbour = tmp_path / "out1"
+    neighbour = tmp_path / "out!"  # matched by the pattern out*, and listed before it
     neighbour.mkdir()
-    (neighbour / "alt_text_corpus-train.tfrecord-00000-of-00009").write_text("someone else's")
+    theirs = {name: b"someone else's " + name.encode() * 50 for name in (
+        "alt_text_corpus-train.tfrecord-00000-of-00001", "alt_text_corpus-validation.tfrecord-00000-of-00001",
+        "alt_text_corpus-train.tfrecord-00000-of-00009", "COMPLETED")}
+    for name, data in theirs.items():
+        (neighbour / name).write_bytes(data)
     star = tmp_path / "out*"
     for _ in range(2):  # a build, then --overwrite of it
         build.run(["--input", str(pattern), "--output", str(star), "--overwrite", *QUICK])
-    assert snapshot(neighbour) == {"alt_text_corpus-train.tfrecord-00000-of-00009": b"someone else's"}
-    shards = sorted(p.name for p in star.glob("alt_text_corpus-*"))
+    assert snapshot(neighbour) == theirs
+    shards = sorted(p for p in star.iterdir() if p.name.startswith("alt_text_corpus-"))
     info = json.loads((star / "dataset_info.json").read_text())
-    expected = sum(len(s["shardLengths"]) for s in info["splits"])
-    assert len(shards) == expected and (star / "COMPLETED").exists()
+    assert len(shards) == sum(len(s["shardLengths"]) for s in info["splits"]) and (star / "COMPLETED").exists()
+    # Metadata describes this output's own files, not the neighbour's.
+    assert sum(int(s.get("numBytes", 0)) for s in info["splits"]) == sum(p.stat().st_size for p in shards)
 
 
 def test_zero_record_build_ends_with_its_funnel(tmp_path):

@@ -148,6 +148,7 @@ def test_zero_record_build_ends_with_its_funnel(tmp_path):
     assert (tmp_path / "logs" / "build.log").exists()
 
 
+@pytest.mark.slow
 def test_strict_preset_writes_nothing_and_says_so(built, tmp_path):
     _, pattern = built
     funnel = build.run(["--input", str(pattern), "--output", str(tmp_path / "out"), *QUICK,

@@ -77,11 +77,12 @@ def plan_file(path: str, override: Optional[str], patterns) -> Optional[tuple]:
     fmt = readers.format_of(path, override)
     if readers.format_by_name(path) == "parquet" and fmt in ("parquet", "webdataset", "files"):
         tar = re.sub(r"\.parquet$", ".tar", path)
-        if parquet_reader.has_image_column(path) is False:
-            if FileSystems.exists(tar):
-                return None if _matches(tar, patterns) else ("webdataset", tar)
-            if files_reader.has_folder(path):
-                return "files", path
+        images = parquet_reader.has_image_column(path)  # None: not readable Parquet
+        if images is not True and FileSystems.exists(tar):
+            # the shard's metadata (or its unreadable remains): the tar reads and reports it
+            return None if _matches(tar, patterns) else ("webdataset", tar)
+        if images is False and files_reader.has_folder(path):
+            return "files", path
     return fmt, path
 
 
@@ -112,19 +113,18 @@ class _ReadFile(beam.DoFn):
         else:
             reader = readers.FORMATS[fmt]
             records = reader.read_file(path, self.columns)
-        count = 0
-        unreadable = False
+        count = unreadable = 0
         for element in records:
             count += 1
             self.input_records.inc()
             if isinstance(element, Rejection):
                 Metrics.counter(METRICS_NAMESPACE, element.reason).inc()
-                unreadable = unreadable or element.reason == "read/unreadable_file"
+                unreadable += element.reason == "read/unreadable_file"
             yield element
-        if unreadable:
-            self.unreadable_files.inc()
-        elif fmt is not None:
-            Metrics.counter(READ_NAMESPACE, "parquet_rows" if fmt == "parquet" else f"{fmt}_records").inc(count)
+        # rows + unreadable files == input records (build.accounting_problems checks it)
+        self.unreadable_files.inc(unreadable)
+        name = "parquet_rows" if fmt == "parquet" else f"{fmt or 'unknown_format'}_records"
+        Metrics.counter(READ_NAMESPACE, name).inc(count - unreadable)
         expected = reader.expected_records(path, self.columns) if reader is not None else 1
         if expected is not None and count != expected:
             raise RuntimeError(f"{path}: read {count} records, the file says {expected}")

@@ -669,6 +669,9 @@ def run(argv: Optional[List[str]] = None) -> dict:
     preset, files = validate(args)
     args.output = corpus_directory(args.output, args.layout, args.name, args.version)
     plan = output_lib.plan_output(args.output, args.overwrite)
+    run_id = uuid.uuid4().hex[:12]
+    lock = output_lib.Lock(args.output, run_id)
+    lock.ensure_free()
     say(f"input: {len(files):,} file(s) matching {args.input}")
     notes = stage_notes(preset)
     for stage, note in input_notes(args.input, args.input_format, input_columns(args)).items():
@@ -678,8 +681,6 @@ def run(argv: Optional[List[str]] = None) -> dict:
         say(f"embedding evaluation images: {', '.join(args.eval_images)}")
         loaded = embed_eval_sets(args.eval_images, args.embedder, preset)
     # Everything is checked: from here on the output is touched.
-    run_id = uuid.uuid4().hex[:12]
-    lock = output_lib.Lock(args.output, run_id)
     lock.acquire()
     try:
         if plan.to_delete:

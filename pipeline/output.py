@@ -244,6 +244,13 @@ class Lock:
         self.held = True
         self.check()
 
+    def ensure_free(self) -> None:
+        """Fail fast, before any slow work, if another build holds the lock (``acquire`` decides)."""
+        if not is_remote(self.path):
+            self._drop_if_stale()
+        if FileSystems.exists(self.path):
+            raise OutputLocked(self._locked_message())
+
     def _drop_if_stale(self) -> None:
         """A lock left by a killed build on this machine (its process is gone) is removed."""
         try:

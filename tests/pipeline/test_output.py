@@ -151,6 +151,22 @@ def test_lock_admits_one_build_of_two_at_once(tmp_path):
     assert "another build is writing" in loser and winners[0] in loser
 
 
+def test_a_lock_of_a_dead_process_on_this_host_is_dropped_a_live_one_is_not(tmp_path):
+    import socket
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (tmp_path / output.LOCK).write_text(json.dumps(
+        {"run_id": "killed", "host": socket.gethostname(), "pid": int(dead.stdout), "started": "then"}))
+    output.Lock(str(tmp_path), "next").ensure_free()
+    assert not (tmp_path / output.LOCK).exists()
+    (tmp_path / output.LOCK).write_text(json.dumps(
+        {"run_id": "running", "host": socket.gethostname(), "pid": os.getpid(), "started": "now"}))
+    with pytest.raises(output.OutputLocked, match="run running"):
+        output.Lock(str(tmp_path), "next").ensure_free()
+
+
 def test_lock_release_and_takeover_detection(tmp_path):
     first = output.Lock(str(tmp_path), "a")
     first.acquire()

@@ -13,8 +13,7 @@ Parts (targets from the issue, on 2 cores):
 - ``verify``: cosines of those candidate pairs in blocks (>= 20M pairs/s).
 - ``exact``: the default search (``dedup.cluster_lists``), per index size:
   candidate generation alone (which lists each query probes) and the whole
-  search (probe + compare the probed lists' rows in blocks); and how many
-  lists the keyed ``list_join`` shuffles each index row to.
+  search (probe + compare the probed lists' rows in blocks).
 - ``exhaustive``: both whole paths (exact lists; buckets = assign + candidates
   + verify) against ``faiss.IndexFlatIP.range_search`` on the same queries:
   speed-ups and recall (exhaustive search has recall 1).
@@ -200,14 +199,6 @@ def main(argv=None):
         row(f"exact: whole search (probe + compare), index of {m:,} rows", len(queries), "images", wall, cpu, "",
             f"{compared / len(queries):,.0f} rows compared per image; {compared / wall / 1e6:,.0f}M pairs/s "
             f"({compared / cpu / 1e6:,.0f}M per CPU-s) including the probes")
-
-    if "exact" in parts:
-        m = max(index_sizes)
-        reach = np.array([len(r) for r in cluster_lists.lists_within_reach(index[:m], exact_centroids, args.threshold)])
-        line(f"| list join: lists each index row is shuffled to, index of {m:,} rows | mean {reach.mean():.1f}, "
-             f"median {np.median(reach):.0f}, max {reach.max()} | | | each corpus row: 1 |",
-             measure="list_join_lists_per_index_row", mean=float(reach.mean()), median=float(np.median(reach)),
-             max=int(reach.max()))
 
     if "exhaustive" in parts:
         m = max(index_sizes)

@@ -1,11 +1,11 @@
-"""The build's near-duplicate stage on a multi-process runner: side input against keyed joins.
+"""The build's near-duplicate stage on a multi-process runner.
 
     python -m benchmarks.keyed_joins                                  # index 10k and 100k, 3 repeats
-    python -m benchmarks.keyed_joins --index-sizes 10000 --searches exact,bucket_join --repeats 1
+    python -m benchmarks.keyed_joins --index-sizes 10000 --searches exact,buckets --repeats 1
 
-``dedup.transforms.RemoveNearDuplicates`` with ``search`` = ``exact`` (the
-index as a side input every worker holds), ``list_join`` or ``bucket_join``
-(keyed joins: no worker holds the index), exactly as ``pipeline.build`` wires
+``dedup.transforms.RemoveNearDuplicates`` with each ``--searches`` value
+(default ``exact``: the index as a side input every worker holds), exactly
+as ``pipeline.build`` wires
 it with the ``align`` preset's defaults: k-means inside the job, the index
 read on a worker from the files ``pipeline.near_duplicates.write_index``
 writes. Runner: FnApiRunner with ``direct_running_mode=multi_processing``
@@ -34,7 +34,9 @@ repeat. Per run:
   not count either way).
 
 The JSON (``benchmarks/results/keyed_joins.json``) holds every run and the
-medians per (index size, search).
+medians per (index size, search). Two keyed joins, ``list_join`` and
+``bucket_join`` (no worker holds the index), were measured against the side
+input with this harness at commit 603c976 and removed (benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ if REPO not in sys.path:
 from benchmarks import record  # noqa: E402
 
 DIM = 143  # dedup.embedders.DctEmbedder
-SEARCHES = ("exact", "list_join", "bucket_join")
+SEARCHES = ("exact",)
 CORPUS_SHARDS = 8
 MARGIN = 1e-5
 
@@ -326,7 +328,6 @@ def main(argv=None):
     parser.add_argument("--corpus", type=int, default=40_000, help="corpus rows")
     parser.add_argument("--index-sizes", default="10000,100000")
     parser.add_argument("--searches", default=",".join(SEARCHES))
-    parser.add_argument("--skip", default="", help="SEARCH@INDEX_SIZE pairs not run, e.g. bucket_join@100000")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threshold", type=float, default=0.975)
     parser.add_argument("--workers", type=int, default=2)
@@ -343,7 +344,6 @@ def main(argv=None):
 
     run = record.Run()
     searches = args.searches.split(",")
-    skip = set(filter(None, args.skip.split(",")))
     sizes = []
     with tempfile.TemporaryDirectory(prefix="keyed_joins-") as tmp:
         for size in (int(s) for s in args.index_sizes.split(",")):
@@ -354,8 +354,6 @@ def main(argv=None):
             runs = {s: [] for s in searches}
             for repeat in range(args.repeats):
                 for search in searches:
-                    if f"{search}@{size}" in skip:
-                        continue
                     figures = child(search, data_dir, args.threshold, args.workers, args.timeout)
                     runs[search].append(figures)
                     shown = {k: figures.get(k) for k in ("wall_s", "cpu_s", "worker_peak_rss_mb", "shuffle_bytes",
@@ -363,7 +361,6 @@ def main(argv=None):
                                                           "timed_out_after_s")}
                     print(f"  {search:<11} repeat {repeat + 1}: {shown} load {figures['load_before'][0]}", flush=True)
             sizes.append(dict(data, threshold=args.threshold, dim=DIM, workers=args.workers,
-                              skipped=sorted(s for s in skip if s.endswith(f"@{size}")),
                               medians={s: medians(r) for s, r in runs.items() if r}, runs=runs))
     run.write("keyed_joins", {"index_sizes": sizes}, args.json)
     return sizes

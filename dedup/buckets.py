@@ -279,22 +279,6 @@ def num_salts(members: int, max_members: int) -> int:
     return max(1, -(-int(members) // int(max_members)))
 
 
-def cross_join_cells(side: str, salt: int, left_salts: int, right_salts: int) -> List[Tuple[int, int]]:
-    """Grid cells ``(i, j)`` a member of a salted left x right bucket is sent to.
-
-    The bucket's left members are split into ``left_salts`` chunks and its
-    right members into ``right_salts``; cell ``(i, j)`` compares left chunk i
-    with right chunk j. A left member of chunk i goes to every ``(i, j)``, a
-    right member of chunk j to every ``(i, j)``: each left/right pair meets in
-    exactly one cell, and no cell holds more than one chunk of each side.
-    """
-    if side == "left":
-        return [(salt, j) for j in range(right_salts)]
-    if side == "right":
-        return [(i, salt) for i in range(left_salts)]
-    raise ValueError(f"side must be left or right, got {side!r}")
-
-
 def self_join_cells(salt: int, salts: int) -> List[Tuple[int, int]]:
     """Cells ``(i, j), i <= j`` a member of chunk ``salt`` of a salted self-join bucket joins.
 

@@ -218,35 +218,6 @@ def _nearest(vectors: np.ndarray, centroids: np.ndarray):
     return ids, cosines
 
 
-def nearest_list(vectors: np.ndarray, centroids: np.ndarray) -> np.ndarray:
-    """Index of each row's nearest centroid (``int64 [N]``); rows and centroids unit vectors."""
-    return _nearest(vectors, centroids)[0]
-
-
-def lists_within_reach(vectors: np.ndarray, centroids: np.ndarray, threshold: float) -> list:
-    """For each row ``x``, the lists a near-duplicate query can have as its *nearest* list.
-
-    The keyed join (``dedup.list_join``) sends a query to its nearest list
-    only and files each index row under every list returned here: the
-    centroids ``c`` with ``ang(x, c) <= ang(x, c1) + 2 theta`` (``c1``: x's
-    nearest centroid). If ``cos(q, x) > t`` and ``c*`` is q's nearest
-    centroid, then ``ang(q, c*) <= ang(q, c1) <= ang(q, x) + ang(x, c1) <
-    theta + ang(x, c1)``, so ``ang(x, c*) <= ang(x, q) + ang(q, c*) < 2 theta
-    + ang(x, c1)``: ``c*`` is in the list. Rows and centroids are unit
-    vectors; all-zero rows can match nothing and get no list.
-    """
-    theta = float(np.arccos(threshold))
-    out = []
-    for start in range(0, len(vectors), 8192):
-        sims = vectors[start : start + 8192] @ centroids.T
-        angles = np.arccos(np.clip(sims, -1.0, 1.0))
-        reach = angles.min(axis=1, keepdims=True) + 2 * theta + 2 * ANGLE_MARGIN
-        zero = np.abs(vectors[start : start + 8192]).sum(axis=1) == 0
-        for row, within in enumerate(angles <= reach):
-            out.append(np.zeros(0, np.int64) if zero[row] else np.flatnonzero(within).astype(np.int64))
-    return out
-
-
 def exhaustive_pairs(queries: np.ndarray, index: np.ndarray, threshold: float, normalized: bool = False) -> Matches:
     """Reference: every pair with cosine > threshold by brute force, in blocks (for tests and benchmarks)."""
     if not normalized:

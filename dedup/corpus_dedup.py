@@ -35,7 +35,6 @@ from typing import Iterable, Optional
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from dedup import kmeans as kmeans_lib
 from dedup import keyed_joins, transforms
 from filters import stages
 
@@ -112,14 +111,15 @@ class RemoveEmbeddingDuplicates(beam.PTransform):
     A key is removed iff some smaller key is within cosine > threshold and
     shares one of the C(n, b) buckets with it. k-means is trained inside the
     job as in ``RemoveNearDuplicates``; ``options`` are its
-    ``SearchOptions`` (the search is always ``"bucket_join"`` here: a
-    self-join of the whole corpus).
+    ``SearchOptions``. The search is always ALIGN's bucket rule
+    (``search="buckets"``, so centroids are thinned as for the bucket
+    search), run as a keyed self-join of the whole corpus.
     """
 
     def __init__(self, threshold: float, **options):
         super().__init__()
-        if options.setdefault("search", "bucket_join") != "bucket_join":
-            raise ValueError(f"in-corpus dedup is a self-join on bucket keys (search='bucket_join'), got {options['search']!r}")
+        if options.setdefault("search", "buckets") != "buckets":
+            raise ValueError(f"in-corpus dedup is a self-join on bucket keys (search='buckets'), got {options['search']!r}")
         self.options = transforms.SearchOptions(threshold=threshold, **options)
         self.threshold = self.options.threshold
 
@@ -134,7 +134,6 @@ class RemoveEmbeddingDuplicates(beam.PTransform):
                 options.threshold,
                 options.num_clusters,
                 options.bucket_size,
-                self_join=True,
                 max_bucket_members=options.max_bucket_members,
             )
             | "LargerKey" >> beam.Map(_larger_key)

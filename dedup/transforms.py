@@ -28,29 +28,18 @@ stages, in order (labels are stable):
   C(n, b) buckets (``dedup.buckets``), then verified in blocks
   (``dedup.verify``). Can miss pairs across cluster boundaries (measured in
   benchmarks/RESULTS.md); centroids are thinned by default to keep that rare.
-- ``"list_join"``: the exact search as a keyed join (``ListJoin``) instead of
-  a side input, for an index too large to broadcast: each corpus image is
-  shuffled once, to its nearest list; index rows go to every list within
-  reach.
-- ``"bucket_join"``: ALIGN's rule as a keyed join on bucket keys
-  (``BucketJoin``; every vector is shuffled C(n, b) times; the in-corpus
-  self-join uses it too).
-
-The keyed joins live in ``dedup.keyed_joins`` (hot keys are salted there).
 
 Counters (namespace ``dedup``): ``near_duplicate_eval/corpus_images``,
 ``.../compared_pairs`` (dot products) and ``.../near_duplicate_pairs`` (the
 broadcast searches), ``near_duplicate_eval/rejected`` and
-``near_duplicate_eval/<set>/rejected`` (the set named in the reason); the
-keyed joins add ``list_join/...`` or ``bucket_join/...`` ``cells``,
-``compared_pairs`` and ``near_duplicate_pairs``.
+``near_duplicate_eval/<set>/rejected`` (the set named in the reason).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Dict, Iterable, Optional, Tuple
 
 import apache_beam as beam
 import numpy as np
@@ -64,9 +53,6 @@ from dedup.keyed_joins import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_MAX_BUCKET_MEMBERS,
     METRICS_NAMESPACE,
-    AssignTopClusters,
-    BucketJoin,
-    ListJoin,
     check_threshold,
     stack_batch,
 )
@@ -112,10 +98,6 @@ class IndexRows:
 
     def row_key(self, i: int) -> Tuple[str, str, str]:
         return self.set_names[i], self.keys[i], self.variants[i]
-
-    def rows(self) -> List[Tuple[Tuple[str, str, str], np.ndarray]]:
-        """``((set_name, key, variant), vector)`` per row: the index as join input."""
-        return [(self.row_key(i), self.vectors[i]) for i in range(len(self))]
 
 
 class ClusteredIndex:
@@ -205,8 +187,7 @@ def reduce_matches(corpus_key: str, matches: Iterable[Tuple[Tuple[str, str, str]
     return records, stages.reason("near_duplicate_eval", top["index_set"])
 
 
-SEARCHES = ("exact", "list_join", "buckets", "bucket_join")
-EXACT_SEARCHES = ("exact", "list_join")
+SEARCHES = ("exact", "buckets")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,7 +233,7 @@ class SearchOptions:
     def merge_cosine(self) -> Optional[float]:
         """The cosine k-means centroids are thinned at, None for plain k-means."""
         return kmeans_lib.resolve_merge_cosine(
-            self.centroid_merge_cosine, self.threshold, buckets=self.search not in EXACT_SEARCHES
+            self.centroid_merge_cosine, self.threshold, buckets=self.search == "buckets"
         )
 
     def train_centroids(self) -> "TrainCentroids":
@@ -367,22 +348,6 @@ class _MatchBatchesFn(beam.DoFn):
 # ---------------------------------------------------------------------------
 
 
-def _reduce_joined(element):
-    corpus_key, matches = element
-    records, reason = reduce_matches(corpus_key, matches)
-    for record in records:
-        yield beam.pvalue.TaggedOutput(PAIRS, record)
-    if reason is not None:
-        Metrics.counter(METRICS_NAMESPACE, "near_duplicate_eval/rejected").inc()
-        Metrics.counter(METRICS_NAMESPACE, f"{reason}/rejected").inc()
-        yield beam.pvalue.TaggedOutput(REJECTED, (corpus_key, reason))
-
-
-def _match_to_corpus_key(match):
-    corpus_key, row_key, cosine = match
-    return corpus_key, (tuple(row_key), cosine)
-
-
 class RemoveNearDuplicates(beam.PTransform):
     """Corpus images that are near-duplicates of evaluation images (ALIGN appendix A).
 
@@ -417,34 +382,15 @@ class RemoveNearDuplicates(beam.PTransform):
         options = self.options
         centroids = corpus | "TrainCentroids" >> options.train_centroids()
         index_rows = self._index_pcollection(corpus.pipeline)
-        if options.search in ("exact", "buckets"):
-            clustered = index_rows | "ClusterIndex" >> beam.Map(
-                build_clustered_index, beam.pvalue.AsSingleton(centroids), options=options
-            )
-            result = (
-                corpus
-                | "Batch" >> options.batch()
-                | "MatchBatches"
-                >> beam.ParDo(_MatchBatchesFn(options.threshold), beam.pvalue.AsSingleton(clustered)).with_outputs(
-                    PAIRS, REJECTED
-                )
-            )
-            return {PAIRS: result[PAIRS], REJECTED: result[REJECTED]}
-        index_list = index_rows | "IndexRowList" >> beam.FlatMap(IndexRows.rows)
-        if options.search == "list_join":
-            matches = (corpus, index_list) | "ListJoin" >> ListJoin(
-                centroids, options.threshold, options.batch_size, options.max_bucket_members
-            )
-        else:
-            left = corpus | "AssignCorpus" >> AssignTopClusters(centroids, options.nearest_clusters, options.batch_size)
-            right = index_list | "AssignIndex" >> AssignTopClusters(centroids, options.nearest_clusters, options.batch_size)
-            matches = (left, right) | "BucketJoin" >> BucketJoin(
-                options.threshold, options.num_clusters, options.bucket_size, max_bucket_members=options.max_bucket_members
-            )
+        clustered = index_rows | "ClusterIndex" >> beam.Map(
+            build_clustered_index, beam.pvalue.AsSingleton(centroids), options=options
+        )
         result = (
-            matches
-            | "ByCorpusKey" >> beam.Map(_match_to_corpus_key)
-            | "GroupMatches" >> beam.GroupByKey()
-            | "ReduceMatches" >> beam.FlatMap(_reduce_joined).with_outputs(PAIRS, REJECTED)
+            corpus
+            | "Batch" >> options.batch()
+            | "MatchBatches"
+            >> beam.ParDo(_MatchBatchesFn(options.threshold), beam.pvalue.AsSingleton(clustered)).with_outputs(
+                PAIRS, REJECTED
+            )
         )
         return {PAIRS: result[PAIRS], REJECTED: result[REJECTED]}

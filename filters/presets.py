@@ -115,9 +115,8 @@ PARAMS = [
     Param(
         "near_duplicate_search", str,
         "'exact': k-means lists with a triangle-inequality bound, finds every pair above the threshold; "
-        "'buckets': ALIGN's rule (share one of the C(nearest_clusters, bucket_size) buckets), may miss a few pairs; "
-        "'list_join' / 'bucket_join': 'exact' / 'buckets' as a keyed join, for an index too large to broadcast",
-        "exact", ("exact", "list_join", "buckets", "bucket_join"),
+        "'buckets': ALIGN's rule (share one of the C(nearest_clusters, bucket_size) buckets), may miss a few pairs",
+        "exact", ("exact", "buckets"),
     ),
     Param("kmeans_sample_size", int, "corpus embeddings k-means trains on (a deterministic sample by key hash)",
           250_000, low=1),

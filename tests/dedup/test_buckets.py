@@ -146,17 +146,6 @@ def test_canonical_rule_in_a_self_join():
     assert len(emitted) == len(expected) and set(emitted) == expected
 
 
-@pytest.mark.parametrize("left_salts,right_salts", [(1, 1), (3, 1), (1, 4), (3, 2)])
-def test_cross_join_cells_meet_each_pair_once(left_salts, right_salts):
-    meetings = {}
-    for ls in range(left_salts):
-        for rs in range(right_salts):
-            a = set(buckets.cross_join_cells("left", ls, left_salts, right_salts))
-            b = set(buckets.cross_join_cells("right", rs, left_salts, right_salts))
-            meetings[(ls, rs)] = a & b
-    assert all(len(cells) == 1 for cells in meetings.values())
-
-
 @pytest.mark.parametrize("salts", [1, 2, 5])
 def test_self_join_cells_meet_each_pair_once(salts):
     # Members of chunks a and b are compared in the one cell (min, max) both

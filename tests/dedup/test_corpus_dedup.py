@@ -111,7 +111,7 @@ def test_embedding_self_join_equals_exhaustive():
 
 
 def test_self_join_pairs_once_each():
-    """BucketJoin(self_join) returns each near-duplicate pair exactly once, smaller key first."""
+    """BucketJoin returns each near-duplicate pair exactly once, smaller key first."""
     vectors = near_duplicate_corpus(size=200)
     keys = sorted(vectors)
     x = kmeans.l2_normalize(np.stack([vectors[k] for k in keys]))
@@ -129,7 +129,7 @@ def test_self_join_pairs_once_each():
         pairs = (
             p
             | beam.Create(members)
-            | keyed_joins.BucketJoin(THRESHOLD, radix=5, bucket_size=2, self_join=True, max_bucket_members=5)
+            | keyed_joins.BucketJoin(THRESHOLD, radix=5, bucket_size=2, max_bucket_members=5)
             | beam.Map(lambda m: (m[0], m[1]))
         )
         assert_that(pairs, equal_to(expected))

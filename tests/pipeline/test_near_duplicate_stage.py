@@ -195,7 +195,7 @@ def planted_copies(rows, embedder):
     raise AssertionError(f"no ordinary image gives copies for every method: {sorted(copies)}")
 
 
-@pytest.mark.parametrize("search", ["exact", "list_join", "buckets"])
+@pytest.mark.parametrize("search", ["exact", "buckets"])
 def test_eval_and_in_corpus_dedup_in_one_build(sample_dir, tmp_path, search):
     from dedup import embedders
 

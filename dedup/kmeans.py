@@ -239,10 +239,10 @@ def merge_cosine_for(threshold: float) -> float:
     ``cos(2/3 * arccos(threshold))``: 0.9889 for threshold 0.975 (centroids at
     least 8.6 degrees apart; the near-duplicate angle is 12.8 degrees).
     Measured on 100k synthetic rows (benchmarks/RESULTS.md): under Zipf-skewed
-    blob sizes plain k-means lost 48.6% of the above-threshold pairs; thinning
-    at 1/2, 0.6, 2/3, 3/4 of the angle lost 0.053%, 0.003%, 0.001%, 0.001%,
-    for 1.2x, 1.8x, 2.1x, 2.2x the candidates. With uniform blob sizes the
-    loss stayed at 0.002-0.009% either way; candidates rose 1.0-1.2x.
+    blob sizes plain k-means lost 48.2% of the above-threshold pairs; thinning
+    at 1/2, 0.6, 2/3, 3/4 of the angle lost 0.046%, 0.002%, 0.0007%, 0.0004%,
+    for 1.2x, 1.8x, 2.1x, 2.1x the candidates. With uniform blob sizes the
+    loss stayed at 0.002-0.009% either way, with 0.96-1.0x the candidates.
     """
     angle = np.arccos(np.clip(threshold, -1.0, 1.0))
     return float(np.cos(MERGE_ANGLE_FRACTION * angle))

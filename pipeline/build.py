@@ -552,6 +552,14 @@ def beam_options(beam_args: List[str]) -> PipelineOptions:
     options = PipelineOptions(beam_args)
     if options.view_as(StandardOptions).runner is None:
         options.view_as(StandardOptions).runner = LOCAL_RUNNER
+    runner = options.view_as(StandardOptions).runner
+    if isinstance(runner, str):
+        from apache_beam.runners.runner import create_runner
+
+        try:
+            create_runner(runner)  # an unknown name fails here, before the output is touched
+        except ValueError:
+            raise UsageError(f"--runner {runner}: unknown runner (e.g. FnApiRunner, DataflowRunner)") from None
     options.view_as(SetupOptions).save_main_session = False
     return options
 

@@ -45,8 +45,9 @@ and no ordinary image is close to an evaluation image under the
 near-duplicate embedder (``dedup.embedders``); each planted near-duplicate
 is checked to be detected by it.
 
-Not planted: ``read/caption_not_utf8`` (a Parquet string column cannot hold
-invalid UTF-8). EXIF orientation cannot change an ALIGN verdict (shorter
+Not planted: ``read/caption_not_utf8`` (pyarrow refuses to write invalid
+UTF-8 into a string column, other writers do not; ``tests/pipeline/test_read.py``
+writes such a file). EXIF orientation cannot change an ALIGN verdict (shorter
 side and longer/shorter ratio do not change when width and height swap);
 the EXIF rows check that the upright picture is the one kept and described.
 

@@ -90,7 +90,8 @@ def test_invalid_arguments_leave_the_previous_corpus_untouched(built, tmp_path):
     corpus, pattern = copy_corpus(built, tmp_path)
     before = snapshot(corpus)
     for bad in (["--name", "../escaped"], ["--set", "no_such_threshold=1"], ["--eval-images", "x=/no/such/dir"],
-                ["--embedder", "nope"], ["--no_such_beam_flag=1"]):
+                ["--embedder", "nope"], ["--no_such_beam_flag=1"], ["--runner", "NoSuchRunner"],
+                ["--input_format", "xls"], ["--version", "../1.0.0"]):
         with pytest.raises(build.UsageError):
             build.run(["--input", str(pattern), "--output", str(corpus), "--overwrite", *QUICK, *bad])
         assert snapshot(corpus) == before, bad

@@ -1,4 +1,4 @@
-"""One distribution with the four packages: pipeline, filters, dedup, trainer.
+"""One distribution with the five packages: common, pipeline, filters, dedup, trainer.
 
 Exact versions that are known to co-install on Python 3.11 are pinned in
 requirements/lock.txt (used as a constraints file by scripts/setup_env.sh).
@@ -49,7 +49,7 @@ setuptools.setup(
     version="0.1.0",
     description="Beam pipeline and JAX/Flax trainer for noisy alt-text image/text corpora (ALIGN, CC12M)",
     python_requires=">=3.10",
-    packages=setuptools.find_packages(include=["pipeline*", "filters*", "dedup*", "trainer*"]),
+    packages=setuptools.find_packages(include=["common*", "pipeline*", "filters*", "dedup*", "trainer*"]),
     install_requires=BASE,
     extras_require=EXTRAS,
     include_package_data=True,

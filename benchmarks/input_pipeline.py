@@ -28,8 +28,9 @@ import time
 import numpy as np
 from PIL import Image
 
+from common import schema
 from benchmarks import record
-from pipeline import schema, tfrecord
+from pipeline import tfrecord
 from pipeline.write import write_contiguous_shards
 
 #: name -> (image_size, resize_size)

@@ -29,10 +29,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image
 
+from common.schema import Candidate, make_key
 from benchmarks import record
 from pipeline import readers, tfrecord, write
 from pipeline.readers.rows import Columns
-from pipeline.schema import Candidate, make_key
 
 
 def make_rows(count: int, seed: int = 0):

@@ -24,11 +24,11 @@ import time
 
 import pyarrow.parquet as pq
 
+from common.schema import Candidate, make_key
 from benchmarks import record
 from filters import image as image_rules
 from filters.presets import get_preset
 from filters.record import filter_record
-from pipeline.schema import Candidate, make_key
 
 
 def load_candidates(sample_dir: str, limit: int):

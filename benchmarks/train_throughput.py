@@ -44,7 +44,8 @@ def write_synthetic_corpus(data_dir: str, num_pairs: int, image_px: int) -> None
     """Drawn shapes with describing captions, in the project's shard format."""
     from PIL import Image, ImageDraw
 
-    from pipeline import schema, tfrecord
+    from common import schema
+    from pipeline import tfrecord
     from pipeline.write import write_contiguous_shards, write_tfds_metadata
     from trainer.vocab import build_vocab
 

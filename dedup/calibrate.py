@@ -44,6 +44,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 from PIL import Image
 
+from common import files
 from dedup import edits as edits_lib
 from dedup import embedders as embedders_lib
 from dedup.index_sets import DEFAULT_VARIANTS, IndexImage, build_index
@@ -558,7 +559,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
     print(format_report(report))
     if args.out:
-        embedders_lib.write_bytes(args.out, json.dumps(report, indent=1).encode("utf-8"))
+        files.write_text(args.out, json.dumps(report, indent=1))
         print(f"wrote {args.out}")
     return 0
 

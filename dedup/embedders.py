@@ -29,14 +29,15 @@ pickled.
 
 from __future__ import annotations
 
-import io
 import json
 import logging
-import os
 from typing import Callable, Dict, Optional, Protocol, Sequence, Tuple, runtime_checkable
 
 import numpy as np
 from PIL import Image
+
+from common import files
+from common.images import decode_rgb, draft, exif_orientation, open_image, orient
 
 log = logging.getLogger(__name__)
 
@@ -100,63 +101,6 @@ def get(name: str = "dct", **kwargs) -> "ImageEmbedder":
 # ---------------------------------------------------------------------------
 # Shared machinery
 # ---------------------------------------------------------------------------
-
-
-def open_image(data: bytes) -> Image.Image:
-    """``Image.open`` on bytes; raises on anything PIL cannot identify."""
-    return Image.open(io.BytesIO(data))
-
-
-_TRANSPOSE_FOR_ORIENTATION = {
-    2: Image.Transpose.FLIP_LEFT_RIGHT,
-    3: Image.Transpose.ROTATE_180,
-    4: Image.Transpose.FLIP_TOP_BOTTOM,
-    5: Image.Transpose.TRANSPOSE,
-    6: Image.Transpose.ROTATE_270,
-    7: Image.Transpose.TRANSVERSE,
-    8: Image.Transpose.ROTATE_90,
-}
-
-
-def exif_orientation(image: Image.Image) -> int:
-    try:
-        return int(image.getexif().get(0x0112, 1) or 1)
-    except Exception:  # malformed EXIF is not a reason to lose the image
-        return 1
-
-
-def orient(image: Image.Image, orientation: int) -> Image.Image:
-    # Same orientation the filters use for width/height ("after EXIF
-    # orientation"): a rotated phone photo must embed like its upright copy.
-    transpose = _TRANSPOSE_FOR_ORIENTATION.get(orientation)
-    return image.transpose(transpose) if transpose is not None else image
-
-
-def draft(image: Image.Image, mode: str, min_size: int) -> Tuple[float, float, float, float]:
-    """Let a JPEG decode at 1/2, 1/4 or 1/8 scale, never below ``min_size`` a side.
-
-    Returns the box of the decoded image that covers the original exactly:
-    libjpeg rounds scaled sizes up (300 px at 1/8 is 38 rows, not 37.5), and
-    resizing those padded rows as image content would shift and stretch the
-    picture by up to one scaled pixel, enough to move a fine descriptor.
-    """
-    if image.format == "JPEG" and min_size:
-        drafted = image.draft(mode, (min_size, min_size))
-        if drafted is not None:
-            return drafted[1]
-    return (0.0, 0.0, float(image.width), float(image.height))
-
-
-def decode_rgb(data: bytes, min_size: int = 0) -> Image.Image:
-    """Decode to RGB after EXIF orientation; JPEGs are DCT-downscaled while
-    decoding (``draft``) to no less than ``min_size`` on each side."""
-    image = open_image(data)
-    orientation = exif_orientation(image)
-    box = draft(image, "RGB", min_size)
-    if box[2] != image.width or box[3] != image.height:
-        image = image.resize((max(1, round(box[2])), max(1, round(box[3]))), Image.Resampling.BILINEAR, box=box)
-    image = orient(image, orientation)
-    return image if image.mode == "RGB" else image.convert("RGB")
 
 
 class ImageEmbedder:
@@ -244,44 +188,11 @@ class ImageEmbedder:
         return f"{type(self).__name__}(name={self.name!r}, dim={self.dim}, threshold={threshold})"
 
 
-def is_remote(path: str) -> bool:
-    return "://" in path
-
-
-def path_exists(path: str) -> bool:
-    if not is_remote(path):
-        return os.path.exists(path)
-    from apache_beam.io.filesystems import FileSystems  # gs://, s3://, ...: Beam's filesystems
-
-    return FileSystems.exists(path)
-
-
-def read_bytes(path: str) -> bytes:
-    if not is_remote(path):
-        with open(path, "rb") as f:
-            return f.read()
-    from apache_beam.io.filesystems import FileSystems
-
-    with FileSystems.open(path, compression_type="uncompressed") as f:
-        return f.read()
-
-
-def write_bytes(path: str, data: bytes) -> None:
-    if not is_remote(path):
-        with open(path, "wb") as f:
-            f.write(data)
-        return
-    from apache_beam.io.filesystems import FileSystems
-
-    with FileSystems.create(path) as f:
-        f.write(data)
-
-
 def _read_calibrated_threshold(path: str, embedder_name: str) -> Optional[float]:
     """The recommended threshold from a ``dedup.calibrate`` report, if the file exists."""
-    if not path_exists(path):
+    if not files.exists(path):
         return None
-    report = json.loads(read_bytes(path).decode("utf-8"))
+    report = json.loads(files.read_text(path))
     if report.get("embedder", {}).get("name") != embedder_name:
         raise ValueError(f"{path} calibrates embedder {report.get('embedder')!r}, not {embedder_name!r}")
     return float(report["recommended_threshold"])
@@ -565,7 +476,7 @@ class OnnxEmbedder(ImageEmbedder):
         if self._session is None:
             import onnxruntime as ort
 
-            model = read_bytes(self.model_path)
+            model = files.read_bytes(self.model_path)
             options = ort.SessionOptions()
             if self.num_threads:
                 options.intra_op_num_threads = self.num_threads

@@ -6,7 +6,7 @@ as ``name=path`` where path is
 
 - a folder of images (searched recursively; key = path relative to the folder),
 - a TFDS-style directory (or glob) of TFRecord shards written with
-  ``pipeline.schema.FEATURES`` (image feature ``image``, key ``key``), or
+  ``common.schema.FEATURES`` (image feature ``image``, key ``key``), or
 - Parquet file(s) with a ``key`` column and image bytes in ``jpg``, ``image``
   or ``img`` (plain bytes or a ``{"bytes": ...}`` struct, as Hugging Face
   datasets store images).
@@ -21,7 +21,6 @@ Beam's FileSystems; local ones through the OS.
 from __future__ import annotations
 
 import dataclasses
-import glob
 import io
 import logging
 import os
@@ -30,8 +29,10 @@ from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence,
 import numpy as np
 from PIL import Image, ImageOps
 
+from common.files import exists, match, read_bytes
+from common.images import decode_rgb
 from dedup import edits
-from dedup.embedders import decode_rgb, is_remote, path_exists, read_bytes, valid_rows
+from dedup.embedders import valid_rows
 
 log = logging.getLogger(__name__)
 
@@ -110,21 +111,12 @@ def parse_spec(spec: str) -> Tuple[str, str]:
     return os.path.basename(path.rstrip("/")) or path, path
 
 
-def _match(pattern: str) -> List[str]:
-    """Files matching a glob; ``**`` matches across folders."""
-    if not is_remote(pattern):
-        return sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
-    from apache_beam.io.filesystems import FileSystems
-
-    return sorted(m.path for m in FileSystems.match([pattern])[0].metadata_list)
-
-
 def _kind_and_files(path: str) -> Tuple[str, List[str]]:
     if any(ch in path for ch in "*?["):
-        files = _match(path)
+        files = match(path)
     else:
-        files = _match(path.rstrip("/") + "/**")
-        if not files and path_exists(path):
+        files = match(path.rstrip("/") + "/**")
+        if not files and exists(path):
             files = [path]  # a single file
     tfrecords = [f for f in files if ".tfrecord" in os.path.basename(f)]
     parquets = [f for f in files if f.endswith(".parquet")]
@@ -148,7 +140,7 @@ def _iter_folder(set_name: str, root: str, files: Sequence[str]) -> Iterator[Ind
 def _iter_tfrecords(set_name: str, files: Sequence[str]) -> Iterator[IndexImage]:
     import tensorflow as tf
 
-    from pipeline.schema import tf_feature_spec
+    from common.schema import tf_feature_spec
 
     full = tf_feature_spec()
     # Only the two features needed: TFDS test sets written by others may lack ours.

@@ -17,14 +17,11 @@ import io
 import warnings
 from typing import Optional, Tuple
 
-from PIL import Image, ImageOps
+from PIL import Image
 
+from common.images import exif_orientation, open_image, orient, upright_size
 from filters import stages
 from filters.presets import keeps
-
-_EXIF_ORIENTATION = 0x0112
-_TRANSPOSED = {5, 6, 7, 8}  # orientations that swap width and height
-
 
 @dataclasses.dataclass(frozen=True)
 class Header:
@@ -41,15 +38,12 @@ def read_header(data: bytes, preset) -> Tuple[Optional[Header], Optional[str]]:
         # preset's ``max_pixels`` is the rule, so PIL's warning is an error here.
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(data)) as img:
+            with open_image(data) as img:
                 fmt = img.format or ""
                 width, height = img.size
                 orientation = 1
                 if fmt in ("JPEG", "MPO", "TIFF", "WEBP", "PNG"):
-                    try:
-                        orientation = int(img.getexif().get(_EXIF_ORIENTATION, 1) or 1)
-                    except Exception:  # a broken EXIF block is not a broken image
-                        orientation = 1
+                    orientation = exif_orientation(img)
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
         return None, stages.reason("image_header", "decompression_bomb")
     except Exception:
@@ -58,8 +52,7 @@ def read_header(data: bytes, preset) -> Tuple[Optional[Header], Optional[str]]:
         return None, stages.reason("image_header", "undecodable")
     if not keeps(preset, "max_pixels", width * height):
         return None, stages.reason("image_header", "decompression_bomb")
-    if orientation in _TRANSPOSED:
-        width, height = height, width
+    width, height = upright_size((width, height), orientation)
     return Header(fmt, width, height, orientation), None
 
 
@@ -154,9 +147,9 @@ def phash_of(data: bytes) -> Optional[str]:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(data)) as img:
+            with open_image(data) as img:
                 img.load()
-                return perceptual_hash(to_rgb(ImageOps.exif_transpose(img)))
+                return perceptual_hash(to_rgb(orient(img, exif_orientation(img))))
     except Exception:
         return None
 
@@ -168,10 +161,10 @@ def decode_image(data: bytes, header: Header, preset) -> Tuple[Optional[Decoded]
             # The header check already enforced max_pixels; PIL's guard would
             # otherwise reject what the preset allows.
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(data)) as img:
+            with open_image(data) as img:
                 source_mode = img.mode
                 img.load()  # raises on truncated or corrupt pixel data
-                oriented = ImageOps.exif_transpose(img) if header.orientation != 1 else img
+                oriented = orient(img, header.orientation)
                 rgb = to_rgb(oriented)
     except UnsupportedMode:
         return None, stages.reason("image_decode", "unsupported_mode")
@@ -201,7 +194,7 @@ def thumbnail_b64(data: Optional[bytes], size: int = 128) -> Optional[str]:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(data)) as img:
+            with open_image(data) as img:
                 if img.size[0] * img.size[1] > 50_000_000:
                     return None
                 img.draft("RGB", (size, size))

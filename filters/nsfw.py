@@ -23,15 +23,15 @@ and the time per image.
 
 from __future__ import annotations
 
-import io
 import logging
 import os
 import time
 from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
-from PIL import Image, ImageOps
+from PIL import Image
 
+from common.images import exif_orientation, open_image, orient
 from filters import stages
 from filters.presets import keeps, rule_enabled
 
@@ -251,9 +251,10 @@ def decode_for_scoring(data: bytes, size: int = 320) -> Image.Image:
     buffered images stays a few MB whatever the input (a 5000 px PNG would
     be 75 MB decoded); the final resize to ``size`` stays NudeNet's own.
     """
-    img = Image.open(io.BytesIO(data))
+    img = open_image(data)
+    orientation = exif_orientation(img)
     img.draft("RGB", (size, size))
-    img = ImageOps.exif_transpose(img)
+    img = orient(img, orientation)
     if img.mode in ("P", "PA"):
         img = img.convert("RGBA")  # palette transparency is resolved via RGBA
     # Alpha is dropped, not composited: NudeNet's own reader does the same.

@@ -18,10 +18,10 @@ import dataclasses
 import hashlib
 from typing import Dict, Optional, Tuple
 
+from common.schema import Candidate
 from filters import image as image_rules
 from filters import stages
 from filters import text as text_rules
-from pipeline.schema import Candidate
 
 
 def filter_record(candidate: Candidate, preset) -> Tuple[Candidate, Optional[str], Dict[str, float]]:

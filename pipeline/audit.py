@@ -37,6 +37,7 @@ import posixpath
 import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from common import files
 from filters import presets, stages
 
 STATS_DIR = "stats"
@@ -55,52 +56,14 @@ MIN_PAIRS_FOR_HISTOGRAM = 10
 # ---------------------------------------------------------------------------
 
 
-def _is_remote(path: str) -> bool:
-    return "://" in path
-
-
-def _join(*parts: str) -> str:
-    if _is_remote(parts[0]):
-        return "/".join([parts[0].rstrip("/")] + [p.strip("/") for p in parts[1:]])
-    return os.path.join(*parts)
-
-
-def _exists(path: str) -> bool:
-    if _is_remote(path):
-        from apache_beam.io.filesystems import FileSystems
-
-        return FileSystems.exists(path)
-    return os.path.exists(path)
-
-
 def _read_text(path: str) -> Optional[str]:
-    if not _exists(path):
-        return None
-    if _is_remote(path):
-        from apache_beam.io.filesystems import FileSystems
-
-        with FileSystems.open(path) as handle:
-            return handle.read().decode("utf-8")
-    with open(path, encoding="utf-8") as handle:
-        return handle.read()
-
-
-def _write_text(path: str, text: str) -> None:
-    if _is_remote(path):
-        from apache_beam.io.filesystems import FileSystems
-
-        with FileSystems.create(path, mime_type="text/html") as handle:
-            handle.write(text.encode("utf-8"))
-        return
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with open(path, "w", encoding="utf-8") as handle:
-        handle.write(text)
+    return files.read_text(path) if files.exists(path) else None
 
 
 def stats_dir_of(data_dir: str) -> str:
     """``DIR/stats`` for a build output; ``DIR`` itself if it is a stats dir."""
-    nested = _join(data_dir, STATS_DIR)
-    if not _exists(_join(nested, FUNNEL_FILE)) and _exists(_join(data_dir, FUNNEL_FILE)):
+    nested = files.join(data_dir, STATS_DIR)
+    if not files.exists(files.join(nested, FUNNEL_FILE)) and files.exists(files.join(data_dir, FUNNEL_FILE)):
         return data_dir
     return nested
 
@@ -131,7 +94,7 @@ def load_stats(data_dir: str) -> dict:
     loaded = {"stats_dir": stats_dir, "missing": [], "unreadable": {}}
 
     def read_json(name):
-        text = _read_text(_join(stats_dir, name))
+        text = _read_text(files.join(stats_dir, name))
         if text is None:
             loaded["missing"].append(name)
             return None
@@ -142,7 +105,7 @@ def load_stats(data_dir: str) -> dict:
             return None
 
     def read_jsonl(name):
-        text = _read_text(_join(stats_dir, name))
+        text = _read_text(files.join(stats_dir, name))
         if text is None:
             loaded["missing"].append(name)
         rows, bad = _read_jsonl(text)
@@ -768,8 +731,8 @@ def build_html(loaded: dict) -> str:
 def render_report(data_dir: str) -> str:
     """Writes ``<stats dir>/report.html`` and returns its path."""
     loaded = load_stats(data_dir)
-    path = _join(loaded["stats_dir"], REPORT_FILE)
-    _write_text(path, build_html(loaded))
+    path = files.join(loaded["stats_dir"], REPORT_FILE)
+    files.write_text(path, build_html(loaded), mime_type="text/html")
     return path
 
 
@@ -798,7 +761,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.exit(2, f"error: {error}\n")
     if argv is None:  # the command line, not a test: library chatter goes to a log file
         console.route_library_output("audit")
-    text = _read_text(_join(stats_dir, FUNNEL_FILE))
+    text = _read_text(files.join(stats_dir, FUNNEL_FILE))
     funnel = json.loads(text) if text is not None else None
     if funnel is None:
         print(f"no {FUNNEL_FILE} in {stats_dir}: did the build finish?", file=sys.stderr)

@@ -39,6 +39,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions, StandardOptions
 
+from common.schema import Candidate
 from filters import stages
 from filters.presets import PresetError, format_preset, get_preset
 from filters.record import counted_row, filter_record
@@ -49,7 +50,6 @@ from pipeline import write as write_lib
 from pipeline.read import ReadCandidates, Rejection
 from pipeline.readers.input_notes import input_notes
 from pipeline.readers.rows import Columns, make_columns
-from pipeline.schema import Candidate
 
 LOCAL_RUNNER = "FnApiRunner"
 NS = stats_lib.METRICS_NAMESPACE

@@ -23,9 +23,11 @@ from typing import Dict, List, Tuple
 
 import apache_beam as beam
 import numpy as np
-from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
+
+from common.files import read_bytes as _read
+from common.files import write_bytes as _write
 
 from filters.image import thumbnail_b64
 
@@ -89,7 +91,7 @@ def index_thumbnails(index) -> Dict[tuple, str]:
             continue
         preview = index.thumbnail(i)
         if isinstance(preview, str):
-            from dedup.embedders import read_bytes
+            from common.files import read_bytes
 
             preview = read_bytes(preview)
         out[ident] = thumbnail_b64(preview) if preview else None
@@ -124,16 +126,6 @@ def index_directory(output_dir: str) -> str:
 
 def _jsonl(rows) -> bytes:
     return "".join(json.dumps(row) + "\n" for row in rows).encode("utf-8")
-
-
-def _write(path: str, data: bytes) -> None:
-    with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
-        handle.write(data)
-
-
-def _read(path: str) -> bytes:
-    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
-        return handle.read()
 
 
 def write_index(index, directory: str, thumbnails: Dict[Tuple[str, str], str]) -> None:

@@ -31,6 +31,7 @@ from apache_beam.io.filesystem import FileSystem
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
+from common.schema import make_key
 from filters import stages
 from pipeline import readers
 from pipeline.readers import files as files_reader
@@ -39,7 +40,6 @@ from pipeline.readers.parquet import batch_to_records, image_column_usable, parq
 from pipeline.readers.rows import (  # noqa: F401 (re-exported)
     CAPTION_COLUMNS, IMAGE_COLUMNS, META_COLUMNS, URL_COLUMNS, Columns, Rejection,
 )
-from pipeline.schema import make_key
 from pipeline.stats import METRICS_NAMESPACE
 
 #: Beam Metrics namespace of the reader's own accounting (not per record).

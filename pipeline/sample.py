@@ -80,12 +80,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image, ImageEnhance
 
+from common.images import EXIF_ORIENTATION_TAG, unorient
+from common.schema import make_key
 from filters import stages
 from filters import text as text_lib
 from filters.text import ngrams, normalize_text, text_identity, words
 from pipeline import sample_scenes as scenes
 from pipeline.readers.rows import download_reason
-from pipeline.schema import make_key
 
 # ---------------------------------------------------------------------------
 # Constants: layout, thresholds the expectations are computed against
@@ -380,19 +381,6 @@ SVG_IMAGE = (
 # Rendering and encoding (runs in worker processes; pure)
 # ---------------------------------------------------------------------------
 
-# EXIF orientation -> the transpose that turns the displayed picture into the
-# stored pixels (the inverse of what a viewer applies).
-_STORE_TRANSPOSE = {
-    2: Image.Transpose.FLIP_LEFT_RIGHT,
-    3: Image.Transpose.ROTATE_180,
-    4: Image.Transpose.FLIP_TOP_BOTTOM,
-    5: Image.Transpose.TRANSPOSE,
-    6: Image.Transpose.ROTATE_90,
-    7: Image.Transpose.TRANSVERSE,
-    8: Image.Transpose.ROTATE_270,
-}
-
-
 def _save(image: Image.Image, fmt: str, **params) -> bytes:
     out = io.BytesIO()
     image.save(out, format=fmt, **params)
@@ -446,8 +434,8 @@ def render_bytes(recipe: Recipe) -> bytes:
     if kind == "jpeg_exif":
         orientation = params[0]
         exif = Image.Exif()
-        exif[0x0112] = orientation
-        return _save(rgb.transpose(_STORE_TRANSPOSE[orientation]), "JPEG", quality=88, exif=exif.tobytes())
+        exif[EXIF_ORIENTATION_TAG] = orientation
+        return _save(unorient(rgb, orientation), "JPEG", quality=88, exif=exif.tobytes())
     if kind == "truncated":
         fmt, fraction = params
         whole = _save(rgb, fmt, **({"quality": 88} if fmt == "JPEG" else {}))

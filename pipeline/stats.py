@@ -23,8 +23,8 @@ from typing import Dict, Iterable, List, Optional
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
+from common.schema import key_fraction
 from filters import stages
-from pipeline.schema import key_fraction
 
 METRICS_NAMESPACE = "funnel"
 

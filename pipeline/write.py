@@ -22,9 +22,9 @@ from apache_beam.io.filesystems import FileSystems
 
 from apache_beam.metrics import Metrics
 
+from common.schema import CARRIED_PREFIX, FEATURES, SPLITS, Candidate, carried_features, key_fraction, shard_filename
 from pipeline import tfrecord
 from pipeline.stats import METRICS_NAMESPACE
-from pipeline.schema import CARRIED_PREFIX, FEATURES, SPLITS, Candidate, carried_features, key_fraction, shard_filename
 
 SHARDS_FILE = "stats/_shards.json"
 
@@ -212,8 +212,8 @@ def write_tfds_metadata(
     """dataset_info.json + features.json, so tfds.builder_from_directory loads the dir."""
     import tensorflow_datasets as tfds
 
+    from common.schema import tfds_features
     from pipeline.output import escape_glob
-    from pipeline.schema import tfds_features
 
     features = tfds_features(carried_features(carried))
     split_infos = []

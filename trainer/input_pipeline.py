@@ -31,7 +31,7 @@ from typing import Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from pipeline import schema
+from common import schema
 from trainer import preprocess
 
 #: ALIGN: resize to 346 then crop 289; other image sizes keep that ratio.

@@ -16,9 +16,9 @@ from typing import Iterator, Optional
 
 from apache_beam.io.filesystems import FileSystems
 
+from common.schema import make_key
 from filters import stages
 from pipeline.readers.rows import Columns, Rejection, Row, first_present, shown, to_record
-from pipeline.schema import make_key
 
 
 def read_lines(path: str, lines, columns: Columns = Columns()) -> Iterator[object]:

@@ -29,11 +29,11 @@ from typing import Iterator, Optional
 
 from apache_beam.io.filesystems import FileSystems
 
+from common.schema import make_key
 from filters import stages
 from pipeline.readers.rows import (
     BAD_CELL, Columns, Rejection, Row, first_present, to_record,
 )
-from pipeline.schema import make_key
 
 BATCH_ROWS = 256  # rows decoded at a time; a row group is never held whole
 

@@ -28,9 +28,9 @@ import json
 import re
 from typing import NamedTuple, Optional, Sequence, Tuple
 
+from common.schema import DEFAULT_CARRIED, Candidate, make_key
 from filters import stages
 from filters.text import decode_caption
-from pipeline.schema import DEFAULT_CARRIED, Candidate, make_key
 
 URL_COLUMNS = ("url",)
 CAPTION_COLUMNS = ("caption", "alt_text", "text", "texts")

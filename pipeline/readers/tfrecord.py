@@ -30,10 +30,10 @@ from typing import Iterator, Optional
 
 from apache_beam.io.filesystems import FileSystems
 
+from common.schema import make_key
 from filters import stages
 from pipeline import tfrecord as codec
 from pipeline.readers.rows import Columns, Rejection, Row, first_present, to_record
-from pipeline.schema import make_key
 
 
 def example_row(position: str, features: dict, columns: Columns) -> Row:

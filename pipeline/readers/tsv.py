@@ -20,9 +20,9 @@ from typing import Iterator, List, Optional
 
 from apache_beam.io.filesystems import FileSystems
 
+from common.schema import make_key
 from filters import stages
 from pipeline.readers.rows import Columns, Rejection, Row, first_present, shown, to_record
-from pipeline.schema import make_key
 
 
 def _fields(line: bytes) -> List[bytes]:

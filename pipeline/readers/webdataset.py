@@ -29,10 +29,10 @@ from typing import Dict, Iterator, Optional, Tuple
 
 from apache_beam.io.filesystems import FileSystems
 
+from common.schema import make_key
 from filters import stages
 from pipeline.readers import parquet as parquet_reader
 from pipeline.readers.rows import Columns, Rejection, Row, shown, to_record
-from pipeline.schema import make_key
 
 _KEY_AND_FIELD = re.compile(r"^((?:.*/|)[^./]+)[.]([^/]*)$")
 

@@ -52,8 +52,8 @@ import dataclasses
 import random
 from typing import Dict, List, Tuple
 
+from common.schema import make_key
 from filters.text import ngrams
-from pipeline.schema import make_key
 
 Row = Tuple[str, str, str, str]
 

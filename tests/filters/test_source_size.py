@@ -5,9 +5,9 @@ import io
 import pytest
 from PIL import Image
 
+from common.schema import Candidate
 from filters.presets import get_preset
 from filters.record import filter_record
-from pipeline.schema import Candidate
 
 
 def stored_jpeg(size=(256, 256)):

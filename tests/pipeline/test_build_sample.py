@@ -12,10 +12,10 @@ import pytest
 import tensorflow as tf
 from PIL import Image, ImageOps
 
+from common.schema import make_key, shard_glob, tf_feature_spec
 from filters.image import to_rgb
 from filters.text import normalize_text
 from pipeline import build
-from pipeline.schema import make_key, shard_glob, tf_feature_spec
 
 from conftest import build_args
 

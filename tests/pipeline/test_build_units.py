@@ -6,11 +6,11 @@ import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
+from common.schema import Candidate, make_key
 from filters.presets import get_preset
 from pipeline import stats, write
 from pipeline.build import JoinVerdicts, resolve_group
 from pipeline.read import Rejection, batch_to_records
-from pipeline.schema import Candidate, make_key
 
 
 def cand(url, caption, sha="a", image=b"x"):

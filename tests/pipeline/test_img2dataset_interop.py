@@ -19,10 +19,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from loopback_images import CASES, LoopbackImages
+from common.schema import Candidate
 from pipeline import build
 from pipeline.readers import tfrecord as tfrecord_reader
 from pipeline.readers.rows import Columns
-from pipeline.schema import Candidate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOOL = os.environ.get("IMG2DATASET") or os.path.join(ROOT, ".venv-img2dataset", "bin", "img2dataset")

@@ -16,12 +16,12 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 from PIL import Image
 
+from common.schema import make_key
 from dedup.transforms import IndexRows
 from filters.image import perceptual_hash
 from filters.presets import get_preset
 from pipeline import build
 from pipeline import near_duplicates as near_dup
-from pipeline.schema import make_key
 
 from conftest import build_args
 

@@ -16,8 +16,8 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.testing.util import assert_that, equal_to
 from PIL import Image
 
+from common.schema import Candidate
 from pipeline.read import READ_NAMESPACE, ReadCandidates, Rejection, list_input_files, read_parquet_file
-from pipeline.schema import Candidate
 
 
 def jpeg(seed=0):

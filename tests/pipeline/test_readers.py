@@ -20,11 +20,11 @@ import pytest
 from apache_beam.testing.util import assert_that, equal_to
 from PIL import Image
 
+from common.schema import Candidate, make_key
 from pipeline import read, readers, tfrecord, write
 from pipeline.readers import jsonl, tsv, webdataset
 from pipeline.readers import tfrecord as tfrecord_reader
 from pipeline.readers.rows import Columns, download_failure, make_columns
-from pipeline.schema import Candidate, make_key
 
 
 def jpeg(size=(8, 8), seed=0):

@@ -22,12 +22,12 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image, ImageOps
 
+from common.schema import make_key
 from filters import stages
 from filters.presets import get_preset
 from filters.text import ngrams, normalize_text
 from pipeline import sample
 from pipeline import sample_scenes as scenes
-from pipeline.schema import make_key
 
 NUM_CANDIDATES = 200
 SEED = 0

@@ -3,8 +3,8 @@
 import numpy as np
 import tensorflow as tf
 
+from common.schema import FEATURES, tf_feature_spec
 from pipeline import tfrecord
-from pipeline.schema import FEATURES, tf_feature_spec
 
 
 def test_example_parses_with_tensorflow():

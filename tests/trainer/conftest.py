@@ -1,8 +1,8 @@
 """Shared trainer fixtures: a tiny corpus in the shard format, a tiny eval folder.
 
 ``tiny_corpus`` is a TFDS-layout directory written with the pipeline's own
-pieces (``pipeline.tfrecord`` Examples of ``pipeline.schema.FEATURES``, file
-names from ``pipeline.schema.shard_filename``, ``dataset_info.json`` and
+pieces (``pipeline.tfrecord`` Examples of ``common.schema.FEATURES``, file
+names from ``common.schema.shard_filename``, ``dataset_info.json`` and
 ``features.json`` from ``pipeline.write.write_tfds_metadata``; so
 ``tfds.builder_from_directory`` loads it), filled with procedurally drawn
 scenes (one coloured shape on a plain background) and alt-texts describing
@@ -23,7 +23,8 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
-from pipeline import schema, tfrecord
+from common import schema
+from pipeline import tfrecord
 
 CORPUS_NAME = "tiny_corpus"
 SPLIT_SIZES = {"train": 64, "validation": 16}

@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from pipeline import schema
+from common import schema
 from trainer import input_pipeline, preprocess
 from trainer.input_pipeline import make_dataset
 

@@ -1,0 +1,62 @@
+"""File access for local paths and anything Beam's FileSystems serves (gs://, s3://).
+
+One set of helpers for every package that reads or writes outside a Beam
+transform: the dedup index sets and embedder models, the near-duplicate
+index, calibration reports, the audit's stats and report. Reads and writes go
+through ``FileSystems`` for every path (its local filesystem makes parent
+folders on create); bytes are never decompressed by file extension.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from typing import List
+
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+RAW = CompressionTypes.UNCOMPRESSED  # the bytes as stored, whatever the extension
+
+
+def is_remote(path: str) -> bool:
+    """A URL with a scheme (``gs://...``), not a local path."""
+    return "://" in path
+
+
+def join(base: str, *parts: str) -> str:
+    return FileSystems.join(base, *parts)
+
+
+def exists(path: str) -> bool:
+    return FileSystems.exists(path)
+
+
+def read_bytes(path: str) -> bytes:
+    with FileSystems.open(path, compression_type=RAW) as handle:
+        return handle.read()
+
+
+def write_bytes(path: str, data: bytes, mime_type: str = "application/octet-stream") -> None:
+    with FileSystems.create(path, mime_type=mime_type, compression_type=RAW) as handle:
+        handle.write(data)
+
+
+def read_text(path: str) -> str:
+    return read_bytes(path).decode("utf-8")
+
+
+def write_text(path: str, text: str, mime_type: str = "text/plain") -> None:
+    write_bytes(path, text.encode("utf-8"), mime_type)
+
+
+def match(pattern: str) -> List[str]:
+    """Sorted files matching a glob; ``**`` matches across folders.
+
+    Local patterns use ``glob``: it returns paths as the caller spelled them
+    (relative stays relative, which keys derived from paths rely on) and skips
+    folders; Beam's local match walks every file under the pattern's prefix.
+    """
+    if not is_remote(pattern):
+        return sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
+    return sorted(m.path for m in FileSystems.match([pattern])[0].metadata_list)

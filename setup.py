@@ -53,4 +53,5 @@ setuptools.setup(
     install_requires=BASE,
     extras_require=EXTRAS,
     include_package_data=True,
+    package_data={"trainer.evaluators": ["prompt_templates.json"]},
 )

@@ -180,3 +180,15 @@ def test_registry():
     assert models.get("two_tower") is two_tower.TwoTower
     with pytest.raises(ValueError):
         models.get("resnet")
+
+
+def test_head_dropout_only_in_front_of_a_projection():
+    # GroupNorm and no stochastic depth: train and eval differ only by the head dropout.
+    images = jax.random.normal(jax.random.key(0), (4, 32, 32, 3))
+    width = efficientnet.feature_dim("tiny")
+    for embed_dim, dropped in ((None, False), (width, False), (16, True)):
+        net = efficientnet.EfficientNet("tiny", embed_dim=embed_dim, norm="group", dropout=0.5,
+                                        drop_path=0.0)
+        variables = net.init(jax.random.key(1), images)
+        train = net.apply(variables, images, train=True, rngs={"dropout": jax.random.key(2)})
+        assert np.allclose(train, net.apply(variables, images)) != dropped, embed_dim

@@ -1,7 +1,9 @@
 r"""EfficientNet-B3 + BERT-Mini: the small member of ALIGN's model-scaling ablation.
 
 B3's pooled features (384-d) get a linear projection to ALIGN's 640-d
-embedding, as the paper does for B1/B3/B5. Everything else is the paper's
+embedding, as the paper does for B1/B3/B5; EfficientNet's head dropout (0.3)
+sits before that projection, as before EfficientNet's classifier, so the
+embedding itself is never dropped out. Everything else is the paper's
 pretraining recipe: batch 16384, 289 px crops of 346 px resizes, 64 tokens,
 LAMB peak 1e-3 with 10k warmup steps, linear decay over 1.2M steps, learned
 temperature from 1.0, label smoothing 0.1, bf16 compute.

@@ -1,8 +1,13 @@
 r"""EfficientNet-B7 + BERT-Base: ALIGN's data-scaling and ablation model.
 
 B7's pooled features are 640-d, ALIGN's embedding size, so no image
-projection. Paper recipe: batch 16384, 289 px, 64 tokens, LAMB 1e-3 with 10k
-warmup and linear decay over 1.2M steps, learned temperature, smoothing 0.1.
+projection. Without one the pooled features *are* the embedding the loss
+compares, so EfficientNet's head dropout (0.5 for B7) is not applied: the
+paper puts no dropout on its embeddings, and dropping half of each image
+embedding would make the contrastive targets noisy (see
+``trainer.models.efficientnet``). Paper recipe: batch 16384, 289 px, 64
+tokens, LAMB 1e-3 with 10k warmup and linear decay over 1.2M steps, learned
+temperature, smoothing 0.1.
 
     python -m trainer.train --config trainer/configs/b7_bert_base.py --workdir W \
         --config.data_dir=gs://bucket/corpus

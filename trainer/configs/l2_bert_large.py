@@ -1,6 +1,8 @@
 r"""EfficientNet-L2 + BERT-Large: the full ALIGN model.
 
-L2's pooled features are 1376-d, the paper's embedding size. Batch 16384
+L2's pooled features are 1376-d, the paper's embedding size. No projection, so
+no dropout on the embedding (EfficientNet's 0.5 head dropout would fall on
+the vector the loss compares; the paper has none there). Batch 16384
 (1024 TPUv3 cores x 16), 289 px crops of 346 px resizes, 64 tokens, LAMB
 1e-3 with 10k warmup and linear decay over 1.2M steps, weight decay 1e-5,
 learned temperature from 1.0 (converges near 1/64), label smoothing 0.1.

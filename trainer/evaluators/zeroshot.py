@@ -9,26 +9,30 @@ in directory names become spaces in prompts.
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+import json
+import os
+from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 
 from trainer.evaluators import chunks, encode_image_files, encode_in_batches, image_folder, l2_normalize
 
-#: Prompt templates (data, not code). CLIP's short ImageNet ensemble plus
-#: templates that fit drawn/synthetic scenes such as the sample corpus.
-PROMPT_TEMPLATES = (
-    "a photo of a {}.",
-    "a photo of the {}.",
-    "itap of a {}.",
-    "a bad photo of the {}.",
-    "a photo of the large {}.",
-    "a photo of the small {}.",
-    "art of the {}.",
-    "a drawing of a {}.",
-    "a rendering of a {}.",
-    "a {}.",
-)
+#: The prompt ensembles, by name (``prompt_templates.json`` next to this module).
+TEMPLATES_FILE = os.path.join(os.path.dirname(__file__), "prompt_templates.json")
+
+
+def prompt_templates(names: Union[str, Sequence[str]] = "default") -> tuple[str, ...]:
+    """The templates of one or several named ensembles, in order ("default": the file's default list)."""
+    with open(TEMPLATES_FILE) as f:
+        table = json.load(f)
+    names = [names] if isinstance(names, str) else list(names)
+    if names == ["default"]:
+        names = table["default"]
+    unknown = [n for n in names if n not in table or n.startswith("_") or n == "default"]
+    if unknown:
+        raise KeyError(f"unknown prompt ensemble(s) {unknown}; known: "
+                       f"{sorted(k for k in table if not k.startswith('_') and k != 'default')}")
+    return tuple(t for name in names for t in table[name])
 
 
 def class_embeddings(encode_texts: Callable, tokenizer, class_names, templates, batch_size: int) -> np.ndarray:
@@ -49,7 +53,9 @@ def topk_accuracy(scores: np.ndarray, labels: np.ndarray, k: int) -> float:
 
 class ZeroShotEvaluator:
     """kwargs: ``image_dir``, ``image_size``, ``tokenizer``, ``batch_size``; optional
-    ``resize_size``, ``templates`` (default ``PROMPT_TEMPLATES``).
+    ``resize_size``, ``templates``: ensemble name(s) of ``prompt_templates.json``
+    (default: CLIP's short ImageNet ensemble plus the drawing prompts) or a
+    list of ``str.format`` templates with one ``{}``.
 
     Reports ``top1``, ``top5`` (top-k with k capped at the number of classes),
     ``top1_chance``, ``num_images``, ``num_classes``.
@@ -63,13 +69,15 @@ class ZeroShotEvaluator:
         tokenizer,
         batch_size: int = 64,
         resize_size: Optional[int] = None,
-        templates: Sequence[str] = PROMPT_TEMPLATES,
+        templates: Union[str, Sequence[str]] = "default",
     ):
         self.image_dir = image_dir
         self.image_size = image_size
         self.resize_size = resize_size
         self.tokenizer = tokenizer
         self.batch_size = batch_size
+        if isinstance(templates, str) or all("{}" not in t for t in templates):
+            templates = prompt_templates(templates)
         self.templates = tuple(templates)
 
     def run(self, encode_images: Callable, encode_texts: Callable) -> dict:

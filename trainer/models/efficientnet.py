@@ -188,13 +188,18 @@ class MBConv(nn.Module):
 
 
 class EfficientNet(nn.Module):
-    """EfficientNet trunk -> global average pool -> (dropout) -> linear projection.
+    """EfficientNet trunk -> global average pool -> (dropout -> linear projection).
+
+    Dropout (the table's rate, e.g. 0.5 for B7/L2) is applied only in front of
+    a projection; without one (``embed_dim`` is ``None`` or the pooled width)
+    the pooled features are the output and get no dropout.
 
     Attributes:
       variant: a key of ``SCALING`` (b0..b7, l2, tiny).
       embed_dim: output size; ``None`` or the pooled width means no projection.
       norm: "batch" or "group" (see the module docstring).
-      dropout: rate on the pooled features; ``None`` takes the table's value.
+      dropout: rate on the pooled features before the projection; ``None``
+        takes the table's value; unused without a projection.
       drop_path: stochastic-depth rate of the last block (0.2 in the paper's
         code), linearly increasing from 0 over the blocks.
       dtype: computation dtype (params stay float32).
@@ -223,9 +228,12 @@ class EfficientNet(nn.Module):
                        norm=self.norm, dtype=self.dtype, name=f"block{index}")(x, train)
 
         x = jnp.mean(x.astype(jnp.float32), axis=(1, 2))
+        if self.embed_dim is None or self.embed_dim == x.shape[-1]:
+            # The pooled features are the embedding (B7: 640, L2: 1376): no
+            # dropout, which would fall on the very vector the loss compares.
+            return x
+        # Dropout before the linear projection, as before EfficientNet's classifier.
         rate = table_dropout if self.dropout is None else self.dropout
         x = nn.Dropout(rate, deterministic=not train)(x)
-        if self.embed_dim is not None and self.embed_dim != x.shape[-1]:
-            x = nn.Dense(self.embed_dim, kernel_init=_dense_init, dtype=self.dtype,
-                         name="projection")(x)
-        return x
+        return nn.Dense(self.embed_dim, kernel_init=_dense_init, dtype=self.dtype,
+                        name="projection")(x)

@@ -77,14 +77,19 @@ def shard_lengths(data_dir: str, split: str, files: list[str]) -> list[int]:
     return [int(tf.data.TFRecordDataset(path).reduce(np.int64(0), lambda n, _: n + 1)) for path in files]
 
 
-def image_preprocess(image_size: int, resize_size: Optional[int], train: bool) -> str:
+def image_preprocess(image_size: int, resize_size: Optional[int], train: bool,
+                     flip_lr: bool = True) -> str:
     """ALIGN's image ops: resize, random crop + flip (train) or central crop (eval).
+
+    ``flip_lr=False`` drops the horizontal flip: a flip contradicts captions
+    that say "left of" / "right of" (the sample corpus has them).
 
     ``decode(resize_size)`` lets a large JPEG decode at a reduced DCT scale
     that still covers the resize target (see ``preprocess.decode``).
     """
     resize_size = resize_size or round(image_size * RESIZE_RATIO)
-    crop = f"random_crop({image_size})|flip_lr" if train else f"central_crop({image_size})"
+    crop = f"random_crop({image_size})" + ("|flip_lr" if flip_lr else "") if train else (
+        f"central_crop({image_size})")
     return f"decode({resize_size})|resize({resize_size})|{crop}|value_range(-1,1)"
 
 
@@ -101,6 +106,7 @@ def make_dataset(
     process_index: Optional[int] = None,
     process_count: Optional[int] = None,
     resize_size: Optional[int] = None,
+    flip_lr: bool = True,
     shuffle_buffer_size: int = DEFAULT_SHUFFLE_BUFFER,
     preprocess_spec: Optional[str] = None,
     extra_features: Sequence[str] = (),
@@ -125,9 +131,9 @@ def make_dataset(
     if global_batch_size % process_count:
         raise ValueError(f"global batch {global_batch_size} not divisible by {process_count} hosts")
     host_batch = global_batch_size // process_count
-    spec = preprocess_spec or image_preprocess(image_size, resize_size, train)
+    spec = preprocess_spec or image_preprocess(image_size, resize_size, train, flip_lr)
     preprocess_fn = preprocess.get_preprocess_fn(spec)
-    outputs = ("image", "texts", "key", *extra_features)
+    outputs = tuple(dict.fromkeys(("image", "texts", "key", *extra_features)))
 
     files = list_shards(data_dir, split)
     by_file = len(files) >= process_count
@@ -188,7 +194,9 @@ def make_dataset(
 
     @tf.autograph.experimental.do_not_convert
     def tokenize(batch):
-        batch["text"] = tokenizer.tokenize(batch.pop("texts"))
+        # The raw alt-texts stay in the output only when asked for.
+        texts = batch["texts"] if "texts" in extra_features else batch.pop("texts")
+        batch["text"] = tokenizer.tokenize(texts)
         return batch
 
     dataset = records.map(parse_and_preprocess, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)

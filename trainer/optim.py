@@ -10,6 +10,11 @@ Those are small or scalar tensors whose norm says nothing about a sensible
 step size (the log-temperature starts at exactly 0, which would make its trust
 ratio meaningless), so they get plain Adam steps, as in LARS/LAMB practice.
 
+``optim.name = "adam"`` drops the trust ratio (Adam with the same masked
+weight decay and schedule): for short runs of small models from scratch,
+where Adam's per-element steps move the few-channel layers of a tiny
+EfficientNet faster than LAMB's per-layer ones (the tiny config's demo).
+
 Schedule: linear warmup from 0 to the peak over ``warmup_steps`` then linear
 decay to 0 at ``total_steps`` (ALIGN: 1e-3, 10k, 1.2M).
 """
@@ -46,18 +51,22 @@ def warmup_linear_decay(peak: float, warmup_steps: int, total_steps: int) -> opt
 def make(config, params) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """Builds the optimizer from ``config.optim`` and ``config.total_steps``.
 
-    Fields of ``config.optim``: peak_lr, warmup_steps, weight_decay, b1, b2,
-    eps, and optional grad_clip_norm (clip by global norm first, off by default).
+    Fields of ``config.optim``: name ("lamb" default, or "adam"), peak_lr,
+    warmup_steps, weight_decay, b1, b2, eps, and optional grad_clip_norm (clip
+    by global norm first, off by default).
     """
     oc = config.optim
     schedule = warmup_linear_decay(oc.peak_lr, oc.warmup_steps, config.total_steps)
     mask = decay_mask(params)
     clip: Optional[float] = oc.get("grad_clip_norm")
+    name = oc.get("name") or "lamb"
+    if name not in ("lamb", "adam"):
+        raise ValueError(f"unknown optimizer {name!r}: use 'lamb' or 'adam'")
     tx = optax.chain(
         optax.clip_by_global_norm(clip) if clip else optax.identity(),
         optax.scale_by_adam(b1=oc.b1, b2=oc.b2, eps=oc.eps),
         optax.add_decayed_weights(oc.weight_decay, mask),
-        optax.masked(optax.scale_by_trust_ratio(), mask),
+        optax.masked(optax.scale_by_trust_ratio(), mask) if name == "lamb" else optax.identity(),
         optax.scale_by_learning_rate(schedule),
     )
     return tx, schedule

@@ -28,6 +28,7 @@ import inspect
 import json
 import math
 import os
+import re
 import signal
 import sys
 import time
@@ -47,6 +48,18 @@ from trainer import checkpoint, loss, models, optim
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a trainer/configs/*.py file.",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where checkpoints and metrics go.")
+
+
+#: Set by ``main``: progress and results also go to stdout (library logging
+#: goes to ``<workdir>/train.log`` only). Library callers get absl logging only.
+_CONSOLE = False
+
+
+def _say(message: str) -> None:
+    """A progress or result line: logged, and printed on the console of a command-line run."""
+    logging.info("%s", message)
+    if _CONSOLE and jax.process_index() == 0:
+        print(message, flush=True)
 
 
 def compute_dtype(config) -> Any:
@@ -107,8 +120,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     if config.batch_size % jax.device_count():
         raise ValueError(f"batch_size {config.batch_size} not divisible by "
                          f"{jax.device_count()} devices")
-    logging.info("mesh %s; global batch %d (%d per device)", dict(mesh.shape), config.batch_size,
-                 config.batch_size // jax.device_count())
+    _say(f"{jax.process_count()} process(es), mesh {dict(mesh.shape)} ({jax.default_backend()}); "
+         f"global batch {config.batch_size} ({config.batch_size // jax.device_count()} per device)")
 
     # ------------------------------------------------------------------
     # Data: this host's share of every global batch, laid out on the mesh.
@@ -123,6 +136,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
         dataset = input_pipeline.make_dataset(
             config.data_dir, config.train_split, global_batch_size=config.batch_size,
             image_size=config.image_size, resize_size=config.get("resize_size"), train=True,
+            flip_lr=config.get("flip_lr", True),
             seed=config.seed, tokenizer=tokenizer, start_batch=start_batch)
         for batch in dataset.as_numpy_iterator():
             yield input_pipeline.to_global_array(
@@ -160,7 +174,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     }
     counts = {name: sum(x.size for x in jax.tree.leaves(tree))
               for name, tree in variables["params"].items()}
-    logging.info("parameters: %s (total %d)", counts, sum(counts.values()))
+    _say(f"parameters: {sum(counts.values()):,} ({', '.join(f'{k} {v:,}' for k, v in counts.items())})")
 
     # Resume: everything in ``state`` plus the data position.
     ckpt = checkpoint.Checkpointer(workdir, every=config.checkpoint_every,
@@ -169,7 +183,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     if (latest := ckpt.latest_step()) is not None:
         state, meta = ckpt.restore(latest, state)
         batches_consumed = meta["batches_consumed"]
-        logging.info("resumed from step %d (%d batches consumed)", latest, batches_consumed)
+        _say(f"resumed from step {latest} ({batches_consumed} batches consumed)")
     start_step = int(state["step"])
 
     # ------------------------------------------------------------------
@@ -256,7 +270,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                   if isinstance(v, str) else v for k, v in eval_config.items()}
         cls = evaluators_lib.get(kind)
         accepted = inspect.signature(cls.__init__).parameters
-        context = {"data_dir": config.data_dir, "image_size": config.image_size,
+        context = {"data_dir": config.data_dir, "workdir": workdir, "image_size": config.image_size,
                    "resize_size": config.get("resize_size"), "tokenizer": tokenizer,
                    "batch_size": config.eval_batch_size}
         kwargs = {**{k: v for k, v in context.items() if k in accepted}, **kwargs}
@@ -269,8 +283,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                 start = time.time()
                 for key, value in evaluator.run(encode_images, encode_texts).items():
                     results[f"{name}/{key}"] = float(value)
-                logging.info("step %d eval %s (%.1fs): %s", step, name, time.time() - start,
-                             {k: round(v, 4) for k, v in results.items() if k.startswith(name)})
+                _say(f"step {step} eval {name} ({time.time() - start:.0f}s): " + ", ".join(
+                    f"{k[len(name) + 1:]} {v:.4g}" for k, v in results.items()
+                    if k.startswith(name + "/") and not k.endswith("_chance")))
         return results
 
     # ------------------------------------------------------------------
@@ -290,8 +305,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                 pending.append((step, metrics))
                 if step == start_step + 1:     # the first step compiles; time the others
                     jax.block_until_ready(state)
-                    logging.info("first step (data, tracing, compilation) took %.0fs",
-                                 time.time() - loop_start)
+                    _say(f"first step (data, tracing, compilation) took {time.time() - loop_start:.0f}s")
                     timer.start(step)
                 if after_step is not None:
                     after_step(step)
@@ -307,13 +321,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                     if log:
                         train_metrics.update(timer.measure(step))
                         writer.write(step, {f"train/{k}": v for k, v in train_metrics.items()})
-                        logging.info("%s", timer.line(step, train_metrics))
+                        _say(timer.line(step, train_metrics))
                     final.update({f"train/{k}": v for k, v in train_metrics.items()}, step=step)
                 if save:
                     ckpt.save(step, state, {"step": step, "batches_consumed": batches_consumed},
                               force=True)
                 if stop.requested:
-                    logging.warning("SIGTERM: saved a checkpoint at step %d, stopping", step)
+                    _say(f"SIGTERM: saved a checkpoint at step {step}, stopping")
                     final["preempted"] = True
                     break
                 if evaluate:
@@ -379,6 +393,11 @@ class _Progress:
                 f"lr {m['learning_rate']:.2e}")
 
 
+def tensorboard_name(key: str) -> str:
+    """A metric key as a valid TensorBoard tag (``[A-Za-z0-9_./-]``): ``R@1`` -> ``R_at_1``."""
+    return re.sub(r"[^A-Za-z0-9_./-]", "_", key.replace("@", "_at_"))
+
+
 class _MetricWriter:
     """metrics.jsonl (one object per point) + TensorBoard scalars.
 
@@ -401,7 +420,7 @@ class _MetricWriter:
         self.jsonl.flush()
         for key, value in metrics.items():
             if math.isfinite(value):
-                self.tb.add_scalar(key, value, step)
+                self.tb.add_scalar(tensorboard_name(key), value, step)
         self.tb.flush()
 
     def close(self):
@@ -433,18 +452,43 @@ class _StopOnSigterm:
 
 
 def main(argv):
+    """Command line: progress and results on stdout, everything else in ``<workdir>/train.log``.
+
+    Library chatter (orbax, absl, XLA/TF C++ messages such as CUDA/TPU
+    probing) is written to file descriptor 2, which is pointed at the log file
+    for the run; an error is one line on the real stderr (traceback in the log).
+    """
+    global _CONSOLE
     del argv
     if _WORKDIR.value is None:
         raise app.UsageError("--workdir is required")
     from common.corpus_dir import IncompleteCorpus
 
-    try:
-        final = train_and_evaluate(_CONFIG.value, _WORKDIR.value)
-    except IncompleteCorpus as error:
-        sys.exit(f"error: {error}")
+    workdir = _WORKDIR.value
+    local = "://" not in workdir
+    log_path = os.path.join(workdir if local else ".", "train.log")
+    os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
+    stderr = os.fdopen(os.dup(2), "w")
+    with open(log_path, "a") as log:
+        sys.stderr.flush()
+        os.dup2(log.fileno(), 2)
+        _CONSOLE = True
+        print(f"training {workdir} (log: {log_path})", flush=True)
+        try:
+            final = train_and_evaluate(_CONFIG.value, workdir)
+        except IncompleteCorpus as error:  # the build has not finished: its own one-line message
+            print(f"error: {error}", file=stderr, flush=True)
+            sys.exit(1)
+        except Exception as error:  # one line on the console, the traceback in the log
+            logging.exception("training failed")
+            first_line = (str(error).splitlines() or [""])[0]
+            print(f"error: {type(error).__name__}: {first_line} (details: {log_path})",
+                  file=stderr, flush=True)
+            sys.exit(1)
     summary = {k: v for k, v in final.items() if not k.startswith("train/") or k == "train/loss"}
     logging.info("final: %s", json.dumps(summary, sort_keys=True))
-    print(json.dumps(summary, sort_keys=True))
+    print(f"{'preempted' if final['preempted'] else 'done'} at step {final['step']}; "
+          f"metrics: {os.path.join(workdir, 'metrics.jsonl')}", flush=True)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ def tokenizer(tiny_tokenizer):
 
 
 def test_registry_maps_names_to_evaluators():
-    assert evaluators.names() == ["knn", "retrieval", "zeroshot"]
+    assert evaluators.names() == ["gallery", "knn", "retrieval", "zeroshot"]
     assert evaluators.get("retrieval") is retrieval.RetrievalEvaluator
     assert evaluators.get("zeroshot") is zeroshot.ZeroShotEvaluator
     assert evaluators.get("knn") is knn.KnnEvaluator
@@ -214,10 +214,25 @@ def test_topk_accuracy():
 def test_knn_with_a_shape_recognising_encoder(tiny_eval_folder):
     evaluator = evaluators.get("knn")(
         train_dir=os.path.join(tiny_eval_folder, "train"), test_dir=os.path.join(tiny_eval_folder, "test"),
-        image_size=IMAGE_SIZE, batch_size=BATCH, k=3,
+        image_size=IMAGE_SIZE, batch_size=BATCH, weighted_vote_k=3,
     )
     metrics = evaluator.run(fixed_batch(encode_shapes, BATCH), None)
-    assert metrics == {"knn_top1": 1.0, "knn_top1_chance": 1 / 3, "num_train": 12.0, "num_test": 9.0}
+    assert metrics == {"top1": 1.0, "top1_chance": 1 / 3, "num_train": 12.0, "num_test": 9.0,
+                       "weighted_vote_top1": 1.0}
+    # Without the option only ALIGN's nearest-neighbour R@1 is reported.
+    evaluator.weighted_vote_k = None
+    assert "weighted_vote_top1" not in evaluator.run(encode_shapes, None)
+
+
+def test_knn_r1_is_the_nearest_neighbours_label_not_a_vote():
+    # Test point at angle 0; its nearest train point is class 1, the next two are class 0.
+    angles = np.array([0.6, 0.05, 0.65, 2.5])
+    train = np.stack([np.cos(angles), np.sin(angles)], axis=1)
+    labels = np.array([0, 1, 0, 0])
+    test = np.array([[1.0, 0.0], [np.cos(2.4), np.sin(2.4)]])
+    np.testing.assert_array_equal(knn.nearest_neighbours(train, test), [1, 3])
+    votes = knn.knn_class_scores(train, labels, test, num_classes=2, k=3, temperature=100.0)
+    assert votes[0].argmax() == 0  # a 3-NN vote would say class 0 where R@1 says class 1
 
 
 def test_knn_votes_are_similarity_weighted():
@@ -231,3 +246,73 @@ def test_knn_votes_are_similarity_weighted():
     assert sharp.argmax() == 1  # the close neighbour outweighs the two far ones
     assert flat.argmax() == 0  # near-uniform weights: majority of the 3 nearest
     np.testing.assert_allclose(flat[0], [2.0, 1.0], rtol=0.02)  # the 4th point is not a neighbour
+
+
+def test_prompt_ensembles_ship_clips_short_imagenet_set():
+    clip = zeroshot.prompt_templates("clip_short_imagenet")
+    assert clip == ("itap of a {}.", "a bad photo of the {}.", "a origami {}.", "a photo of the large {}.",
+                    "a {} in a video game.", "art of the {}.", "a photo of the small {}.")
+    default = zeroshot.prompt_templates()
+    assert default[: len(clip)] == clip and len(default) > len(clip)
+    assert all(t.count("{}") == 1 for t in default)
+    assert zeroshot.ZeroShotEvaluator("d", image_size=8, tokenizer=None, templates="drawings").templates == (
+        zeroshot.prompt_templates("drawings"))
+    with pytest.raises(KeyError, match="unknown prompt ensemble"):
+        zeroshot.prompt_templates("imagenet_80")
+
+
+# ---------------------------------------------------------------------------
+# The retrieval page
+# ---------------------------------------------------------------------------
+
+
+def test_gallery_page_shows_held_out_queries_and_marks_the_true_partners(tiny_corpus, tokenizer, tmp_path):
+    import html
+    import re
+
+    from trainer.evaluators import gallery
+
+    dataset = make_dataset(
+        tiny_corpus, "validation", global_batch_size=BATCH, image_size=IMAGE_SIZE, train=False,
+        seed=0, tokenizer=tokenizer, process_index=0, process_count=1, extra_features=("texts",),
+    )
+    caption_of_image, caption_index, captions = {}, {}, set()
+    for batch in dataset.as_numpy_iterator():
+        for image, text, raw in zip(batch["image"], batch["text"], batch["texts"]):
+            caption_of_image[image.tobytes()] = caption_index.setdefault(text.tobytes(), len(caption_index))
+            captions.add(raw.decode())
+    depth = len(caption_index)
+
+    def oracle_images(images):
+        return one_hot([caption_of_image[im.tobytes()] for im in images], depth)
+
+    def oracle_texts(tokens):
+        return one_hot([caption_index[row.tobytes()] for row in tokens], depth)
+
+    evaluator = evaluators.get("gallery")(
+        data_dir=tiny_corpus, workdir=str(tmp_path), image_size=IMAGE_SIZE, tokenizer=tokenizer,
+        batch_size=BATCH, num_queries=4, top_k=3,
+    )
+    assert evaluator.run(fixed_batch(oracle_images, BATCH), fixed_batch(oracle_texts, BATCH)) == {
+        "text_queries": 4.0, "image_queries": 4.0}
+    page = (tmp_path / gallery.PAGE_NAME).read_text()
+    text_rows = re.findall(r"<tr class='text-query'>(.*?)</tr>", page)
+    image_rows = re.findall(r"<tr class='image-query'>(.*?)</tr>", page)
+    assert len(text_rows) == len(image_rows) == 4
+    for row in text_rows:
+        caption = html.unescape(re.search(r"<td class='query'>(.*?)</td>", row).group(1))
+        assert caption in captions
+        thumbs = re.findall(r"<img src='data:image/png;base64,[A-Za-z0-9+/=]+' class='(\w*)'", row)
+        assert len(thumbs) == 3 and thumbs[0] == "hit"  # the oracle ranks the true image first
+    for row in image_rows:
+        assert "src='data:image/png;base64," in row
+        ranked = re.findall(r"<li class='(\w*)'>(.*?) <span", row)
+        assert len(ranked) == 3 and ranked[0][0] == "hit" and html.unescape(ranked[0][1]) in captions
+    assert "src='http" not in page and "<script" not in page  # self-contained
+
+    # A wrong model's page marks no true partner at rank 1.
+    shifted = lambda tokens: np.roll(oracle_texts(tokens), 1, axis=1)  # noqa: E731
+    evaluator.run(oracle_images, shifted)
+    page = (tmp_path / gallery.PAGE_NAME).read_text()
+    firsts = re.findall(r"<td><img src='data:[^']*' class='(\w*)'", page)
+    assert len(firsts) == 4 and "hit" not in firsts

@@ -15,6 +15,7 @@ Fields:
   batch_size     global batch (ALIGN: 16384); negatives span all of it.
   image_size     train/eval crop (ALIGN: 289 from a 346 resize).
   resize_size    resize before the crop; default image_size * 346 / 289.
+  flip_lr        random horizontal flip in training (ALIGN: yes).
   max_text_len   tokens incl. [CLS]/[SEP] (ALIGN: 64).
   compute_dtype  "float32" or "bfloat16" (params, optimizer and loss stay f32).
   prng_impl      JAX PRNG ("threefry2x32" default; "rbg" compiles faster on CPU).
@@ -23,7 +24,7 @@ Fields:
                  text (BERT: size, dropout), temperature_init, learn_temperature.
   loss.*         impl ("plain": jit inserts the all-gathers; "shard_map"),
                  label_smoothing (ALIGN: 0.1).
-  optim.*        LAMB: peak_lr, warmup_steps, weight_decay, b1, b2, eps,
+  optim.*        name ("lamb", ALIGN's; or "adam"), peak_lr, warmup_steps, weight_decay, b1, b2, eps,
                  grad_clip_norm (optional).
   evals.<name>   evaluator kwargs plus ``type`` (registry name, default: the
                  entry's name) and ``every`` (steps; all run at the end).
@@ -54,6 +55,7 @@ def base_config(*, image_variant: str, text_size: str, embed_dim: int, image_siz
     c.train_split = "train"
     c.image_size = image_size
     c.resize_size = config_dict.placeholder(int)
+    c.flip_lr = True
     c.max_text_len = max_text_len
     c.batch_size = batch_size
     c.total_steps = total_steps
@@ -77,6 +79,7 @@ def base_config(*, image_variant: str, text_size: str, embed_dim: int, image_siz
     c.loss = ml_collections.ConfigDict({"impl": "plain", "label_smoothing": 0.1})
 
     c.optim = ml_collections.ConfigDict()
+    c.optim.name = "lamb"
     c.optim.peak_lr = peak_lr
     c.optim.warmup_steps = warmup_steps
     c.optim.weight_decay = 1e-5
@@ -94,4 +97,6 @@ def base_config(*, image_variant: str, text_size: str, embed_dim: int, image_siz
     c.evals.zeroshot = {"every": eval_every, "image_dir": "{eval_dir}/test"}
     c.evals.knn = {"every": eval_every, "train_dir": "{eval_dir}/train",
                    "test_dir": "{eval_dir}/test"}
+    # The page of held-out queries and what the model retrieves: at the end only.
+    c.evals.gallery = {"split": "validation"}
     return c

@@ -25,6 +25,7 @@ _EVALUATORS = {
     "retrieval": "trainer.evaluators.retrieval:RetrievalEvaluator",
     "zeroshot": "trainer.evaluators.zeroshot:ZeroShotEvaluator",
     "knn": "trainer.evaluators.knn:KnnEvaluator",
+    "gallery": "trainer.evaluators.gallery:GalleryEvaluator",
 }
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")

@@ -4,22 +4,30 @@
 ``{"image": float32 [B_host, S, S, 3] in [-1, 1], "text": int32 [B_host, L],
 "key": string [B_host]}``.
 
-How the stream is made resumable. In train mode the host's records form a
-sequence of epochs; epoch ``e`` is the host's files in an order drawn from
-``(seed, e)``, interleaved, then shuffled with a buffer seeded from
-``(seed, e)``. Each epoch is a pure function of ``(seed, e)`` and nothing
-(not the shuffle buffer) carries over from one epoch to the next, so the
-stream is a pure function of the seed. Each record is tagged with its
-(epoch, index-in-epoch) position and its augmentation seed is derived from
-that position. Resuming at batch ``n`` therefore means: start at epoch
-``n * B_host // N_host`` and skip ``n * B_host % N_host`` *raw* records of it
-(before parsing or decoding; costs at most one epoch of raw reads), and the
-result is exactly the uninterrupted stream from batch ``n`` on. ``N_host``
-comes from ``dataset_info.json``'s shard lengths (counted if absent).
+How the stream is made resumable in O(shard). In train mode the host's
+records form a sequence of epochs; epoch ``e`` reads the host's shards one
+after another in an order drawn from ``(seed, e)``, each shard shuffled on its
+own (buffer ``shuffle_buffer_size``, seed from ``(seed, e, shard)``). Each
+record is tagged with its (epoch, shard, index-in-shuffled-shard) position and
+its augmentation seed is derived from that position, so the stream is a pure
+function of the seed and the data. Resuming at batch ``n`` is a seek: the
+record count ``n * B_host`` gives the epoch, the shard's place in that epoch's
+order and the offset inside it (``resume_position``, from
+``dataset_info.json``'s shard lengths, counted if absent); the restore opens
+that one shard and skips fewer records than it holds. Nothing before it is
+read, and the result is exactly the uninterrupted stream from batch ``n`` on.
+
+Mixing. A batch draws from one shard (two at a shard boundary). The
+pipeline assigns records to shards by a hash of their key, so every shard is
+a uniform random sample of the split and a within-shard shuffle gives
+batches with the statistics of the whole split; what it buys is that no
+shuffle buffer spans shards, which is what makes the seek exact. (Shards
+written any other way, e.g. sorted by source, should be re-sharded first.)
 
 Per-host sharding: with at least as many files as hosts, host ``i`` reads
 files ``i, i + P, i + 2P, ...``; with fewer files, every host reads all files
-and keeps records ``i, i + P, ...`` of the (identically ordered) stream.
+and keeps records ``i, i + P, ...`` of each shuffled shard (train) or of the
+file-ordered split (eval).
 """
 
 from __future__ import annotations
@@ -37,7 +45,6 @@ from trainer import preprocess
 #: ALIGN: resize to 346 then crop 289; other image sizes keep that ratio.
 RESIZE_RATIO = 346 / 289
 DEFAULT_SHUFFLE_BUFFER = 10_000
-MAX_INTERLEAVE = 16
 _MAX_EPOCHS = 2**40  # "forever", kept inside int64 position arithmetic
 
 
@@ -75,6 +82,46 @@ def shard_lengths(data_dir: str, split: str, files: list[str]) -> list[int]:
             if entry.get("name") == split and len(lengths) == len(files):
                 return lengths
     return [int(tf.data.TFRecordDataset(path).reduce(np.int64(0), lambda n, _: n + 1)) for path in files]
+
+
+def _open_shard(path, epoch):
+    """The raw records of one shard read in ``epoch`` (a seam: tests count what a restore reads)."""
+    del epoch
+    return tf.data.TFRecordDataset(path)
+
+
+def _epoch_seed(order_seed, epoch):
+    return tf.random.experimental.stateless_fold_in(order_seed, epoch)
+
+
+def _shard_order(order_seed, epoch, num_files: int):
+    """The host's shards in epoch ``epoch``: a permutation drawn from (seed, epoch).
+
+    Called in the graph (``epoch`` a tensor) and eagerly by ``resume_position``
+    (``epoch=None``: returns a function of the epoch), the same ops both ways.
+    """
+    if epoch is None:
+        return lambda e: _shard_order(order_seed, tf.constant(e, tf.int64), num_files).numpy()
+    return tf.argsort(tf.random.stateless_uniform([num_files], seed=_epoch_seed(order_seed, epoch)))
+
+
+def resume_position(records_consumed: int, host_lengths: Sequence[int], shard_order) -> tuple[int, int, int]:
+    """Where the host's record stream stands after ``records_consumed`` records.
+
+    Returns ``(epoch, position in that epoch's shard order, records to skip in
+    that shard)``: the restore opens that one shard and skips fewer records than
+    it holds, whatever the position. ``shard_order(epoch)`` is the epoch's
+    permutation of the host's shards.
+    """
+    total = sum(host_lengths)
+    if total == 0:
+        raise ValueError("this host has no records")
+    epoch, offset = divmod(records_consumed, total)
+    for position, shard in enumerate(shard_order(epoch)):
+        if offset < host_lengths[shard]:
+            return epoch, position, offset
+        offset -= host_lengths[shard]
+    raise AssertionError("unreachable: offset < total")
 
 
 def image_preprocess(image_size: int, resize_size: Optional[int], train: bool,
@@ -137,7 +184,8 @@ def make_dataset(
 
     files = list_shards(data_dir, split)
     by_file = len(files) >= process_count
-    host_files = files[process_index::process_count] if by_file else files
+    host_ids = list(range(process_index, len(files), process_count)) if by_file else list(range(len(files)))
+    host_files = [files[i] for i in host_ids]
     augment_seed = tf.random.experimental.stateless_fold_in(
         tf.constant([seed, 0], tf.int64), process_index
     )
@@ -146,48 +194,48 @@ def make_dataset(
     # Plain graph code, no Python control flow on tensors: skip autograph's
     # conversion pass (it is most of the tracing time).
     @tf.autograph.experimental.do_not_convert
-    def epoch_records(epoch):
-        """(epoch, index, serialized) of this host's records in epoch ``epoch``."""
-        paths = tf.constant(host_files)
-        if train:
-            epoch_seed = tf.random.experimental.stateless_fold_in(order_seed, epoch)
-            paths = tf.gather(paths, tf.argsort(tf.random.stateless_uniform([len(host_files)], seed=epoch_seed)))
-            records = tf.data.Dataset.from_tensor_slices(paths).interleave(
-                tf.data.TFRecordDataset,
-                cycle_length=min(len(host_files), MAX_INTERLEAVE),
-                num_parallel_calls=tf.data.AUTOTUNE,
-                deterministic=True,
-            )
-        else:
-            records = tf.data.TFRecordDataset(paths)  # file order, one file after another
-        if not by_file:
+    def shard_records(epoch, file_id, path, skip):
+        """(epoch, file id, index in its shuffled order, serialized) of one shard, ``skip`` dropped."""
+        records = _open_shard(path, epoch)
+        if train and not by_file:  # this host's share of each shard (eval: of the whole split, below)
             records = records.shard(process_count, process_index)
         if train:
-            shuffle_seed = tf.random.stateless_uniform([], seed=epoch_seed, minval=None, maxval=None, dtype=tf.int64)
+            file_seed = tf.random.experimental.stateless_fold_in(_epoch_seed(order_seed, epoch), file_id)
+            shuffle_seed = tf.random.stateless_uniform([], seed=file_seed, minval=None, maxval=None, dtype=tf.int64)
             records = records.shuffle(shuffle_buffer_size, seed=shuffle_seed, reshuffle_each_iteration=False)
-        return records.enumerate().map(lambda index, record: (epoch, index, record))
-
-    skip = start_batch * host_batch
-    if train:
-        first_epoch = 0
-        if skip:
-            lengths = shard_lengths(data_dir, split, files)
-            total = sum(lengths[process_index::process_count]) if by_file else len(
-                range(process_index, sum(lengths), process_count)
-            )
-            if total == 0:
-                raise ValueError(f"host {process_index} has no {split} records")
-            first_epoch, skip = divmod(skip, total)
-        epochs = tf.data.Dataset.range(first_epoch, _MAX_EPOCHS)
-        records = epochs.flat_map(epoch_records)
-    else:
-        records = epoch_records(tf.constant(0, tf.int64))
-    records = records.skip(skip)
+        return records.enumerate().skip(skip).map(lambda index, record: (epoch, file_id, index, record))
 
     @tf.autograph.experimental.do_not_convert
-    def parse_and_preprocess(epoch, index, serialized):
+    def epoch_records(epoch, first_position=0, first_skip=0):
+        """This host's records of ``epoch`` from shard ``first_position`` of its order on."""
+        order = _shard_order(order_seed, epoch, len(host_files)) if train else tf.range(len(host_files))
+        skips = tf.one_hot(first_position, len(host_files), on_value=tf.cast(first_skip, tf.int64),
+                           off_value=tf.constant(0, tf.int64), dtype=tf.int64)
+        shards = tf.data.Dataset.from_tensor_slices(
+            (tf.gather(tf.constant(host_ids, tf.int64), order), tf.gather(tf.constant(host_files), order), skips)
+        ).skip(first_position)
+        return shards.flat_map(lambda file_id, path, skip: shard_records(epoch, file_id, path, skip))
+
+    if train:
+        first_epoch, first_position, first_skip = 0, 0, 0
+        if start_batch:
+            lengths = shard_lengths(data_dir, split, files)
+            host_lengths = [lengths[i] if by_file else len(range(process_index, lengths[i], process_count))
+                            for i in host_ids]
+            first_epoch, first_position, first_skip = resume_position(
+                start_batch * host_batch, host_lengths, _shard_order(order_seed, None, len(host_files)))
+        records = epoch_records(tf.constant(first_epoch, tf.int64), first_position, first_skip).concatenate(
+            tf.data.Dataset.range(first_epoch + 1, _MAX_EPOCHS).flat_map(epoch_records))
+    else:
+        records = epoch_records(tf.constant(0, tf.int64))
+        if not by_file:
+            records = records.shard(process_count, process_index)
+
+    @tf.autograph.experimental.do_not_convert
+    def parse_and_preprocess(epoch, file_id, index, serialized):
         data = parse_fields(serialized, schema.FEATURES)
         rng = tf.random.experimental.stateless_fold_in(augment_seed, epoch)
+        rng = tf.random.experimental.stateless_fold_in(rng, file_id)
         data[preprocess.RNG_KEY] = tf.random.experimental.stateless_fold_in(rng, index)
         data = preprocess_fn(data)
         return {name: data[name] for name in outputs}

@@ -1,5 +1,6 @@
 """Preprocessing ops and the resumable, per-host input pipeline on the tiny corpus."""
 
+import collections
 import io
 import json
 import os
@@ -256,3 +257,46 @@ def test_to_global_array_puts_the_batch_on_the_data_axis(train_stream):
     for shard in out["image"].addressable_shards:
         np.testing.assert_array_equal(np.asarray(shard.data), batch["image"][shard.index])
     np.testing.assert_array_equal(np.asarray(out["text"]), batch["text"])
+
+
+def test_resume_position_is_a_seek_to_one_shard():
+    lengths = [22, 21, 21]
+    order = lambda epoch: [2, 0, 1] if epoch % 2 else [1, 2, 0]  # noqa: E731
+    assert input_pipeline.resume_position(0, lengths, order) == (0, 0, 0)
+    assert input_pipeline.resume_position(20, lengths, order) == (0, 0, 20)   # inside shard 1
+    assert input_pipeline.resume_position(21, lengths, order) == (0, 1, 0)    # shard 2 starts
+    assert input_pipeline.resume_position(63, lengths, order) == (0, 2, 21)   # last of shard 0
+    assert input_pipeline.resume_position(64 + 25, lengths, order) == (1, 1, 4)
+    for consumed in range(0, 200, 7):
+        epoch, position, skip = input_pipeline.resume_position(consumed, lengths, order)
+        assert skip < lengths[order(epoch)[position]]
+
+
+def test_restore_reads_no_shard_before_its_position(tiny_corpus, tokenizer, train_stream, monkeypatch):
+    # Count every raw record read, by (epoch, shard): a restore must open only
+    # the shard it resumes in (skipping fewer records than it holds) and no
+    # shard that precedes it in that epoch; the batches are the uninterrupted ones.
+    reads = collections.Counter()
+
+    def counting_open(path, epoch):
+        def count(p, e):
+            reads[(int(e.numpy()), p.numpy().decode())] += 1
+            return np.int64(0)
+
+        records = tf.data.TFRecordDataset(path)
+        return records.map(lambda r: (r, tf.py_function(count, [path, epoch], tf.int64))).map(lambda r, _: r)
+
+    monkeypatch.setattr(input_pipeline, "_open_shard", counting_open)
+    files = input_pipeline.list_shards(tiny_corpus, "train")
+    lengths = input_pipeline.shard_lengths(tiny_corpus, "train", files)
+    order_seed = tf.constant([0, 1], tf.int64)
+    order = input_pipeline._shard_order(order_seed, None, len(files))
+    start = 9  # record 54 of 64: the last shard of epoch 0's order
+    epoch, position, skip = input_pipeline.resume_position(start * BATCH, lengths, order)
+    assert (epoch, position) == (0, 2) and 0 < skip < lengths[order(0)[2]]
+    resumed = take(dataset(tiny_corpus, tokenizer, start_batch=start), 2)
+    assert_batches_equal(resumed, train_stream[start:start + 2])
+    earlier = {files[i] for i in order(0)[:position]}
+    assert not {path for (e, path) in reads if e == 0} & earlier
+    in_epoch_0 = sum(n for (e, _), n in reads.items() if e == 0)
+    assert skip < in_epoch_0 <= lengths[order(0)[position]]  # one shard's worth, at most

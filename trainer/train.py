@@ -16,7 +16,16 @@ or eval point) and ``tensorboard/`` event files.
 
 Run again with the same workdir and it resumes from the latest checkpoint:
 params, optimizer state, step, RNG and the data position. SIGTERM
-(preemption) saves a checkpoint and returns normally (exit status 0). A
+(preemption) on any host stops every host at the same step (a sync point
+after each step), saves that step's checkpoint and returns with
+``preempted=True``; the command line then exits with status 75
+(``EXIT_PREEMPTED``: "preempted, resume me"), 0 when the run is complete.
+
+Several hosts: call ``jax.distributed.initialize(...)`` first (or let
+``main`` do it with ``--distributed``); every process runs the same
+command. Each reads its share of the data; evaluators see every host's
+embeddings (the encoders return replicated arrays); only process 0 writes
+metrics, config and the retrieval page; orbax writes the checkpoint together. A
 non-finite loss or gradient is never applied to the params; the run stops with
 an error naming the step, and the last checkpoint stays the last good one.
 """
@@ -49,6 +58,11 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a trainer/con
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where checkpoints and metrics go.")
 
+
+#: Exit status of a command-line run stopped by SIGTERM after saving a
+#: checkpoint: "preempted, resume me" (sysexits' EX_TEMPFAIL: a temporary
+#: failure, retry). 0 means the run reached total_steps; 1 is an error.
+EXIT_PREEMPTED = 75
 
 #: Set by ``main``: progress and results also go to stdout (library logging
 #: goes to ``<workdir>/train.log`` only). Library callers get absl logging only.
@@ -239,7 +253,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     # Evaluators: the registry's evaluators over encoders of the current state.
     # ------------------------------------------------------------------
     def make_encoder(tower: str):
-        @functools.partial(jax.jit, compiler_options=step_compile)
+        # Replicated output: every process gets the whole batch's embeddings
+        # (the gather across processes happens inside the program), so the
+        # numpy evaluators run identically on every host.
+        @functools.partial(jax.jit, out_shardings=replicated, compiler_options=step_compile)
         def apply(variables, x):
             zimg, ztxt, _ = model.apply(variables, **{tower: x}, train=False)
             return zimg if tower == "images" else ztxt
@@ -253,7 +270,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                 x = np.concatenate([x, np.repeat(x[-1:], pad, axis=0)])
             x = jax.make_array_from_callback(x.shape, batch_sharded, lambda index: x[index])
             variables = {"params": state["params"], "batch_stats": state["batch_stats"]}
-            return np.asarray(jax.device_get(apply(variables, x)))[:rows]
+            return np.asarray(apply(variables, x).addressable_data(0))[:rows]
 
         return encode
 
@@ -309,10 +326,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                     timer.start(step)
                 if after_step is not None:
                     after_step(step)
+                # Every host stops at the same step: the step after any host saw SIGTERM.
+                stop_now = stop.agreed()
 
                 last = step == config.total_steps
-                log = step % config.log_every == 0 or last or stop.requested
-                save = step % config.checkpoint_every == 0 or last or stop.requested
+                log = step % config.log_every == 0 or last or stop_now
+                save = step % config.checkpoint_every == 0 or last or stop_now
                 evaluate = last or any(every and step % every == 0 for _, every, _ in evaluators)
                 if log or save or evaluate:
                     # Waits for the device; raises on a non-finite step, before any save.
@@ -326,8 +345,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                 if save:
                     ckpt.save(step, state, {"step": step, "batches_consumed": batches_consumed},
                               force=True)
-                if stop.requested:
-                    _say(f"SIGTERM: saved a checkpoint at step {step}, stopping")
+                if stop_now:
+                    _say(f"SIGTERM: saved a checkpoint at step {step}, stopping (exit status "
+                         f"{EXIT_PREEMPTED}: resume by running the same command again)")
                     final["preempted"] = True
                     break
                 if evaluate:
@@ -430,12 +450,27 @@ class _MetricWriter:
 
 
 class _StopOnSigterm:
-    """Turns SIGTERM into a flag the loop checks after every step."""
+    """Turns SIGTERM into a flag; ``agreed()`` is the preemption sync point.
+
+    Hosts receive the signal at different steps (or only some of them do).
+    After every step each host calls ``agreed()``: with several processes it
+    is an all-gather of the hosts' flags (a few bytes, one collective per
+    step), so every host sees the same answer at the same step, saves the same
+    checkpoint and stops together. With one process it is the local flag.
+    """
 
     requested = False
 
     def _handle(self, signum, frame):
         self.requested = True
+
+    def agreed(self) -> bool:
+        if jax.process_count() == 1:
+            return self.requested
+        from jax.experimental import multihost_utils
+
+        flags = multihost_utils.process_allgather(np.asarray(self.requested, np.int32))
+        return bool(np.any(flags))
 
     def __enter__(self):
         try:
@@ -489,6 +524,8 @@ def main(argv):
     logging.info("final: %s", json.dumps(summary, sort_keys=True))
     print(f"{'preempted' if final['preempted'] else 'done'} at step {final['step']}; "
           f"metrics: {os.path.join(workdir, 'metrics.jsonl')}", flush=True)
+    if final["preempted"]:
+        sys.exit(EXIT_PREEMPTED)
 
 
 if __name__ == "__main__":

@@ -117,3 +117,24 @@ def test_lamb_decreases_a_quadratic():
         updates, state = update(grads, state, params)
         params = optax.apply_updates(params, updates)
     assert distance(params) < 0.2 * start
+
+
+def test_adam_option_drops_only_the_trust_ratio():
+    params = toy_params()
+    grads = jax.tree.map(lambda p: np.full(np.shape(p), 0.5, np.float32), params)
+    tx, schedule = optim.make(config(name="adam", warmup_steps=0), params)
+    updates, _ = jax.jit(tx.update)(grads, tx.init(params), params)
+    adam_updates, _ = optax.scale_by_adam(b1=0.9, b2=0.999, eps=1e-6).update(
+        grads, optax.scale_by_adam(b1=0.9, b2=0.999, eps=1e-6).init(params))
+    lr = float(schedule(0))
+    w = params["dense"]["kernel"]
+    np.testing.assert_allclose(updates["dense"]["kernel"],
+                               -lr * (np.asarray(adam_updates["dense"]["kernel"]) + 0.1 * w), rtol=1e-5)
+    np.testing.assert_allclose(updates["norm"]["scale"], -lr * np.asarray(adam_updates["norm"]["scale"]),
+                               rtol=1e-5)
+    try:
+        optim.make(config(name="sgd"), params)
+    except ValueError as error:
+        assert "unknown optimizer" in str(error)
+    else:
+        raise AssertionError("an unknown optimizer name must be refused")

@@ -38,18 +38,26 @@ rm -rf "$OUT/train"  # a fresh run each time; trainer.train itself resumes an ex
 $PY -m trainer.train --config trainer/configs/tiny.py --workdir "$OUT/train" \
     --config.data_dir="$OUT/corpus" --config.eval_dir="$OUT/sample/eval" \
     --config.compilation_cache_dir="$OUT/jax_cache"
-$PY - "$OUT/train/metrics.jsonl" <<'PYEOF'
-import json, sys
+$PY - "$OUT/train" <<'PYEOF'
+import json, os, sys
 last = {}
-for line in open(sys.argv[1]):
+for line in open(os.path.join(sys.argv[1], "metrics.jsonl")):
     row = json.loads(line)
     if "retrieval/i2t_R@1" in row:
         last = row
-print("held-out retrieval on the validation split ({:.0f} pairs):".format(last["retrieval/num_pairs"]))
-for way in ("i2t", "t2i"):
+print(f"after {last['step']} steps, held-out retrieval on the validation split "
+      f"({last['retrieval/num_pairs']:.0f} pairs):")
+for way, name in (("i2t", "image->text"), ("t2i", "text->image")):
     r1, chance = last[f"retrieval/{way}_R@1"], last[f"retrieval/{way}_R@1_chance"]
-    print(f"  {way} R@1 {r1:.3f}  R@5 {last[f'retrieval/{way}_R@5']:.3f}  (chance R@1 {chance:.4f}, {r1 / chance:.0f}x)")
+    print(f"  {name} R@1 {r1:.3f}  R@5 {last[f'retrieval/{way}_R@5']:.3f}  (chance R@1 {chance:.4f})")
+if "knn/top1" in last:
+    print(f"  kNN top-1 (nearest neighbour) {last['knn/top1']:.3f} over "
+          f"{1 / last['knn/top1_chance']:.0f} classes (chance {last['knn/top1_chance']:.3f})")
 if "zeroshot/top1" in last:
-    print(f"  zero-shot top-1 {last['zeroshot/top1']:.3f} over {last['zeroshot/num_classes']:.0f} classes (chance {last['zeroshot/top1_chance']:.3f})")
+    print(f"  zero-shot top-1 {last['zeroshot/top1']:.3f} over {last['zeroshot/num_classes']:.0f} "
+          f"classes (chance {last['zeroshot/top1_chance']:.3f})")
+page = os.path.join(sys.argv[1], "retrieval.html")
+if os.path.exists(page):
+    print(f"retrieved examples: {page}")
 PYEOF
 step "done"

@@ -106,7 +106,7 @@ def test_sigterm_then_resume_equals_uninterrupted(uninterrupted, tiny_corpus, ca
     assert sorted(resumed) == list(range(1, TOTAL_STEPS + 1))
     np.testing.assert_allclose([resumed[s] for s in sorted(resumed)],
                                [reference[s] for s in sorted(reference)], rtol=1e-6)
-    # ... and the same params, batch statistics at the end.
+    # ... and bitwise the same params and batch statistics at the end.
     want, got = params_of(reference_dir), params_of(workdir)
     for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(want), jax.tree.leaves(got)):
         np.testing.assert_array_equal(np.asarray(b), np.asarray(a),  # bitwise

@@ -20,7 +20,8 @@ Fields:
   compute_dtype  "float32" or "bfloat16" (params, optimizer and loss stay f32).
   prng_impl      JAX PRNG ("threefry2x32" default; "rbg" compiles faster on CPU).
   model.*        ``trainer.models.two_tower.TwoTower`` fields: embed_dim,
-                 image (EfficientNet: variant, norm, dropout, drop_path),
+                 image (EfficientNet: variant, norm, dropout, drop_path, width and
+                 depth multipliers overriding the variant's, bn_momentum),
                  text (BERT: size, dropout), temperature_init, learn_temperature.
   loss.*         impl ("plain": jit inserts the all-gathers; "shard_map"),
                  label_smoothing (ALIGN: 0.1).
@@ -69,7 +70,8 @@ def base_config(*, image_variant: str, text_size: str, embed_dim: int, image_siz
     c.model.embed_dim = embed_dim
     c.model.image = ml_collections.ConfigDict(
         {"variant": image_variant, "norm": "batch", "drop_path": drop_path,
-         "dropout": config_dict.placeholder(float)})
+         "dropout": config_dict.placeholder(float), "width": config_dict.placeholder(float),
+         "depth": config_dict.placeholder(float), "bn_momentum": 0.99})
     c.model.image.dropout = image_dropout   # None: the EfficientNet table's rate
     c.model.text = ml_collections.ConfigDict({"size": text_size, "dropout": text_dropout})
     c.model.text.max_len = c.get_ref("max_text_len")

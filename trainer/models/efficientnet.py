@@ -90,11 +90,11 @@ _depthwise_init = nn.initializers.variance_scaling(2.0, "fan_in", "normal")
 _dense_init = nn.initializers.variance_scaling(1.0 / 3.0, "fan_out", "uniform")
 
 
-def _norm(kind: str, train: bool, dtype, name: str):
+def _norm(kind: str, train: bool, dtype, name: str, momentum: float = 0.99):
     """BatchNorm (global-batch statistics under jit) or GroupNorm, as a submodule."""
     if kind == "batch":
-        # Official EfficientNet values (TF momentum 0.99, epsilon 1e-3).
-        return nn.BatchNorm(use_running_average=not train, momentum=0.99, epsilon=1e-3,
+        # Official EfficientNet values: TF momentum 0.99, epsilon 1e-3.
+        return nn.BatchNorm(use_running_average=not train, momentum=momentum, epsilon=1e-3,
                             dtype=dtype, name=name)
     if kind == "group":
         return lambda x: nn.GroupNorm(num_groups=math.gcd(x.shape[-1], 8), epsilon=1e-3,
@@ -153,19 +153,21 @@ class MBConv(nn.Module):
     drop_path: float
     norm: str
     dtype: Any = jnp.float32
+    bn_momentum: float = 0.99
 
     @nn.compact
     def __call__(self, x, train: bool):
         in_filters = x.shape[-1]
+        norm = lambda name: _norm(self.norm, train, self.dtype, name, self.bn_momentum)  # noqa: E731
         inputs = x
         conv = lambda f, name: nn.Conv(  # noqa: E731  (1x1, no bias: a norm follows)
             f, (1, 1), use_bias=False, kernel_init=_conv_init, dtype=self.dtype, name=name)
         hidden = in_filters * self.expand_ratio
         if self.expand_ratio != 1:
             x = conv(hidden, "expand")(x)
-            x = nn.swish(_norm(self.norm, train, self.dtype, "expand_norm")(x))
+            x = nn.swish(norm("expand_norm")(x))
         x = DepthwiseConv(self.kernel, self.stride, self.dtype, name="depthwise")(x)
-        x = nn.swish(_norm(self.norm, train, self.dtype, "depthwise_norm")(x))
+        x = nn.swish(norm("depthwise_norm")(x))
 
         # Squeeze-and-excite; its width follows the block *input*, as in the paper.
         squeezed = max(1, int(in_filters * SE_RATIO))
@@ -177,7 +179,7 @@ class MBConv(nn.Module):
         x = x * s[:, None, None, :]
 
         x = conv(self.out_filters, "project")(x)
-        x = _norm(self.norm, train, self.dtype, "project_norm")(x)
+        x = norm("project_norm")(x)
         if self.stride == 1 and in_filters == self.out_filters:
             # Stochastic depth: dropout broadcast over H, W, C drops the whole
             # residual branch of an example (and rescales the kept ones).
@@ -202,6 +204,11 @@ class EfficientNet(nn.Module):
         takes the table's value; unused without a projection.
       drop_path: stochastic-depth rate of the last block (0.2 in the paper's
         code), linearly increasing from 0 over the blocks.
+      width, depth: override the variant's compound-scaling multipliers
+        (``None``: the table's), e.g. a wider tiny network for a demo.
+      bn_momentum: BatchNorm's running-average momentum (EfficientNet: 0.99,
+        an average over ~100 steps; a run of a few hundred steps wants less,
+        or its eval statistics lag the weights).
       dtype: computation dtype (params stay float32).
     """
 
@@ -210,22 +217,28 @@ class EfficientNet(nn.Module):
     norm: str = "batch"
     dropout: Optional[float] = None
     drop_path: float = 0.2
+    width: Optional[float] = None
+    depth: Optional[float] = None
+    bn_momentum: float = 0.99
     dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, images, train: bool = False):
         width, depth, _, table_dropout = SCALING[self.variant]
+        width = self.width or width
+        depth = self.depth or depth
         x = images.astype(self.dtype)
         x = nn.Conv(round_filters(STEM_FILTERS, width), (3, 3), (2, 2), padding="SAME",
                     use_bias=False, kernel_init=_conv_init, dtype=self.dtype, name="stem")(x)
-        x = nn.swish(_norm(self.norm, train, self.dtype, "stem_norm")(x))
+        x = nn.swish(_norm(self.norm, train, self.dtype, "stem_norm", self.bn_momentum)(x))
 
         blocks = [(e, k, s if i == 0 else 1, round_filters(o, width))
                   for e, k, s, _, o, r in B0_STAGES for i in range(round_repeats(r, depth))]
         for index, (expand, kernel, stride, out) in enumerate(blocks):
             x = MBConv(out, expand, kernel, stride,
                        drop_path=self.drop_path * index / len(blocks),
-                       norm=self.norm, dtype=self.dtype, name=f"block{index}")(x, train)
+                       norm=self.norm, dtype=self.dtype, bn_momentum=self.bn_momentum,
+                       name=f"block{index}")(x, train)
 
         x = jnp.mean(x.astype(jnp.float32), axis=(1, 2))
         if self.embed_dim is None or self.embed_dim == x.shape[-1]:

@@ -16,7 +16,7 @@ import textwrap
 import pytest
 
 TOTAL_STEPS = 4
-TIMEOUT_S = 900
+TIMEOUT_S = 2700  # per run of the two processes; minutes each on a loaded 2-core machine
 
 # One process of the run. SIGTERM reaches process 1 after step 2 and process 0
 # only after step 3 (or never): the sync point must stop both after step 2.

@@ -2,7 +2,9 @@ r"""Trains the ALIGN dual encoder on the project's shards.
 
 One file, read top to bottom (big_vision style): config and mesh; data; model
 and optimizer init; checkpoint resume; loss and train step; evaluators; the
-loop. Run it as
+loop. (Over 500 lines on purpose: one run's whole story in one
+place, as big_vision's train loops are; the helpers at the end are the loop's
+own: progress line, metric writer, preemption sync point, command line.) Run it as
 
     python -m trainer.train --config trainer/configs/tiny.py --workdir out/train \
         --config.data_dir=out/corpus [--config.total_steps=100] [--config.eval_dir=...]

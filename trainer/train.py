@@ -23,9 +23,9 @@ after each step), saves that step's checkpoint and returns with
 ``preempted=True``; the command line then exits with status 75
 (``EXIT_PREEMPTED``: "preempted, resume me"), 0 when the run is complete.
 
-Several hosts: call ``jax.distributed.initialize(...)`` first (or let
-``main`` do it with ``--distributed``); every process runs the same
-command. Each reads its share of the data; evaluators see every host's
+Several hosts: call ``jax.distributed.initialize(...)`` first, then
+``train_and_evaluate`` in every process (the multi-process path has not yet
+been shown to work end to end; see issue 15). Each reads its share of the data; evaluators see every host's
 embeddings (the encoders return replicated arrays); only process 0 writes
 metrics, config and the retrieval page; orbax writes the checkpoint together. A
 non-finite loss or gradient is never applied to the params; the run stops with

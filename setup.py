@@ -40,6 +40,9 @@ EXTRAS = {
     "nsfw": ["nudenet>=3.4"],
     "onnx": ["onnxruntime>=1.17"],  # dedup's "onnx" embedder (a user-supplied model file)
     "sample": ["scikit-image>=0.22", "pandas>=2"],
+    # The optional language stage (filters/language.py): langid ships its model
+    # inside the package (BSD-3-Clause), nothing is downloaded at run time.
+    "language": ["langid>=1.1.6"],
     "dev": ["pytest>=8", "pytest-xdist>=3", "scikit-image>=0.22", "pandas>=2", "onnx>=1.15", "onnxruntime>=1.17"],
 }
 EXTRAS["all"] = sorted({req for name, reqs in EXTRAS.items() if name != "nsfw" for req in reqs})

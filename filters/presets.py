@@ -49,6 +49,8 @@ class Param:
             return "true or false"
         if self.type is tuple:
             return "a comma-separated list of image formats, not empty"
+        if self.type is list:
+            return "a comma-separated list of MODULE:ATTRIBUTE, may be empty"
         kind = "an integer" if self.type is int else "a number"
         low = "-inf" if self.low == -INF else f"{self.low:g}"
         high = "inf" if self.high == INF else f"{self.high:g}"
@@ -127,6 +129,9 @@ PARAMS = [
         0.0, low=-1.0, high=1.0,
     ),
     Param("dedup_in_corpus", bool, "also remove near-duplicates inside the corpus", False),
+    Param("extra_stages", list,
+          "extra per-record stages, each MODULE:ATTRIBUTE naming a filters.extra_stages.RecordStage "
+          "(also --stage); e.g. filters.language:ENGLISH", ()),
     Param("validation_fraction", float, "fraction of written pairs in the held-out validation split (by key hash)",
           0.05, low=0.0, high=1.0),
     Param("output_max_side", int, "re-encode images whose longer side exceeds value (0 keeps sizes)", 512, low=0),
@@ -200,7 +205,7 @@ class Preset:
 
 def format_value(value) -> str:
     if isinstance(value, tuple):
-        return ",".join(value)
+        return ",".join(value) if value else "()"
     if isinstance(value, bool):
         return "true" if value else "false"
     return repr(value) if isinstance(value, str) else f"{value:g}" if isinstance(value, float) else str(value)
@@ -267,6 +272,8 @@ def parse_value(param: Param, text: str) -> Any:
             raise ValueError
         if param.type is tuple:
             return tuple(s.strip().upper() for s in text.split(",") if s.strip())
+        if param.type is list:
+            return tuple(s.strip() for s in text.split(",") if s.strip())
         if param.type is int:
             number = float(text)
             if not number.is_integer():
@@ -292,6 +299,12 @@ def check_value(param: Param, value: Any) -> Any:
         if isinstance(value, str):
             value = tuple(s.strip().upper() for s in value.split(",") if s.strip())
         if not isinstance(value, (tuple, list)) or not value or not all(isinstance(v, str) and v for v in value):
+            refuse()
+        return tuple(value)
+    if param.type is list:
+        if isinstance(value, str):
+            value = tuple(s.strip() for s in value.split(",") if s.strip())
+        if not isinstance(value, (tuple, list)) or not all(isinstance(v, str) and ":" in v for v in value):
             refuse()
         return tuple(value)
     if param.type is str:

@@ -7,7 +7,8 @@ the shards' ``original_*`` features carry. The decompression-bomb check
 (in ``read_header``) still judges the stored image, which is what gets decoded.
 
 Order (see ``filters.stages``): image header -> format -> size -> aspect ->
-text -> text length -> text repetition -> full image decode. The first rule
+text -> text length -> text repetition -> full image decode, with any extra
+stages (``filters.extra_stages``) after the stage they name. The first rule
 that fails decides the reason; later rules do not run, so a cheap rule always
 pays for an expensive one.
 """
@@ -19,17 +20,32 @@ import hashlib
 from typing import Dict, Optional, Tuple
 
 from common.schema import Candidate
+from filters import extra_stages
 from filters import image as image_rules
 from filters import stages
 from filters import text as text_rules
 
 
-def filter_record(candidate: Candidate, preset) -> Tuple[Candidate, Optional[str], Dict[str, float]]:
+def _run_extras(extras, anchor: str, candidate: Candidate, text: str) -> Optional[str]:
+    placed = extra_stages.after(extras, anchor)
+    if not placed:
+        return None
+    view = extra_stages.RecordView(candidate.key, candidate.url, text, candidate.format,
+                                   candidate.width, candidate.height, candidate.image)
+    for stage in placed:
+        reason = stage.run(view)
+        if reason:
+            return reason
+    return None
+
+
+def filter_record(candidate: Candidate, preset, extras=()) -> Tuple[Candidate, Optional[str], Dict[str, float]]:
     """Returns ``(candidate', reason_or_None, measures)``.
 
     ``candidate'`` carries whatever was learnt before the rejection (format,
     size, normalised text) so the audit can show it; on success it holds the
-    bytes to store. ``measures`` feed the audit distributions.
+    bytes to store. ``measures`` feed the audit distributions. ``extras``
+    are extra per-record stages (``filters.extra_stages.RecordStage``).
     """
     measures: Dict[str, float] = {}
     header, reason = image_rules.read_header(candidate.image, preset)
@@ -46,17 +62,20 @@ def filter_record(candidate: Candidate, preset) -> Tuple[Candidate, Optional[str
     shorter, longer = sorted((judged.width, judged.height))
     measures["shorter_side"] = shorter
     measures["aspect_ratio"] = longer / shorter
-    reason = image_rules.check_header(judged, preset)
+    reason = image_rules.check_header(judged, preset) or _run_extras(
+        extras, "image_aspect", candidate, text_rules.normalize_text(candidate.alt_text))
     if reason:
         return candidate, reason, measures
 
     text, reason = text_rules.check_text(candidate.alt_text, preset)
     candidate = candidate.replace(text=text)
     measures["words_per_text"] = text_rules.word_count(text)
+    reason = reason or _run_extras(extras, "text_repetition", candidate, text)
     if reason:
         return candidate, reason, measures
 
     decoded, reason = image_rules.decode_image(candidate.image, header, preset)
+    reason = reason or _run_extras(extras, "image_decode", candidate, text)
     if reason:
         return candidate, reason, measures
     return (
@@ -72,11 +91,12 @@ def filter_record(candidate: Candidate, preset) -> Tuple[Candidate, Optional[str
     )
 
 
-#: Rejections that leave a row in the raw counting pool: the quality
-#: thresholds. A row rejected by ``read``, ``image_header`` (no readable
-#: image) or ``text`` (no readable alt-text) is not a candidate at all.
-COUNTED_REJECTIONS = ("image_format", "image_size", "image_aspect", "text_length", "text_repetition",
-                      "image_decode", "nsfw")
+#: Rejections that take a row out of the raw counting pool: ``read``,
+#: ``image_header`` (no readable image) and ``text`` (no readable alt-text).
+#: Every other per-record rejection (format, size, aspect, length,
+#: repetition, full decode, NSFW, extra stages) is a quality threshold: the
+#: row still counts.
+NOT_CANDIDATES = ("read", "image_header", "text")
 
 
 def counted_row(candidate: Candidate, reason: str, preset) -> Optional[tuple]:
@@ -88,7 +108,7 @@ def counted_row(candidate: Candidate, reason: str, preset) -> Optional[tuple]:
     get (sha256 of the bytes; the pHash only when it is the identity, at the
     cost of a decode; "" when the pixels do not decode).
     """
-    if preset.counting_base != "raw" or stages.stage_of(reason) not in COUNTED_REJECTIONS:
+    if preset.counting_base != "raw" or stages.stage_of(reason) in NOT_CANDIDATES:
         return None
     text, text_reason = text_rules.check_text(candidate.alt_text, preset)
     if text_reason and stages.stage_of(text_reason) == "text":

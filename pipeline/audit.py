@@ -161,7 +161,7 @@ def check_funnel(funnel: dict) -> List[str]:
     expected = total_in
     for row in rows:
         name = row.get("stage", "?")
-        if name not in stages.STAGE_INDEX:
+        if name not in stages.STAGE_INDEX and not row.get("extra"):
             problems.append(f"unknown stage {name!r}")
         n_in, n_out = _int(row.get("in")), _int(row.get("out"))
         if n_in != expected:
@@ -632,7 +632,9 @@ def _section_samples(samples: List[dict], funnel: Optional[dict]) -> str:
     by_reason: Dict[str, List[dict]] = {}
     for row in samples:
         by_reason.setdefault(str(row.get("reason", "?")), []).append(row)
-    order = sorted(by_reason, key=lambda r: (stages.STAGE_INDEX.get(stages.stage_of(r), len(stages.STAGES)), r))
+    # The funnel's own order: it holds the extra stages too.
+    position = {row.get("stage"): i for i, row in enumerate((funnel or {}).get("stages") or [])}
+    order = sorted(by_reason, key=lambda r: (position.get(stages.stage_of(r), len(position)), r))
     parts = [head, '<p class="muted">A deterministic sample of each reason (by key hash). '
              "Thumbnails of <code>nsfw/*</code> rejects are blurred until hovered.</p>"]
     for reason in order:

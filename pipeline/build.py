@@ -91,6 +91,9 @@ class BuildOptions(PipelineOptions):
         parser.add_argument("--preset", default="align", help="filter preset: align (default) or cc12m")
         parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="NAME=VALUE",
                             help="override one preset threshold (repeatable; names and ranges: --print-preset)")
+        parser.add_argument(
+            "--stage", dest="extra_stages", action="append", default=[], metavar="MODULE:ATTRIBUTE",
+            help="an extra per-record stage (filters.extra_stages), e.g. filters.language:ENGLISH (repeatable)")
         parser.add_argument("--name", default="alt_text_corpus",
                             help="dataset name, the start of every shard file name (letters, digits, '_')")
         parser.add_argument(
@@ -121,11 +124,12 @@ class _FilterRecord(beam.DoFn):
     MEASURES = "measures"
     COUNTED = "counted"  # rejected rows that stay in the corpus-wide counting pool
 
-    def __init__(self, preset):
+    def __init__(self, preset, extras=()):
         self.preset = preset
+        self.extras = tuple(extras)
 
     def process(self, candidate: Candidate):
-        result, reason, measures = filter_record(candidate, self.preset)
+        result, reason, measures = filter_record(candidate, self.preset, self.extras)
         for name, value in measures.items():
             yield beam.pvalue.TaggedOutput(self.MEASURES, (name, value))
         if reason:
@@ -141,12 +145,13 @@ class _FilterRecord(beam.DoFn):
 class ApplyRecordFilters(beam.PTransform):
     """Candidates -> survivors, plus tagged ``rejected`` and ``measures``."""
 
-    def __init__(self, preset):
+    def __init__(self, preset, extras=()):
         super().__init__()
         self.preset = preset
+        self.extras = tuple(extras)
 
     def expand(self, candidates):
-        return candidates | "FilterRecord" >> beam.ParDo(_FilterRecord(self.preset)).with_outputs(
+        return candidates | "FilterRecord" >> beam.ParDo(_FilterRecord(self.preset, self.extras)).with_outputs(
             _FilterRecord.REJECTED, _FilterRecord.MEASURES, _FilterRecord.COUNTED, main="survivors"
         )
 
@@ -216,7 +221,8 @@ def _sample_row(rejection: Rejection) -> dict:
 
 def _write_stats_files(_, output_dir, input_count, rejected, written, histograms, extra, samples, meta):
     funnel = stats_lib.build_funnel(
-        input_count, rejected, written, meta["ran"], meta["notes"], meta["dataset"], meta["preset"]
+        input_count, rejected, written, meta["ran"], meta["notes"], meta["dataset"], meta["preset"],
+        meta["extras"],
     )
     stats_dir = FileSystems.join(output_dir, "stats")
     stats_lib.write_text(FileSystems.join(stats_dir, "funnel.json"), stats_lib.to_json(funnel))
@@ -225,7 +231,8 @@ def _write_stats_files(_, output_dir, input_count, rejected, written, histograms
         distributions[name] = dict(hist, description=stats_lib.HISTOGRAM_DESCRIPTIONS.get(name, ""))
     distributions.update(sorted(extra.items()))
     stats_lib.write_text(FileSystems.join(stats_dir, "distributions.json"), stats_lib.to_json(distributions, sort_keys=True))
-    rows = sorted(samples, key=lambda row: (stages.STAGE_INDEX[row["stage"]], row["reason"], row["rank"]))
+    position = {row["stage"]: i for i, row in enumerate(funnel["stages"])}  # extra stages included
+    rows = sorted(samples, key=lambda row: (position[row["stage"]], row["reason"], row["rank"]))
     lines = "".join(json.dumps({k: v for k, v in row.items() if k != "rank"}) + "\n" for row in rows)
     stats_lib.write_text(FileSystems.join(stats_dir, "rejected_samples.jsonl"), lines)
     yield funnel
@@ -283,7 +290,7 @@ class DropKeys(beam.PTransform):
         )
 
 
-def build_pipeline(p: beam.Pipeline, opts: BuildOptions, preset, notes: dict, eval_index=None) -> None:
+def build_pipeline(p: beam.Pipeline, opts: BuildOptions, preset, notes: dict, eval_index=None, extras=()) -> None:
     """Adds the whole build to ``p``; ``eval_index`` is a loaded ``EvalIndex`` or None."""
     from filters import nsfw
     from filters.frequency import ApplyCorpusFilters
@@ -294,7 +301,7 @@ def build_pipeline(p: beam.Pipeline, opts: BuildOptions, preset, notes: dict, ev
     parsed = read | "SplitReadRejects" >> beam.Partition(lambda x, _: int(isinstance(x, Rejection)), 2)
     candidates, read_rejects = parsed[0], parsed[1]
 
-    filtered = candidates | "ApplyRecordFilters" >> ApplyRecordFilters(preset)
+    filtered = candidates | "ApplyRecordFilters" >> ApplyRecordFilters(preset, extras)
     survivors = filtered.survivors
     ran = [name for name, _ in stages.STAGES[:9]] + ["duplicate_pair"]
     verdicts = []
@@ -392,7 +399,8 @@ def build_pipeline(p: beam.Pipeline, opts: BuildOptions, preset, notes: dict, ev
     _ = (all_rejections, input_count) | "WriteRejectionLedger" >> write_lib.WriteRejectionLedger(opts.output)
     histograms = filtered.measures | "Distributions" >> stats_lib.HistogramPerKey()
     extra_stats = extra | "FlattenExtraStats" >> beam.Flatten()
-    meta = {"ran": ran, "notes": notes, "dataset": opts.name, "preset": preset}
+    ran += [e.name for e in extras]
+    meta = {"ran": ran, "notes": notes, "dataset": opts.name, "preset": preset, "extras": tuple(extras)}
     _ = (input_count, all_rejections, written_counts, histograms, extra_stats) | "WriteStats" >> WriteStats(opts.output, meta)
 
 
@@ -564,6 +572,16 @@ def beam_options(beam_args: List[str]) -> PipelineOptions:
     return options
 
 
+def load_extra_stages(specs) -> tuple:
+    """The extra stages named by the preset and ``--stage`` (``UsageError`` before any work)."""
+    from filters import extra_stages
+
+    try:
+        return extra_stages.load_all(specs)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+
+
 def validate(args) -> tuple:
     """Every check that needs no output: returns ``(preset, input files)`` or raises ``UsageError``."""
     from pipeline import output as output_lib
@@ -675,6 +693,7 @@ def run(argv: Optional[List[str]] = None) -> dict:
         return {}
     options = beam_options(beam_args)
     preset, files = validate(args)
+    extras = load_extra_stages(tuple(preset.extra_stages) + tuple(args.extra_stages))
     args.output = corpus_directory(args.output, args.layout, args.name, args.version)
     plan = output_lib.plan_output(args.output, args.overwrite)
     run_id = uuid.uuid4().hex[:12]
@@ -682,6 +701,7 @@ def run(argv: Optional[List[str]] = None) -> dict:
     lock.ensure_free()
     say(f"input: {len(files):,} file(s) matching {args.input}")
     notes = stage_notes(preset)
+    notes.update({e.name: f"extra stage {e.source}: {e.description}" for e in extras})
     for stage, note in input_notes(args.input, args.input_format, input_columns(args)).items():
         notes[stage] = f"{notes[stage]}; {note}" if stage in notes else note
     loaded = None
@@ -701,7 +721,7 @@ def run(argv: Optional[List[str]] = None) -> dict:
         staging = output_lib.staging_dir(args.output, run_id)
         job_args = argparse.Namespace(**dict(vars(args), output=staging))
         p = beam.Pipeline(options=options)
-        build_pipeline(p, job_args, preset, notes, eval_index)
+        build_pipeline(p, job_args, preset, notes, eval_index, extras)
         say(f"running the job on {options.view_as(StandardOptions).runner}")
         result = p.run()
         result.wait_until_finish()

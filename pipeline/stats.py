@@ -91,16 +91,26 @@ def build_funnel(
     notes: Optional[Dict[str, str]] = None,
     dataset: str = "",
     preset=None,
+    extra_stages=(),
 ) -> dict:
-    """Stage-ordered funnel; ``conserved`` is the law in == written + rejected."""
+    """Stage-ordered funnel; ``conserved`` is the law in == written + rejected.
+
+    ``extra_stages`` (``filters.extra_stages.RecordStage``) are listed after
+    the stage they follow, marked ``"extra"`` with where they came from.
+    """
+    from filters import extra_stages as extras_lib
+
     ran = set(ran)
     notes = notes or {}
-    unknown = sorted(r for r in rejected if stages.stage_of(r) not in stages.STAGE_INDEX)
+    stage_list = extras_lib.stage_list(extra_stages)
+    names = {name for name, _ in stage_list}
+    sources = {e.name: e.source or e.name for e in extra_stages}
+    unknown = sorted(r for r in rejected if stages.stage_of(r) not in names)
     if unknown:
         raise ValueError(f"reasons outside the stage list: {unknown}")
     remaining = input_count
     rows = []
-    for name, description in stages.STAGES:
+    for name, description in stage_list:
         reasons = {r: c for r, c in sorted(rejected.items()) if stages.stage_of(r) == name}
         out = remaining - sum(reasons.values())
         row = {
@@ -111,6 +121,8 @@ def build_funnel(
             "rejected": reasons,
             "out": out,
         }
+        if name in sources:
+            row["extra"] = sources[name]
         if name in notes:
             row["note"] = notes[name]
         rows.append(row)

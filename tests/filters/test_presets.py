@@ -96,7 +96,7 @@ def test_keyword_values_are_type_checked():
 
 def test_every_param_has_a_type_and_a_range_or_choices():
     for param in presets.PARAMS:
-        assert param.type in (int, float, bool, str, tuple)
+        assert param.type in (int, float, bool, str, tuple, list)
         if param.type in (int, float):
             assert param.low > -presets.INF, param.name
         if param.type is str:

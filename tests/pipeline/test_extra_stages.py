@@ -141,8 +141,8 @@ def test_bad_stage_definitions_are_refused_in_one_line():
         extra_stages.load("filters.language")
     with pytest.raises(ValueError, match="not a filters.extra_stages.RecordStage"):
         extra_stages.load("filters.language:language_stage")
-    with pytest.raises(SystemExit, match="cannot import no_such_module"):
-        build.run(["--input", "x", "--output", "y", "--stage", "no_such_module:X"])
+    with pytest.raises(build.UsageError, match="cannot import no_such_module"):
+        build.load_extra_stages(("no_such_module:X",))
     stage = extra_stages.RecordStage("odd", after="image_decode", check=lambda r: "surprise", reasons=("no",))
     with pytest.raises(ValueError, match="not one of its reasons"):
         filter_record(_views("a red car on the road"), get_preset("align"), (stage,))

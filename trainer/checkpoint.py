@@ -27,6 +27,8 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
+from trainer.configs import compute_dtype, vocab_path
+
 CONFIG_FILE = "config.json"
 VOCAB_FILE = "vocab.txt"
 CHECKPOINT_DIR = "checkpoints"
@@ -91,8 +93,6 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
 
 def _vocab(workdir: str, config) -> str:
     """The run's copy of its vocabulary, else the one its config names."""
-    from trainer.train import vocab_path
-
     copy = os.path.join(workdir, VOCAB_FILE)
     return copy if os.path.exists(copy) else vocab_path(config)
 
@@ -105,7 +105,6 @@ def load_model(workdir: str, step: Optional[int] = None) -> tuple[Any, dict, ml_
     """
     # Imported here so that this module (and orbax) stay cheap to import.
     from trainer import models, tokenizer as tokenizer_lib
-    from trainer.train import compute_dtype
 
     config = load_config(workdir)
     vocab_size = tokenizer_lib.Tokenizer(_vocab(workdir, config), config.max_text_len).vocab_size

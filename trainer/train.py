@@ -43,7 +43,7 @@ import re
 import signal
 import sys
 import time
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -55,6 +55,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from ml_collections import config_flags
 
 from trainer import checkpoint, loss, models, optim
+from trainer.configs import compute_dtype, vocab_path
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a trainer/configs/*.py file.",
                                           lock_config=True)
@@ -76,14 +77,6 @@ def _say(message: str) -> None:
     logging.info("%s", message)
     if _CONSOLE and jax.process_index() == 0:
         print(message, flush=True)
-
-
-def compute_dtype(config) -> Any:
-    return jnp.dtype(config.get("compute_dtype", "float32"))
-
-
-def vocab_path(config) -> str:
-    return config.get("vocab_path") or os.path.join(config.data_dir, "vocab.txt")
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,

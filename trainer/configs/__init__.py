@@ -37,8 +37,22 @@ Fields:
 
 from __future__ import annotations
 
+import os
+
 import ml_collections
 from ml_collections import config_dict
+
+
+def vocab_path(config) -> str:
+    """The run's wordpiece vocabulary: ``vocab_path``, default ``<data_dir>/vocab.txt``."""
+    return config.get("vocab_path") or os.path.join(config.data_dir, "vocab.txt")
+
+
+def compute_dtype(config):
+    """The activations' dtype (``compute_dtype``, default float32) as a JAX dtype."""
+    import jax.numpy as jnp  # here: a config file loads without JAX
+
+    return jnp.dtype(config.get("compute_dtype", "float32"))
 
 
 def base_config(*, image_variant: str, text_size: str, embed_dim: int, image_size: int,

@@ -2,7 +2,7 @@
 
     python -m benchmarks.record_filters --sample out/sample [--repeats 5] [--build] [--json PATH]
 
-Measures, on the JPEG/PNG bytes of a generated sample (``pipeline.sample``):
+Measures, on the JPEG/PNG bytes of a generated sample (``samplegen``):
 - header-only checks (``read_header`` + ``check_header``) records/s,
 - the full per-record pass (``filter_record``: header, text, full decode,
   pHash, re-encode when needed) records/s,

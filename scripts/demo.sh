@@ -15,7 +15,7 @@ step() { echo "== $1 ($((SECONDS - START)) s so far)"; }
 START=$SECONDS
 
 step "generate the sample"
-$PY -m pipeline.sample --out "$OUT/sample"
+$PY -m samplegen --out "$OUT/sample"
 mapfile -t BUILD_FLAGS < <($PY - "$OUT/sample" <<'PYEOF'
 import json, os, sys
 info = json.load(open(os.path.join(sys.argv[1], "sample_info.json")))

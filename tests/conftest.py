@@ -13,7 +13,7 @@ if ROOT not in sys.path:
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-# Ordinary rows; the ~1,250 planted rows come on top (pipeline.sample).
+# Ordinary rows; the ~1,250 planted rows come on top (samplegen).
 SAMPLE_SIZE = int(os.environ.get("TEST_SAMPLE_SIZE", "400"))
 
 
@@ -22,7 +22,7 @@ def sample_dir(tmp_path_factory):
     """The embedded sample, small enough for the default test run."""
     out = tmp_path_factory.mktemp("sample")
     subprocess.run(
-        [sys.executable, "-m", "pipeline.sample", "--out", str(out), "--num-candidates", str(SAMPLE_SIZE), "--seed", "0"],
+        [sys.executable, "-m", "samplegen", "--out", str(out), "--num-candidates", str(SAMPLE_SIZE), "--seed", "0"],
         check=True, cwd=ROOT,
     )
     return out

@@ -1,4 +1,4 @@
-"""The embedded sample corpus generator (``pipeline.sample``).
+"""The embedded sample corpus generator (``samplegen``).
 
 One small sample (200 ordinary candidates plus every planted case) is
 generated per module and checked file by file: layout, determinism, the
@@ -25,9 +25,9 @@ from PIL import Image, ImageOps
 from common.schema import make_key
 from filters import stages
 from filters.presets import get_preset
-from filters.text import ngrams, normalize_text
-from pipeline import sample
-from pipeline import sample_scenes as scenes
+from filters.text import ngrams, normalize_text, text_identity, words
+from samplegen import checks, content, drawers, evalset, faults, generate, render, scenes, writer
+from samplegen import plan as plan_lib
 
 NUM_CANDIDATES = 200
 SEED = 0
@@ -48,14 +48,14 @@ REASONS = {
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("sample"))
-    info = sample.write_sample(out, NUM_CANDIDATES, SEED, processes=1, log=lambda *_: None)
+    info = generate.write_sample(out, NUM_CANDIDATES, SEED, processes=1, log=lambda *_: None)
     return out, info
 
 
 @pytest.fixture(scope="module")
 def other_plan():
     """A plan (not written) with another seed."""
-    return sample.build_plan(60, seed=4)
+    return generate.build_plan(60, seed=4)
 
 
 @pytest.fixture(scope="module")
@@ -97,10 +97,10 @@ def test_layout(generated, manifest, rows):
     parts = sorted(os.listdir(os.path.join(out, "candidates")))
     assert parts == [os.path.basename(p) for p in info["parts"]]
     k = len(parts)
-    assert k >= sample.MIN_PARTS + 1
+    assert k >= writer.MIN_PARTS + 1
     assert parts == [f"part-{i:05d}-of-{k:05d}.parquet" for i in range(k)]
     for name in parts[:-1]:
-        assert pq.read_schema(os.path.join(out, "candidates", name)).names == sample.CANDIDATE_SCHEMA.names
+        assert pq.read_schema(os.path.join(out, "candidates", name)).names == writer.CANDIDATE_SCHEMA.names
     last = pq.read_table(os.path.join(out, "candidates", parts[-1]))
     assert "caption" not in last.column_names and last.num_rows > 0
     assert {m["expected"] for m in manifest if m["file"] == parts[-1]} == {"read/missing_column"}
@@ -145,7 +145,7 @@ def test_same_seed_same_bytes_whatever_the_processes(generated, tmp_path):
     out, _ = generated
     again = str(tmp_path / "again")
     # The command line, in a fresh interpreter, with a process pool (the fixture used none).
-    subprocess.run([sys.executable, "-m", "pipeline.sample", "--out", again, "--num-candidates", str(NUM_CANDIDATES),
+    subprocess.run([sys.executable, "-m", "samplegen", "--out", again, "--num-candidates", str(NUM_CANDIDATES),
                     "--seed", str(SEED), "--processes", "2"], check=True, cwd=ROOT, capture_output=True)
     names = sorted(os.path.relpath(p, out) for p in glob.glob(os.path.join(out, "**", "*"), recursive=True)
                    if os.path.isfile(p))
@@ -166,21 +166,21 @@ def test_sample_info(generated):
     out, info = generated
     assert info["seed"] == SEED and info["num_candidates"] == NUM_CANDIDATES
     name, path = info["eval_images"].split("=", 1)
-    assert name == sample.EVAL_SET and os.path.isdir(os.path.join(out, path))
+    assert name == evalset.EVAL_SET and os.path.isdir(os.path.join(out, path))
     assert info["zeroshot_classes"] == list(scenes.SHAPES)
     preset = get_preset("align", info["build_overrides"])  # every override is a valid --set
-    assert preset.min_ngram_count == sample.MIN_NGRAM_COUNT and preset.vocab_size == 0
+    assert preset.min_ngram_count == plan_lib.MIN_NGRAM_COUNT and preset.vocab_size == 0
     with open(os.path.join(out, "sample_info.json")) as f:
         assert json.load(f) == info
 
 
 def test_thresholds_match_the_align_preset():
     preset = get_preset("align")
-    assert sample.MIN_SHORTER_SIDE == preset.min_shorter_side
-    assert sample.MAX_ASPECT == preset.max_aspect_ratio and not preset.max_aspect_ratio_inclusive
-    assert sample.MAX_PIXELS == preset.max_pixels
-    assert sample.MAX_TEXTS_PER_IMAGE == preset.max_texts_per_image
-    assert sample.MAX_IMAGES_PER_TEXT == preset.max_images_per_text
+    assert plan_lib.MIN_SHORTER_SIDE == preset.min_shorter_side
+    assert plan_lib.MAX_ASPECT == preset.max_aspect_ratio and not preset.max_aspect_ratio_inclusive
+    assert plan_lib.MAX_PIXELS == preset.max_pixels
+    assert plan_lib.MAX_TEXTS_PER_IMAGE == preset.max_texts_per_image
+    assert plan_lib.MAX_IMAGES_PER_TEXT == preset.max_images_per_text
 
 
 # ---------------------------------------------------------------------------
@@ -273,13 +273,13 @@ def test_decompression_bombs_declare_more_than_max_pixels(rows):
         data = row["jpg"]
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
         width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
-        assert (width, height) == declared and width * height > sample.MAX_PIXELS
+        assert (width, height) == declared and width * height > plan_lib.MAX_PIXELS
         assert len(data) < 100_000  # small file, enormous decode
         assert line["size"] == [width, height]
 
 
 def test_bomb_png_is_a_valid_png():
-    data = sample.bomb_png(300, 250)
+    data = faults.bomb_png(300, 250)
     with _open(data) as img:
         img.load()
         assert img.size == (300, 250) and img.mode == "1"
@@ -304,10 +304,10 @@ def test_exif_orientation(rows):
 def test_exif_pixels_are_the_upright_picture():
     """Stored pixels + orientation tag display the rendered picture."""
     rng = np.random.default_rng(0)
-    spec = sample.draw_content(rng, size=(320, 240), photo_share=0)
-    upright = scenes.render(spec).convert("RGB")
+    spec = drawers.draw_content(rng, size=(320, 240), photo_share=0)
+    upright = content.render(spec).convert("RGB")
     for orientation in (2, 3, 5, 6, 8):
-        data = sample.render_bytes(sample.Recipe(content=spec, size=(320, 240), encode=("jpeg_exif", orientation)))
+        data = render.render_bytes(plan_lib.Recipe(content=spec, size=(320, 240), encode=("jpeg_exif", orientation)))
         shown = ImageOps.exif_transpose(_open(data)).convert("RGB")
         assert shown.size == upright.size
         assert np.abs(np.asarray(shown, np.int16) - np.asarray(upright, np.int16)).mean() < 4
@@ -341,11 +341,11 @@ def test_caption_cases(rows):
     for row, _ in _case(rows, "too_long_1001_chars"):
         assert len(normalize_text(row["caption"])) == 1001
     for row, _ in _case(rows, "exactly_1000_chars"):
-        assert len(normalize_text(row["caption"])) == 1000 and sample.word_count(row["caption"]) > 20
+        assert len(normalize_text(row["caption"])) == 1000 and plan_lib.word_count(row["caption"]) > 20
     for case, words in (("exactly_three_words", 3), ("exactly_twenty_words", 20), ("twenty_one_words", 21),
                         ("two_words", 2), ("one_word", 1), ("one_word_filename", 1)):
         for row, _ in _case(rows, case):
-            assert sample.word_count(row["caption"]) == words
+            assert plan_lib.word_count(row["caption"]) == words
     for case in ("empty_caption", "whitespace_caption", "invisible_caption", "control_caption"):
         for row, _ in _case(rows, case):
             assert row["caption"] is not None and normalize_text(row["caption"]) == ""
@@ -376,7 +376,7 @@ def _phash(data: bytes) -> str:
 def test_one_image_with_more_than_1000_texts(rows):
     found = _case(rows, "many_texts_one_image")
     assert len({r["jpg"] for r, _ in found}) == 1 and len({r["url"] for r, _ in found}) == 1
-    assert len({sample.text_identity(r["caption"]) for r, _ in found}) > sample.MAX_TEXTS_PER_IMAGE
+    assert len({text_identity(r["caption"]) for r, _ in found}) > plan_lib.MAX_TEXTS_PER_IMAGE
     # No other image that reaches the stage has its perceptual hash (image identity).
     target = _phash(found[0][0]["jpg"])
     others = [r for r, m in rows.values() if m["case"] != "many_texts_one_image" and m["size"]
@@ -391,19 +391,19 @@ def test_one_image_with_more_than_1000_texts(rows):
 def test_shared_alt_texts_count_distinct_images(rows, case, more_than_ten):
     by_text = collections.defaultdict(set)
     for row, _ in _case(rows, case):
-        by_text[sample.text_identity(row["caption"])].add(_phash(row["jpg"]))
+        by_text[text_identity(row["caption"])].add(_phash(row["jpg"]))
     for text, hashes in by_text.items():
-        assert (len(hashes) > sample.MAX_IMAGES_PER_TEXT) == more_than_ten, text
+        assert (len(hashes) > plan_lib.MAX_IMAGES_PER_TEXT) == more_than_ten, text
     if not more_than_ten:
-        assert {len(h) for h in by_text.values()} == {sample.MAX_IMAGES_PER_TEXT}
+        assert {len(h) for h in by_text.values()} == {plan_lib.MAX_IMAGES_PER_TEXT}
 
 
 def test_ordinary_alt_texts_are_rarely_shared(rows):
     images = collections.defaultdict(set)
     for row, line in rows.values():
         if line["case"] == "ordinary":
-            images[sample.wording_key(row["caption"])].add(row["jpg"])
-    assert max(len(v) for v in images.values()) <= sample.MAX_IMAGES_PER_ORDINARY_TEXT
+            images[plan_lib.wording_key(row["caption"])].add(row["jpg"])
+    assert max(len(v) for v in images.values()) <= plan_lib.MAX_IMAGES_PER_ORDINARY_TEXT
 
 
 def test_vocabulary_keeps_written_alt_texts_and_drops_junk(generated, rows):
@@ -418,7 +418,7 @@ def test_vocabulary_keeps_written_alt_texts_and_drops_junk(generated, rows):
             counts.update(ngrams(normalize_text(row["caption"])))
     count_of_counts = collections.Counter(counts.values())
     cut = vocabulary_cut(count_of_counts, preset.vocab_size, preset.min_ngram_count)
-    assert cut == sample.MIN_NGRAM_COUNT
+    assert cut == plan_lib.MIN_NGRAM_COUNT
     for row, line in rows.values():
         if line["expected"] == "rare_ngrams/rare_ngram":
             assert any(counts[g] < cut for g in ngrams(normalize_text(row["caption"]))), row["caption"]
@@ -442,11 +442,11 @@ def test_plan_rejects_a_broken_expectation(other_plan):
     row = next(r for r in other_plan.rows if r.case == "shared_text_10_images")
     row.expected = stages.reason("images_per_text", "shared_text")  # 10 images is not more than 10
     try:
-        with pytest.raises(sample.PlanError, match="images_per_text"):
-            sample.verify_plan(other_plan)
+        with pytest.raises(checks.PlanError, match="images_per_text"):
+            checks.verify_plan(other_plan)
     finally:
-        row.expected = sample.WRITTEN
-    sample.verify_plan(other_plan)
+        row.expected = plan_lib.WRITTEN
+    checks.verify_plan(other_plan)
 
 
 # ---------------------------------------------------------------------------
@@ -456,13 +456,13 @@ def test_plan_rejects_a_broken_expectation(other_plan):
 
 def test_eval_set_layout(generated):
     out, info = generated
-    for split, per_class in sample.EVAL_PER_CLASS.items():
+    for split, per_class in evalset.EVAL_PER_CLASS.items():
         assert sorted(os.listdir(os.path.join(out, "eval", split))) == sorted(info["zeroshot_classes"])
         for label in info["zeroshot_classes"]:
             files = sorted(os.listdir(os.path.join(out, "eval", split, label)))
             assert len(files) == per_class
             with Image.open(os.path.join(out, "eval", split, label, files[0])) as img:
-                assert img.format == "PNG" and min(img.size) > sample.MIN_SHORTER_SIDE
+                assert img.format == "PNG" and min(img.size) > plan_lib.MIN_SHORTER_SIDE
 
 
 def test_scene_alt_texts_name_the_dominant_shape(other_plan):
@@ -470,7 +470,7 @@ def test_scene_alt_texts_name_the_dominant_shape(other_plan):
     assert len(scene_rows) > 30
     for row in scene_rows:
         shape = scenes.dominant_class(row.recipe.content)
-        assert {shape, scenes.PLURALS[shape]} & set(sample.words(normalize_text(row.caption))), row.caption
+        assert {shape, scenes.PLURALS[shape]} & set(words(normalize_text(row.caption))), row.caption
 
 
 def test_near_duplicates_of_eval_images(generated, rows):
@@ -479,10 +479,10 @@ def test_near_duplicates_of_eval_images(generated, rows):
     from dedup.index_sets import load_index_sets
 
     out, info = generated
-    embedder = embedders.get(sample.NEAR_DUPLICATE_EMBEDDER)
+    embedder = embedders.get(plan_lib.NEAR_DUPLICATE_EMBEDDER)
     name, path = info["eval_images"].split("=", 1)
     index = load_index_sets([f"{name}={os.path.join(out, path)}"], embedder)  # as the build does
-    assert index.num_images == len(scenes.SHAPES) * sample.EVAL_PER_CLASS["test"]
+    assert index.num_images == len(scenes.SHAPES) * evalset.EVAL_PER_CLASS["test"]
     copies = [(r, m) for r, m in rows.values() if m["expected"] == f"near_duplicate_eval/{name}"]
     assert 10 <= len(copies) <= 20
     assert sum("mirror" in m["note"] for _, m in copies) == 1

@@ -1,34 +1,23 @@
-"""What the sample corpus shows: drawn shape scenes, photo crops, and their alt-texts.
+"""What the sample corpus draws: scenes of coloured shapes, as small picklable specs.
 
-Two kinds of content, each a small picklable *spec* (plain dicts and tuples)
-that is sampled once with a seeded ``numpy.random.Generator`` and rendered
-deterministically at any size by ``render``:
-
-- **Scenes**: one or two groups of coloured shapes on a plain or gently
-  graded background, drawn with PIL at 2x and box-downsampled (smooth
-  edges). The first group is the *dominant* one: larger shapes, always named
-  in the alt-text, and the class a zero-shot evaluation asks about.
-- **Photos**: crops (location, scale, aspect, mirror) of the real
-  photographs that ship inside scikit-image and scikit-learn, so nothing is
-  downloaded.
-
-Alt-texts are worded from the spec by templates (``describe``), so they say
-what is in the picture ("two red circles above a blue square on a white
-background") in varied phrasing, like alt-texts written by many people.
-The wording is drawn from its own generator: the same picture can be
-re-worded without being redrawn.
+A spec (plain dicts and tuples) is sampled once with a seeded
+``numpy.random.Generator`` and rendered deterministically at any size:
+one or two groups of coloured shapes on a plain or gently graded
+background, drawn with PIL at 2x and box-downsampled (smooth edges). The
+first group is the *dominant* one: larger shapes, always named in the
+alt-text, and the class a zero-shot evaluation asks about. Photo crops are
+in ``samplegen.photos``; rendering any spec and wording its alt-texts in
+``samplegen.content``.
 """
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 import math
-import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 from PIL import Image, ImageDraw
+
 
 # ---------------------------------------------------------------------------
 # Vocabulary of the drawn world
@@ -322,209 +311,5 @@ def render_scene(spec: dict, size: Tuple[int, int]) -> Image.Image:
     return canvas
 
 
-# ---------------------------------------------------------------------------
-# Photographs shipped inside installed packages
-# ---------------------------------------------------------------------------
-
-#: name -> ("package:path inside it", grey, subject phrases). The phrases describe the whole
-#: photograph; a crop keeps the subject in view often enough for web alt-text.
-PHOTOS: Dict[str, Tuple[str, bool, Tuple[str, ...]]] = {
-    "astronaut": ("skimage:data/astronaut.png", False, (
-        "an astronaut in an orange space suit", "a smiling astronaut in front of a flag",
-        "a portrait of an astronaut in a space suit")),
-    "coffee": ("skimage:data/coffee.png", False, (
-        "a cup of coffee on a saucer", "a red cup of coffee with a spoon", "a cup of coffee on a table")),
-    "chelsea": ("skimage:data/chelsea.png", False, (
-        "a tabby cat resting on a blanket", "a ginger tabby cat", "the face of a tabby cat")),
-    "rocket": ("skimage:data/rocket.jpg", False, (
-        "a rocket on the launch pad", "a rocket ready for launch", "a space rocket on the launch pad")),
-    "hubble": ("skimage:data/hubble_deep_field.jpg", False, (
-        "galaxies in deep space", "distant galaxies in deep space", "stars and galaxies in deep space")),
-    "retina": ("skimage:data/retina.jpg", False, (
-        "a photo of the retina of an eye", "the retina of a human eye", "blood vessels in the retina of an eye")),
-    "tissue": ("skimage:data/ihc.png", False, (
-        "stained tissue under a microscope", "a microscope image of stained tissue",
-        "cells in stained tissue under a microscope")),
-    "motorcycle": ("skimage:data/motorcycle_left.png", False, (
-        "a red motorcycle parked in a garage", "a red motorcycle in a workshop", "a motorcycle parked in a garage")),
-    "temple": ("sklearn:datasets/images/china.jpg", False, (
-        "a chinese temple on a hill above a lake", "a traditional chinese temple",
-        "a chinese temple among trees")),
-    "flower": ("sklearn:datasets/images/flower.jpg", False, (
-        "an orange dahlia flower", "an orange flower in a garden", "a close up of an orange dahlia flower")),
-    "cameraman": ("skimage:data/camera.png", True, (
-        "a man with a camera on a tripod", "a black and white photo of a photographer",
-        "a photographer with a camera on a tripod")),
-    "coins": ("skimage:data/coins.png", True, (
-        "old coins on a dark background", "a collection of old coins", "a black and white photo of old coins")),
-    "moon": ("skimage:data/moon.png", True, (
-        "the surface of the moon", "craters on the surface of the moon", "a black and white photo of the moon")),
-    "bricks": ("skimage:data/brick.png", True, (
-        "a brick wall", "the texture of a brick wall", "a black and white photo of a brick wall")),
-    "grass": ("skimage:data/grass.png", True, (
-        "grass in a meadow", "the texture of grass", "a black and white photo of grass")),
-    "gravel": ("skimage:data/gravel.png", True, (
-        "gravel on the ground", "the texture of gravel", "a black and white photo of gravel")),
-}
-GREY_PHOTOS = tuple(name for name, (_, grey, _) in PHOTOS.items() if grey)
-PHOTO_FRAMES = ("", "", "a photo of ", "close up of ", "picture of ", "detail of ", "cropped photo of ")
-
-
-@functools.lru_cache(maxsize=None)
-def load_photo(name: str) -> Image.Image:
-    """The photograph as a PIL image (RGB, or L for grey ones), cached per process.
-
-    Read straight from the installed package's folder: importing scikit-learn
-    or scikit-image themselves would cost seconds and is not needed.
-    """
-    source, grey, _ = PHOTOS[name]
-    package, path = source.split(":", 1)
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError(f"photo {name!r} needs the {package} package installed")
-    folder = list(spec.submodule_search_locations)[0]
-    with Image.open(os.path.join(folder, path)) as image:
-        return image.convert("L" if grey else "RGB")
-
-
-def sample_photo(rng: np.random.Generator, size: Tuple[int, int], grey: bool = False, photo: Optional[str] = None) -> dict:
-    """A crop of a packaged photograph with the aspect of ``size``."""
-    name = photo or pick(rng, GREY_PHOTOS if grey else tuple(PHOTOS))
-    photo_w, photo_h = load_photo(name).size
-    aspect = size[0] / size[1]
-    scale = rng.uniform(0.4, 1.0)
-    crop_h = scale * min(photo_h, photo_w / aspect)
-    crop_w = crop_h * aspect
-    x0 = rng.uniform(0, photo_w - crop_w)
-    y0 = rng.uniform(0, photo_h - crop_h)
-    return {
-        "kind": "photo",
-        "size": (int(size[0]), int(size[1])),
-        "photo": name,
-        "box": (round(x0, 2), round(y0, 2), round(x0 + crop_w, 2), round(y0 + crop_h, 2)),
-        "scale": round(scale, 3),
-        "mirror": bool(rng.random() < 0.3),
-    }
-
-
-def render_photo(spec: dict, size: Tuple[int, int]) -> Image.Image:
-    image = load_photo(spec["photo"]).resize(size, Image.Resampling.BICUBIC, box=spec["box"])
-    if spec["mirror"]:
-        image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-    return image
-
-
-def render(spec: dict, size: Optional[Tuple[int, int]] = None) -> Image.Image:
-    """Any content spec -> PIL image (RGB for scenes; RGB or L for photos)."""
-    size = tuple(size or spec["size"])
-    if spec["kind"] == "scene":
-        return render_scene(spec, size)
-    if spec["kind"] == "photo":
-        return render_photo(spec, size)
-    raise ValueError(f"unknown content kind {spec['kind']!r}")
-
-
-# ---------------------------------------------------------------------------
-# Alt-text wording
-# ---------------------------------------------------------------------------
-
-SINGLE_TEMPLATES = (
-    "{g1} on a {bg} background",
-    "{g1} on a plain {bg} background",
-    "{g1} against a {bg} backdrop",
-    "a drawing of {g1} on a {bg} background",
-    "illustration of {g1} on a {bg} background",
-    "clip art of {g1}",
-    "a drawing of {g1}",
-    "{g1}",
-    "{g1} {pos}",
-    "a drawing of {g1} {pos}",
-    "{g1} {pos} on a {bg} background",
-)
-PAIR_TEMPLATES = (
-    "{g1} {rel} {g2}",
-    "{g1} {rel} {g2} on a {bg} background",
-    "{g1} {rel} {g2} on a plain {bg} background",
-    "a drawing of {g1} {rel} {g2}",
-    "illustration of {g1} {rel} {g2}",
-    "{g1} and {g2} on a {bg} background",
-    "clip art of {g1} and {g2}",
-    "simple shapes: {g1} {rel} {g2}",
-    "flat illustration showing {g1} {rel} {g2}",
-    "clip art illustration showing {g1} placed just {rel} {g2} on a plain {bg} background",
-)
-
-
-def _article(word: str) -> str:
-    return "an" if word[0] in "aeiou" else "a"
-
-
-def _group_phrase(rng, group, size_word: Optional[str], colour: bool) -> str:
-    count, shape = group["count"], group["shape"]
-    words = ([size_word] if size_word else []) + ([group["colour"]] if colour else [])
-    noun = shape if count == 1 else PLURALS[shape]
-    body = " ".join(words + [noun])
-    if count == 1:
-        lead = pick(rng, ["a", "a", "a", "one", "a single"])
-        if lead == "a":
-            lead = _article(body)
-        return f"{lead} {body}"
-    return f"{NUMBER_WORDS[count]} {body}"
-
-
-def _position_phrase(spec) -> Optional[str]:
-    group = spec["groups"][0]
-    if len(spec["groups"]) > 1 or group["count"] > 1:
-        return None
-    cx, cy, _, _ = group["items"][0]
-    width, height = spec["size"]
-    fx, fy = cx / width - 0.5, cy / height - 0.5
-    horizontal = "left" if fx < -0.14 else "right" if fx > 0.14 else ""
-    vertical = "top" if fy < -0.14 else "bottom" if fy > 0.14 else ""
-    if not horizontal and not vertical:
-        return "in the centre"
-    if horizontal and vertical:
-        return f"in the {vertical} {horizontal} corner"
-    return f"at the {vertical}" if vertical else f"on the {horizontal}"
-
-
-def describe_scene(spec: dict, rng: np.random.Generator) -> str:
-    groups = spec["groups"]
-    span = min(spec["size"])
-    g1_radius = groups[0]["items"][0][2] / span
-    size1 = pick(rng, ["large", "big"]) if g1_radius > 0.2 and rng.random() < 0.3 else None
-    g1 = _group_phrase(rng, groups[0], size1, colour=rng.random() < 0.88)
-    values = {"g1": g1, "bg": spec["background"], "pos": _position_phrase(spec)}
-    if len(groups) > 1:
-        size2 = pick(rng, ["small", "little"]) if rng.random() < 0.3 else None
-        values["g2"] = _group_phrase(rng, groups[1], size2, colour=rng.random() < 0.8)
-        values["rel"] = pick(rng, RELATIONS[spec["relation"]])
-        templates = PAIR_TEMPLATES
-    else:
-        templates = [t for t in SINGLE_TEMPLATES if values["pos"] or "{pos}" not in t]
-    text = pick(rng, templates).format(**values)
-    if rng.random() < 0.25:
-        text = text[0].upper() + text[1:]
-    return text
-
-
-def describe_photo(spec: dict, rng: np.random.Generator) -> str:
-    subject = pick(rng, PHOTOS[spec["photo"]][2])
-    framed = not any(w in subject for w in ("photo", "image", "texture", "close up"))
-    frame = pick(rng, PHOTO_FRAMES) if framed else ""
-    if frame.startswith(("close up", "detail")) and spec["scale"] > 0.7:
-        frame = ""
-    text = frame + subject
-    if rng.random() < 0.25:
-        text = text[0].upper() + text[1:]
-    return text
-
-
-def describe(spec: dict, rng: np.random.Generator) -> str:
-    """An alt-text for the content: what a person writing alt-text would say."""
-    return describe_scene(spec, rng) if spec["kind"] == "scene" else describe_photo(spec, rng)
-
-
 def dominant_class(spec: dict) -> Optional[str]:
     return spec["groups"][0]["shape"] if spec["kind"] == "scene" else None
-

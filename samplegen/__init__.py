@@ -1,0 +1,57 @@
+"""The embedded sample corpus: realistic raw candidates with planted faults, and their expected fates.
+
+    python -m samplegen --out data/sample [--num-candidates 3000] [--seed 0] [--processes N]
+
+Writes, under ``--out``::
+
+    candidates/part-00000-of-0000K.parquet ...   img2dataset-style rows (see CANDIDATE_SCHEMA)
+    candidates/part-<K-1>-of-0000K.parquet       the last part has no ``caption`` column at all
+    manifest.jsonl                               one line per candidate row, in file order
+    eval/{train,test}/<class>/<class>_NNN.png    a labelled evaluation set of drawn shapes
+    sample_info.json                             sizes, seed, eval set, --set overrides for the build
+
+Content. ``--num-candidates`` ordinary candidates (drawn shape scenes, most of
+them, and crops of the photographs shipped in scikit-image / scikit-learn,
+each with an alt-text describing it, see ``samplegen.scenes``) plus
+about 1,250 planted rows, one group per *case*, each with the fate a correct
+ALIGN build must give it: at and around every image threshold, every image
+format, EXIF orientation, corrupt / truncated / non-image bytes, a
+decompression bomb, caption faults, boilerplate alt-texts shared by many
+images, one image with more than 1000 alt-texts, rare-token junk captions,
+near-duplicates of evaluation images, repeated (url, caption) pairs and a
+part file without a caption column. Rows are shuffled across the parts.
+
+Manifest lines: ``{"pipeline_key": make_key(url, caption or ""), "url",
+"case", "expected", "note", "key" (the row's img2dataset key, unique),
+"file" (part file name), "size" ([w, h] after EXIF orientation, or null)}``.
+``expected`` is ``"written"``, the first rejection reason in
+``filters.stages`` order, or ``"written_once"``: a group of rows with the
+*same* (url, caption), hence the same pipeline key, of which exactly one is
+written and every other one is rejected as ``duplicate_pair/repeat``; which
+one is kept is the pipeline's own deterministic choice, so the manifest does
+not name it.
+
+Expected fates of the whole-corpus stages (texts per image, images per text,
+rare n-grams) assume the build runs with ``sample_info.json``'s
+``build_overrides``: the corpus is tiny, so the ALIGN vocabulary of 100M
+n-grams would keep every n-gram; a minimum n-gram count is used instead, and
+k-means gets fewer clusters than the sample has images. No picture is
+pornographic (the NSFW stage, if it runs, should reject nothing).
+The generator checks its own expectations before writing (``verify_plan``)
+and fails loudly if one does not hold: ordinary alt-texts are re-worded or
+re-drawn (deterministically) until every n-gram of every alt-text that should
+be written is frequent, no ordinary alt-text is used by more than 3 images,
+and no ordinary image is close to an evaluation image under the
+near-duplicate embedder (``dedup.embedders``); each planted near-duplicate
+is checked to be detected by it.
+
+Not planted: ``read/caption_not_utf8`` (pyarrow refuses to write invalid
+UTF-8 into a string column, other writers do not; ``tests/pipeline/test_read.py``
+writes such a file). EXIF orientation cannot change an ALIGN verdict (shorter
+side and longer/shorter ratio do not change when width and height swap);
+the EXIF rows check that the upright picture is the one kept and described.
+
+Deterministic: every row draws from ``numpy.random.default_rng([seed,
+stream, slot, attempt])``; the same seed gives byte-identical files whatever
+``--processes`` is.
+"""

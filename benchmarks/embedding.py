@@ -33,7 +33,7 @@ from PIL import Image
 
 from benchmarks import record
 from dedup import embedders
-from dedup.calibrate import real_photographs
+from dedup.calibration_images import real_photographs
 from dedup.edits import encode_jpeg
 from dedup.index_sets import IndexImage, build_index
 

@@ -53,9 +53,10 @@ from typing import List
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
+from common.histogram import HistogramFn, close_last_bin
 from filters import stages
-from filters.presets import keeps, rule_enabled
 from filters.ngram_vocab import METRICS_NAMESPACE, RARE_NGRAM, DropRareNgrams
+from filters.presets import keeps, rule_enabled
 from filters.text import text_identity
 
 TOO_MANY_TEXTS = stages.reason("texts_per_image", "too_many_texts")
@@ -89,13 +90,6 @@ def log2_edges(limit: int) -> List[int]:
         edges.append(e)
         e *= 2
     return edges + [limit + 1, limit + 2]
-
-
-def histogram_bin(value: int, edges: List[int]) -> int:
-    for i in range(len(edges) - 1):
-        if edges[i] <= value < edges[i + 1]:
-            return i
-    raise ValueError(f"{value} outside histogram edges {edges}")
 
 
 def _image_then_text(identity, row):
@@ -141,26 +135,6 @@ class CappedDistinctCountFn(beam.CombineFn):
 
     def extract_output(self, acc):
         return len(acc)
-
-
-class HistogramFn(beam.CombineFn):
-    """Counts -> ``{"edges": [...], "counts": [...]}`` over fixed edges."""
-
-    def __init__(self, edges: List[int]):
-        self.edges = list(edges)
-
-    def create_accumulator(self):
-        return [0] * (len(self.edges) - 1)
-
-    def add_input(self, acc, value):
-        acc[histogram_bin(value, self.edges)] += 1
-        return acc
-
-    def merge_accumulators(self, accs):
-        return [sum(col) for col in zip(*accs)]
-
-    def extract_output(self, acc):
-        return {"edges": self.edges, "counts": acc}
 
 
 # ---------------------------------------------------------------------------
@@ -217,10 +191,13 @@ class DropSharedGroups(beam.PTransform):
             {"rows": judged, "count": counts}
             | "JoinCounts" >> beam.CoGroupByKey()
             | "OverLimit" >> beam.ParDo(_RejectGroupsOverLimit(self.param, self.limit, self.reason)))
+        edges = log2_edges(self.limit)
         histogram = (
             counts
             | "Counts" >> beam.Values()
-            | "Histogram" >> beam.CombineGlobally(HistogramFn(log2_edges(self.limit))))
+            | "Histogram" >> beam.CombineGlobally(HistogramFn(edges[:-1]))
+            # Counts are capped at limit + 1, so the open last bin is [limit + 1, limit + 2).
+            | "CloseLastBin" >> beam.Map(close_last_bin, edges[-1]))
         return {"rejected": rejected, "histogram": histogram}
 
 

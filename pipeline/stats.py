@@ -16,13 +16,13 @@ into the funnel.
 
 from __future__ import annotations
 
-import bisect
 import json
-from typing import Dict, Iterable, List, Optional
+from typing import Dict, Iterable, Optional
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
+from common.histogram import HistogramFn
 from common.schema import key_fraction
 from filters import stages
 
@@ -40,31 +40,6 @@ HISTOGRAM_DESCRIPTIONS = {
     "words_per_text": "unigrams per normalised alt-text, records that reached the text rules",
 }
 SAMPLES_PER_REASON = 20
-
-
-class HistogramFn(beam.CombineFn):
-    """Counts values into fixed bins; a tiny, mergeable accumulator."""
-
-    def __init__(self, edges: List[float]):
-        self.edges = list(edges)
-
-    def create_accumulator(self):
-        return [0] * len(self.edges)
-
-    def add_input(self, counts, value):
-        index = max(0, bisect.bisect_right(self.edges, value) - 1)
-        counts[index] += 1
-        return counts
-
-    def merge_accumulators(self, accumulators):
-        merged = self.create_accumulator()
-        for counts in accumulators:
-            for i, c in enumerate(counts):
-                merged[i] += c
-        return merged
-
-    def extract_output(self, counts):
-        return {"edges": self.edges, "counts": counts}
 
 
 class HistogramPerKey(beam.PTransform):

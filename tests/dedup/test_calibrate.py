@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from dedup import calibrate, edits, embedders
+from dedup import calibrate, calibration_images, edits, embedders
 from dedup.index_sets import DEFAULT_VARIANTS
 
 # Seeds 0, 1, 2 calibrated the shipped threshold; the acceptance test uses others.
@@ -23,7 +23,7 @@ HELD_OUT_SEED = 11
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 def test_disjoint_boxes_tile_without_overlap(seed):
     rng = np.random.default_rng(seed)
-    boxes = calibrate.disjoint_boxes(640, 427, rng, min_side=64, max_side=256)
+    boxes = calibration_images.disjoint_boxes(640, 427, rng, min_side=64, max_side=256)
     assert len(boxes) > 4
     covered = np.zeros((427, 640), np.int32)
     for left, top, right, bottom in boxes:
@@ -34,16 +34,16 @@ def test_disjoint_boxes_tile_without_overlap(seed):
 
 
 def test_crops_are_real_distinct_and_deterministic():
-    crops = calibrate.make_crops(seed=5)
-    again = calibrate.make_crops(seed=5)
+    crops = calibration_images.make_crops(seed=5)
+    again = calibration_images.make_crops(seed=5)
     assert [c.key for c in crops] == [c.key for c in again]
     assert len({c.key for c in crops}) == len(crops) > 200
     assert len({c.photo for c in crops}) >= 15
-    assert all(calibrate.luma_contrast(c.pixels) >= 10 for c in crops)
+    assert all(calibration_images.luma_contrast(c.pixels) >= 10 for c in crops)
 
 
 def test_every_edit_yields_a_decodable_jpeg_deterministically():
-    image = Image.fromarray(calibrate.make_crops(seed=0)[0].pixels)
+    image = Image.fromarray(calibration_images.make_crops(seed=0)[0].pixels)
     for edit in edits.EDITS:
         first = edits.apply(edit, image, np.random.default_rng(3))
         assert first == edits.apply(edit, image, np.random.default_rng(3)), edit.name

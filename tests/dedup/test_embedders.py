@@ -9,7 +9,7 @@ import pytest
 from PIL import Image, ImageEnhance
 
 from dedup import embedders
-from dedup.calibrate import real_photographs
+from dedup.calibration_images import real_photographs
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import pytest
 from PIL import Image, ImageOps
 
 from dedup import embedders
-from dedup.calibrate import real_photographs
+from dedup.calibration_images import real_photographs
 from dedup.edits import crop_fraction, encode_jpeg
 from dedup.index_sets import DEFAULT_VARIANTS, IndexImage, build_index, load_index_sets, parse_spec
 

@@ -6,6 +6,7 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
+from common.histogram import HistogramFn, close_last_bin
 from filters import frequency, ngram_vocab
 from filters.frequency import (
     RARE_NGRAM, SHARED_TEXT, TOO_MANY_TEXTS, ApplyCorpusFilters, CappedDistinctCountFn,
@@ -77,8 +78,14 @@ def test_image_identity_by_phash_sha256_and_fallbacks():
 ])
 def test_log2_edges_end_with_an_over_the_limit_bin(limit, edges):
     assert log2_edges(limit) == edges
-    assert frequency.histogram_bin(limit + 1, edges) == len(edges) - 2
-    assert frequency.histogram_bin(1, edges) == 0
+    # The combiner the filter uses: a count over the limit lands in the last bin, 1 in the first.
+    fn = HistogramFn(edges[:-1])
+    acc = fn.create_accumulator()
+    for value in (1, limit + 1):
+        acc = fn.add_input(acc, value)
+    histogram = close_last_bin(fn.extract_output(acc), edges[-1])
+    assert histogram["edges"] == edges and len(histogram["counts"]) == len(edges) - 1
+    assert histogram["counts"][0] >= 1 and histogram["counts"][-1] >= 1 and sum(histogram["counts"]) == 2
 
 
 def test_capped_distinct_count_saturates_at_cap_across_merges():

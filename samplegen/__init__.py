@@ -4,7 +4,7 @@
 
 Writes, under ``--out``::
 
-    candidates/part-00000-of-0000K.parquet ...   img2dataset-style rows (see CANDIDATE_SCHEMA)
+    candidates/part-00000-of-0000K.parquet ...   img2dataset-style rows (samplegen.writer.CANDIDATE_SCHEMA)
     candidates/part-<K-1>-of-0000K.parquet       the last part has no ``caption`` column at all
     manifest.jsonl                               one line per candidate row, in file order
     eval/{train,test}/<class>/<class>_NNN.png    a labelled evaluation set of drawn shapes
@@ -12,7 +12,7 @@ Writes, under ``--out``::
 
 Content. ``--num-candidates`` ordinary candidates (drawn shape scenes, most of
 them, and crops of the photographs shipped in scikit-image / scikit-learn,
-each with an alt-text describing it, see ``samplegen.scenes``) plus
+each with an alt-text describing it, see ``samplegen.content``) plus
 about 1,250 planted rows, one group per *case*, each with the fate a correct
 ALIGN build must give it: at and around every image threshold, every image
 format, EXIF orientation, corrupt / truncated / non-image bytes, a
@@ -50,6 +50,13 @@ UTF-8 into a string column, other writers do not; ``tests/pipeline/test_read.py`
 writes such a file). EXIF orientation cannot change an ALIGN verdict (shorter
 side and longer/shorter ratio do not change when width and height swap);
 the EXIF rows check that the upright picture is the one kept and described.
+
+Modules: ``plan`` (rows, units, recipes, thresholds), ``drawers`` and
+``cases`` (the planted cases), ``faults`` (non-picture bytes), ``render``
+(encodings, worker pool), ``scenes`` / ``photos`` / ``content`` (what the
+pictures show and say), ``evalset``, ``checks`` (settle, verify), ``writer``,
+``generate`` (plan and write), ``__main__`` (the CLI). A test-data tool:
+``setup.py`` does not install it.
 
 Deterministic: every row draws from ``numpy.random.default_rng([seed,
 stream, slot, attempt])``; the same seed gives byte-identical files whatever

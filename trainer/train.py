@@ -14,7 +14,8 @@ or call ``train_and_evaluate(config, workdir)`` from Python.
 What a run leaves in ``workdir``: ``config.json`` and ``vocab.txt`` (so the
 workdir alone describes the model, see ``trainer.checkpoint.load_*``),
 ``checkpoints/<step>/`` (orbax), ``metrics.jsonl`` (one JSON object per log
-or eval point) and ``tensorboard/`` event files.
+or eval point), ``tensorboard/`` event files, ``retrieval.html`` (the
+``gallery`` evaluator's page) and, from the command line, ``train.log``.
 
 Run again with the same workdir and it resumes from the latest checkpoint:
 params, optimizer state, step, RNG and the data position. SIGTERM

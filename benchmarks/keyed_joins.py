@@ -7,7 +7,7 @@
 (default ``exact``: the index as a side input every worker holds), exactly
 as ``pipeline.build`` wires
 it with the ``align`` preset's defaults: k-means inside the job, the index
-read on a worker from the files ``pipeline.near_duplicates.write_index``
+read on a worker from the files ``pipeline.eval_index.write_index``
 writes. Runner: FnApiRunner with ``direct_running_mode=multi_processing``
 and ``direct_num_workers=2``.
 
@@ -78,7 +78,7 @@ def write_data(directory: str, num_corpus: int, num_index: int, threshold: float
 
     from dedup.synthetic import planted_embeddings
     from dedup.transforms import IndexRows
-    from pipeline import near_duplicates
+    from pipeline import eval_index
 
     corpus, index = planted_embeddings(num_corpus, num_index, dim=DIM, seed=seed)
     keys = np.array([f"c{i:08d}" for i in range(num_corpus)])
@@ -87,7 +87,7 @@ def write_data(directory: str, num_corpus: int, num_index: int, threshold: float
         np.save(os.path.join(directory, "corpus", f"vectors-{shard}.npy"), corpus[rows])
         np.save(os.path.join(directory, "corpus", f"keys-{shard}.npy"), keys[rows])
     rows = IndexRows(index, [f"i{i:08d}" for i in range(num_index)], ["bench"] * num_index, ["original"] * num_index)
-    near_duplicates.write_index(rows, os.path.join(directory, "index"), {})
+    eval_index.write_index(rows, os.path.join(directory, "index"), {})
 
     flat = faiss.IndexFlatIP(DIM)
     flat.add(index)
@@ -224,7 +224,7 @@ def run_one(search: str, data_dir: str, out_dir: str, threshold: float, workers:
     from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
     from dedup.transforms import RemoveNearDuplicates
-    from pipeline.near_duplicates import ReadIndexRows
+    from pipeline.eval_index import ReadIndexRows
 
     shards = sorted(
         os.path.join(data_dir, "corpus", name)

@@ -254,6 +254,8 @@ class ApplyCorpusFilters(beam.PTransform):
         if preset.image_identity not in IMAGE_IDENTITIES:
             raise ValueError(f"image_identity must be one of {IMAGE_IDENTITIES}, got {preset.image_identity!r}")
         self.preset = preset
+        #: The stages whose verdicts this returns (the build's funnel lists them as run).
+        self.decides = tuple(stages_run(preset))
         self.label_prefix = label_prefix
         self.hot_key_fanout = hot_key_fanout
         self.frequent_ngrams = frequent_ngrams

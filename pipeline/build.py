@@ -10,13 +10,22 @@ The job reads like its data flow:
       -> ApplyCorpusFilters -> RemoveNearDuplicates -> JoinVerdicts
       -> WriteShards, WriteStats
 
-Per-record stages decide on one record; corpus stages (frequency filters,
-near-duplicates) see only light rows (key, hashes, text, embedding) and
-return verdicts; image bytes travel through exactly one shuffle, the final
-``JoinVerdicts``. Every input record ends either in a shard or in the funnel
-with its first reason (``filters/stages.py``). Evaluation images are embedded
-in the launcher and written to ``<output>/near_duplicates/index/``, where the
-workers read them: the job graph carries their path, not their vectors.
+Each stage is a named composite that declares the stages it decides and
+returns its verdicts (``pipeline.verdicts``): record stages reject records;
+key stages (NSFW, frequency filters, near-duplicates) see only light rows
+(``pipeline.stage_rows``: key, hashes, text; image bytes or embeddings where they
+need them) and reject keys; image bytes travel through exactly one shuffle,
+the final ``JoinVerdicts``. Every input record ends either in a shard or in
+the funnel with its first reason (``filters/stages.py``); the funnel's list
+of stages that ran is the list of stages applied. Evaluation images are
+embedded in the launcher and written to ``<output>/near_duplicates/index/``
+(``pipeline.eval_index``), where the workers read them: the job graph
+carries their path, not their vectors.
+
+This module is the graph and the launcher (``run``); the stages live in
+``pipeline.read``, ``pipeline.record_stages``, ``filters.frequency``,
+``pipeline.near_duplicates``, ``pipeline.verdicts``, ``pipeline.write`` and
+``pipeline.write_stats``.
 
 Without ``--runner`` the job runs on Beam's FnApiRunner in this process
 (add ``--direct_running_mode=multi_processing --direct_num_workers=N`` for
@@ -26,30 +35,42 @@ Beam 2.77 first tries to download a Prism binary.
 
 from __future__ import annotations
 
+import sys
+
+if __name__ == "__main__":
+    # ``python -m pipeline.build`` runs this file as ``__main__``. Run the
+    # module imported by its real name instead, before this copy defines
+    # anything: whatever the job pickles must refer to ``pipeline.build``
+    # (with ``--pickle_library=dill`` a ``__main__`` class or function is a
+    # NameError on a worker), and Beam allows one ``BuildOptions`` class.
+    from pipeline.build import main
+
+    sys.exit(main())
+
 import argparse
 import json
 import logging
-import os
 import re
-import sys
 from typing import List, Optional
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions, StandardOptions
 
-from common.schema import Candidate
-from filters import stages
+from filters import nsfw
+from filters.frequency import ApplyCorpusFilters
 from filters.presets import PresetError, format_preset, get_preset
-from filters.record import counted_row, filter_record
-from filters.image import thumbnail_b64
-from pipeline import near_duplicates as near_dup
 from pipeline import stats as stats_lib
 from pipeline import write as write_lib
-from pipeline.read import ReadCandidates, Rejection
+from pipeline.eval_index import EvalIndex, embed_eval_sets, write_eval_index
+from pipeline.near_duplicates import PAIRS, RemoveNearDuplicates, WritePairsReport
+from pipeline.read import ReadCandidates
 from pipeline.readers.input_notes import input_notes
 from pipeline.readers.rows import Columns, make_columns
+from pipeline.record_stages import COUNTED, MEASURES, ApplyRecordFilters, ScorePornography
+from pipeline.stage_rows import light_row, row_key
+from pipeline.verdicts import REJECTED, SURVIVORS, DropKeys, JoinVerdicts, StagesRun
+from pipeline.write_stats import WriteStats
 
 LOCAL_RUNNER = "FnApiRunner"
 NS = stats_lib.METRICS_NAMESPACE
@@ -108,300 +129,72 @@ class BuildOptions(PipelineOptions):
 
 
 # ---------------------------------------------------------------------------
-# Per-record stages
+# The job graph
 # ---------------------------------------------------------------------------
 
 
-def _rejection(candidate: Candidate, reason: str) -> Rejection:
-    return Rejection(
-        candidate.key, reason, candidate.url, candidate.alt_text,
-        candidate.width, candidate.height, candidate.format, candidate.image,
-    )
+def build_pipeline(
+    p: beam.Pipeline, opts: BuildOptions, preset, notes: dict, eval_index: Optional[EvalIndex] = None, extras=()
+) -> StagesRun:
+    """Adds the whole build to ``p``; returns the stages applied.
 
-
-class _FilterRecord(beam.DoFn):
-    REJECTED = "rejected"
-    MEASURES = "measures"
-    COUNTED = "counted"  # rejected rows that stay in the corpus-wide counting pool
-
-    def __init__(self, preset, extras=()):
-        self.preset = preset
-        self.extras = tuple(extras)
-
-    def process(self, candidate: Candidate):
-        result, reason, measures = filter_record(candidate, self.preset, self.extras)
-        for name, value in measures.items():
-            yield beam.pvalue.TaggedOutput(self.MEASURES, (name, value))
-        if reason:
-            Metrics.counter(NS, reason).inc()
-            yield beam.pvalue.TaggedOutput(self.REJECTED, _rejection(result, reason))
-            counted = counted_row(candidate, reason, self.preset)
-            if counted is not None:
-                yield beam.pvalue.TaggedOutput(self.COUNTED, counted)
-        else:
-            yield result
-
-
-class ApplyRecordFilters(beam.PTransform):
-    """Candidates -> survivors, plus tagged ``rejected`` and ``measures``."""
-
-    def __init__(self, preset, extras=()):
-        super().__init__()
-        self.preset = preset
-        self.extras = tuple(extras)
-
-    def expand(self, candidates):
-        return candidates | "FilterRecord" >> beam.ParDo(_FilterRecord(self.preset, self.extras)).with_outputs(
-            _FilterRecord.REJECTED, _FilterRecord.MEASURES, _FilterRecord.COUNTED, main="survivors"
-        )
-
-
-# ---------------------------------------------------------------------------
-# The final join: records meet their verdicts
-# ---------------------------------------------------------------------------
-
-
-def resolve_group(key: str, records: List[Candidate], verdicts: List[str]):
-    """One key's records and corpus verdicts -> what to write and what to reject.
-
-    A verdict (the first corpus stage that rejected the key) applies to every
-    record with the key. Otherwise exactly one record is written; repeats of
-    the same (url, alt-text) pair are ``duplicate_pair/repeat``. The kept one
-    is chosen by content, not arrival order, so runs agree.
+    ``notes`` ({stage: text}, the launcher's) go to the funnel with the
+    stages' own notes; ``extras`` are extra per-record stages
+    (``filters.extra_stages``), run with the record filters.
     """
-    ordered = sorted(records, key=lambda r: (r.sha256, r.image))
-    if verdicts:
-        first = min(verdicts, key=lambda r: stages.STAGE_INDEX[stages.stage_of(r)])
-        return [], [(r, first) for r in ordered]
-    repeat = stages.reason("duplicate_pair", "repeat")
-    return ordered[:1], [(r, repeat) for r in ordered[1:]]
+    ran = StagesRun(notes)
+    verdicts = []  # (key, reason) of the key stages, in stage order
 
+    columns = input_columns(opts)
+    read = p | "ReadCandidates" >> ran(ReadCandidates(opts.input, opts.input_format, columns))
+    input_count = (read[SURVIVORS], read[REJECTED]) | "InputRows" >> beam.Flatten() | "CountInput" >> beam.combiners.Count.Globally()
 
-class _ResolveVerdicts(beam.DoFn):
-    def process(self, element):
-        key, grouped = element
-        keep, reject = resolve_group(key, list(grouped["records"]), list(grouped["verdicts"]))
-        yield from keep
-        for record, reason in reject:
-            Metrics.counter(NS, reason).inc()
-            yield beam.pvalue.TaggedOutput("rejected", _rejection(record, reason))
-
-
-class JoinVerdicts(beam.PTransform):
-    """(survivors, (key, reason) verdicts) -> records to write + rejections."""
-
-    def expand(self, inputs):
-        survivors, verdicts = inputs
-        keyed = survivors | "KeyRecords" >> beam.Map(lambda r: (r.key, r))
-        return (
-            {"records": keyed, "verdicts": verdicts}
-            | "GroupByPairKey" >> beam.CoGroupByKey()
-            | "Resolve" >> beam.ParDo(_ResolveVerdicts()).with_outputs("rejected", main="written")
-        )
-
-
-# ---------------------------------------------------------------------------
-# Stats
-# ---------------------------------------------------------------------------
-
-
-def _sample_row(rejection: Rejection) -> dict:
-    return {
-        "reason": rejection.reason,
-        "stage": stages.stage_of(rejection.reason),
-        "key": rejection.key,
-        "url": rejection.url,
-        "alt_text": rejection.alt_text[:500],
-        "width": rejection.width,
-        "height": rejection.height,
-        "format": rejection.format,
-        "thumbnail": thumbnail_b64(rejection.image),
-    }
-
-
-def _write_stats_files(_, output_dir, input_count, rejected, written, histograms, extra, samples, meta):
-    funnel = stats_lib.build_funnel(
-        input_count, rejected, written, meta["ran"], meta["notes"], meta["dataset"], meta["preset"],
-        meta["extras"],
-    )
-    stats_dir = FileSystems.join(output_dir, "stats")
-    stats_lib.write_text(FileSystems.join(stats_dir, "funnel.json"), stats_lib.to_json(funnel))
-    distributions = {}
-    for name, hist in sorted(histograms.items()):
-        distributions[name] = dict(hist, description=stats_lib.HISTOGRAM_DESCRIPTIONS.get(name, ""))
-    distributions.update(sorted(extra.items()))
-    stats_lib.write_text(FileSystems.join(stats_dir, "distributions.json"), stats_lib.to_json(distributions, sort_keys=True))
-    position = {row["stage"]: i for i, row in enumerate(funnel["stages"])}  # extra stages included
-    rows = sorted(samples, key=lambda row: (position[row["stage"]], row["reason"], row["rank"]))
-    lines = "".join(json.dumps({k: v for k, v in row.items() if k != "rank"}) + "\n" for row in rows)
-    stats_lib.write_text(FileSystems.join(stats_dir, "rejected_samples.jsonl"), lines)
-    yield funnel
-
-
-class WriteStats(beam.PTransform):
-    """Funnel, distributions and rejected samples into ``<output>/stats/``."""
-
-    def __init__(self, output_dir, meta):
-        super().__init__()
-        self.output_dir = output_dir
-        self.meta = meta
-
-    def expand(self, inputs):
-        input_count, rejections, written_counts, histograms, extra = inputs
-        reason_counts = rejections | "ReasonOnly" >> beam.Map(lambda r: r.reason) | "CountReasons" >> beam.combiners.Count.PerElement()
-        samples = (
-            rejections
-            | "ByReason" >> beam.Map(lambda r: (r.reason, (stats_lib.sample_rank(r.key), r.key, r)))
-            | "SamplePerReason" >> beam.combiners.Top.SmallestPerKey(stats_lib.SAMPLES_PER_REASON)
-            | "SampleRows" >> beam.FlatMap(lambda kv: [dict(_sample_row(r), rank=rank) for rank, _, r in kv[1]])
-        )
-        p = input_count.pipeline
-        return (
-            p
-            | "StatsTrigger" >> beam.Create([None])
-            | "WriteStatsFiles" >> beam.FlatMap(
-                _write_stats_files,
-                self.output_dir,
-                beam.pvalue.AsSingleton(input_count),
-                beam.pvalue.AsDict(reason_counts),
-                beam.pvalue.AsDict(written_counts),
-                beam.pvalue.AsDict(histograms),
-                beam.pvalue.AsDict(extra),
-                beam.pvalue.AsList(samples),
-                self.meta,
-            )
-        )
-
-
-# ---------------------------------------------------------------------------
-# The job
-# ---------------------------------------------------------------------------
-
-
-class DropKeys(beam.PTransform):
-    """Light rows ``(key, ...)`` minus the keys in a ``(key, reason)`` PCollection."""
-
-    def expand(self, inputs):
-        rows, rejected = inputs
-        return (
-            {"row": rows | "KeyRows" >> beam.Map(lambda row: (row[0], row)), "rejected": rejected}
-            | "GroupRowsAndRejects" >> beam.CoGroupByKey()
-            | "KeepUnrejected" >> beam.FlatMap(lambda kv: [] if kv[1]["rejected"] else kv[1]["row"])
-        )
-
-
-def build_pipeline(p: beam.Pipeline, opts: BuildOptions, preset, notes: dict, eval_index=None, extras=()) -> None:
-    """Adds the whole build to ``p``; ``eval_index`` is a loaded ``EvalIndex`` or None."""
-    from filters import nsfw
-    from filters.frequency import ApplyCorpusFilters
-    from filters.frequency import stages_run as corpus_stages_run
-
-    read = p | "ReadCandidates" >> ReadCandidates(opts.input, opts.input_format, input_columns(opts))
-    input_count = read | "CountInput" >> beam.combiners.Count.Globally()
-    parsed = read | "SplitReadRejects" >> beam.Partition(lambda x, _: int(isinstance(x, Rejection)), 2)
-    candidates, read_rejects = parsed[0], parsed[1]
-
-    filtered = candidates | "ApplyRecordFilters" >> ApplyRecordFilters(preset, extras)
-    survivors = filtered.survivors
-    ran = [name for name, _ in stages.STAGES[:9]] + ["duplicate_pair"]
-    verdicts = []
-
-    light = survivors | "LightRows" >> beam.Map(lambda r: (r.key, r.sha256, r.phash, r.text))
+    records = read[SURVIVORS] | "ApplyRecordFilters" >> ran(ApplyRecordFilters(preset, extras))
+    survivors = records[SURVIVORS]
+    light = survivors | "LightRows" >> beam.Map(light_row)
     # The raw counting pool holds the rows NSFW rejects too: they are judged
     # by the corpus stages as well, and their NSFW verdict, earlier in the
     # stage order, wins in JoinVerdicts.
     judged = light
-    keyed_images = survivors | "KeyImages" >> beam.Map(lambda r: (r.key, r.image))
+    images = survivors | "KeyImages" >> beam.Map(lambda r: (r.key, r.image))
+
     if nsfw.stage_enabled(preset.nsfw_threshold):
-        scored = (
-            keyed_images
-            | "ScorePornography" >> beam.ParDo(nsfw.ScoreNsfw(preset.nsfw_threshold)).with_outputs(
-                nsfw.REJECTED_TAG, main="kept")
-        )
-        verdicts.append(scored.rejected)
-        light = (light, scored.rejected) | "DropPornographic" >> DropKeys()
-        ran.append("nsfw")
+        scored = images | "ScorePornography" >> ran(ScorePornography(preset.nsfw_threshold))
+        verdicts.append(scored[REJECTED])
+        light = (light, scored[REJECTED]) | "DropPornographic" >> DropKeys(row_key)
 
     if preset.counting_base == "survivors":
         judged = light
-    corpus = {"survivors": judged, "counted_only": filtered.counted} | "ApplyCorpusFilters" >> ApplyCorpusFilters(preset)
-    verdicts.append(corpus["rejected"])
-    ran += corpus_stages_run(preset)
-    extra = [corpus["stats"]]
+    corpus = {"survivors": judged, "counted_only": records[COUNTED]} | "ApplyCorpusFilters" >> ran(
+        ApplyCorpusFilters(preset))
+    verdicts.append(corpus[REJECTED])
 
-    pairs = embedded = None
+    pairs = None
     if eval_index is not None or preset.dedup_in_corpus:
-        embedded = keyed_images | "EmbedImages" >> near_dup.EmbedImages(opts.embedder)
-    if eval_index is not None:
-        from dedup.transforms import RemoveNearDuplicates
-
         earlier = verdicts | "EarlierVerdicts" >> beam.Flatten()
-        candidates_for_eval = (embedded, earlier) | "DropEarlierRejects" >> DropKeys()
-        # The index is read from files on a worker: in the graph it would be
-        # its whole size (Dataflow rejects graphs over 10 MB).
-        index_rows = p | "ReadEvalIndex" >> near_dup.ReadIndexRows(eval_index.directory)
-        found = candidates_for_eval | "RemoveNearDuplicates" >> RemoveNearDuplicates(
-            index_rows, threshold=eval_index.threshold, search=preset.near_duplicate_search, **search_options(preset)
-        )
-        verdicts.append(found["rejected"])
-        pairs = found["pairs"]
-        ran.append("near_duplicate_eval")
-    if preset.dedup_in_corpus:
-        from dedup.corpus_dedup import RemoveCorpusDuplicates
-
-        earlier = verdicts | "VerdictsBeforeCorpusDedup" >> beam.Flatten()
-        hashes = (
-            light
-            | "HashesPerKey" >> beam.Map(lambda row: (row[0], (row[1], row[2])))
-            | "OneHashPerKey" >> beam.CombinePerKey(min)  # repeats of a pair share a key
-            | "HashRows" >> beam.Map(lambda kv: (kv[0], kv[1][0], kv[1][1]))
-        )
-        hashes = (hashes, earlier) | "DropRejectedHashes" >> DropKeys()
-        vectors = (embedded, earlier) | "DropRejectedEmbeddings" >> DropKeys()
-        threshold = (
-            eval_index.threshold if eval_index is not None
-            else near_dup.resolve_threshold(preset, _embedder(opts.embedder))
-        )
-        # Always a bucket self-join (dedup.corpus_dedup): near_duplicate_search
-        # applies to the evaluation index only.
-        verdicts.append(
-            hashes | "RemoveCorpusDuplicates" >> RemoveCorpusDuplicates(vectors, threshold, **search_options(preset))
-        )
-        ran.append("near_duplicate_corpus")
-        notes["near_duplicate_corpus"] = (
-            f"same sha256, same pHash, or embedding cosine > {threshold} "
-            f"(embedder {opts.embedder}; k-means buckets C({preset.nearest_clusters},{preset.bucket_size}))"
-        )
+        near_dups = {"images": images, "light": light, "earlier": earlier} | "RemoveNearDuplicates" >> ran(
+            RemoveNearDuplicates(opts.embedder, preset, eval_index))
+        verdicts.append(near_dups[REJECTED])
+        pairs = near_dups.get(PAIRS)
 
     all_verdicts = verdicts | "FlattenVerdicts" >> beam.Flatten()
-    written_records, joined_rejects = (survivors, all_verdicts) | "JoinVerdicts" >> JoinVerdicts()
-    if pairs is not None:
-        near_dup_rejects = (
-            joined_rejects
-            | "NearDuplicateRejects" >> beam.Filter(lambda r: stages.stage_of(r.reason) == "near_duplicate_eval")
-            | "KeyNearDuplicateRejects" >> beam.Map(lambda r: (r.key, r))
-        )
-        _ = (
-            {"pair": pairs | "KeyPairs" >> beam.Map(lambda d: (d["key"], d)), "rejection": near_dup_rejects}
-            | "GroupPairs" >> beam.CoGroupByKey()
-            | "PairRows" >> beam.FlatMap(near_dup.pair_rows)
-            | "IndexThumbnails" >> near_dup.AddIndexThumbnails(eval_index.directory)
-            | "CollectPairs" >> beam.combiners.ToList()
-            | "WritePairs" >> beam.Map(_write_pairs, opts.output)
-        )
-    all_rejections = (read_rejects, filtered.rejected, joined_rejects) | "FlattenRejections" >> beam.Flatten()
+    joined = (survivors, all_verdicts) | "JoinVerdicts" >> ran(JoinVerdicts())
+    rejections = (read[REJECTED], records[REJECTED], joined[REJECTED]) | "FlattenRejections" >> beam.Flatten()
 
-    shard_lengths = written_records | "WriteShards" >> write_lib.WriteShards(opts.output, opts.name, preset, input_columns(opts).carry)
+    shard_lengths = joined[SURVIVORS] | "WriteShards" >> write_lib.WriteShards(opts.output, opts.name, preset, columns.carry)
+    _ = (rejections, input_count) | "WriteRejectionLedger" >> write_lib.WriteRejectionLedger(opts.output)
+    if pairs is not None:
+        _ = (pairs, joined[REJECTED]) | "WritePairsReport" >> WritePairsReport(eval_index.directory, opts.output)
     written_counts = shard_lengths | "WrittenPerSplit" >> beam.FlatMap(lambda d: [(s, sum(c)) for s, c in d.items()])
-    _ = shard_lengths | "WriteShardList" >> beam.Map(
-        lambda d: stats_lib.write_text(FileSystems.join(opts.output, write_lib.SHARDS_FILE), json.dumps(d, sort_keys=True))
-    )
-    _ = (all_rejections, input_count) | "WriteRejectionLedger" >> write_lib.WriteRejectionLedger(opts.output)
-    histograms = filtered.measures | "Distributions" >> stats_lib.HistogramPerKey()
-    extra_stats = extra | "FlattenExtraStats" >> beam.Flatten()
-    ran += [e.name for e in extras]
-    meta = {"ran": ran, "notes": notes, "dataset": opts.name, "preset": preset, "extras": tuple(extras)}
-    _ = (input_count, all_rejections, written_counts, histograms, extra_stats) | "WriteStats" >> WriteStats(opts.output, meta)
+    histograms = records[MEASURES] | "Distributions" >> stats_lib.HistogramPerKey()
+    meta = {"ran": ran.names, "notes": ran.notes, "dataset": opts.name, "preset": preset, "extras": tuple(extras)}
+    _ = (input_count, rejections, written_counts, histograms, corpus["stats"]) | "WriteStats" >> WriteStats(opts.output, meta)
+    return ran
+
+
+# ---------------------------------------------------------------------------
+# The launcher
+# ---------------------------------------------------------------------------
 
 
 def input_columns(opts) -> Columns:
@@ -418,61 +211,6 @@ def corpus_directory(output: str, layout: str, name: str, version: str) -> str:
     if layout == "tfds":
         return FileSystems.join(output, name, version)
     return output
-
-
-def _write_pairs(rows, output_dir) -> None:
-    rows = sorted(rows, key=lambda r: (r["key"], r["index_set"], r["index_key"]))
-    text = "".join(json.dumps(r) + "\n" for r in rows)
-    stats_lib.write_text(FileSystems.join(output_dir, "stats", "near_duplicates.jsonl"), text)
-
-
-def search_options(preset) -> dict:
-    """``dedup.transforms.SearchOptions`` from the preset, but ``search`` (eval and in-corpus differ)."""
-    return dict(
-        num_clusters=preset.num_clusters,
-        nearest_clusters=preset.nearest_clusters,
-        bucket_size=preset.bucket_size,
-        sample_size=preset.kmeans_sample_size,
-        centroid_merge_cosine=preset.centroid_merge_cosine,
-    )
-
-
-def _embedder(name):
-    from dedup import embedders
-
-    return embedders.get(name)
-
-
-class EvalIndex:
-    """The evaluation index as the job sees it: the directory of its files, the threshold, a note."""
-
-    def __init__(self, directory: str, threshold: float, note: str):
-        self.directory = directory
-        self.threshold = threshold
-        self.note = note
-
-
-def embed_eval_sets(specs, embedder_name, preset):
-    """The evaluation sets read and embedded in memory (the output is not touched yet)."""
-    from dedup.index_sets import load_index_sets
-
-    embedder = _embedder(embedder_name)
-    index = load_index_sets(specs, embedder)
-    threshold = near_dup.resolve_threshold(preset, embedder)
-    note = (
-        f"{index.num_images} evaluation images ({len(index)} rows with variants) "
-        f"from {', '.join(specs)}; embedder {embedder_name}, cosine > {threshold}, "
-        f"{preset.near_duplicate_search} search"
-    )
-    return index, threshold, note
-
-
-def write_eval_index(loaded, output_dir) -> EvalIndex:
-    """Write the embedded sets to ``<output_dir>/near_duplicates/index/``, where the workers read them."""
-    index, threshold, note = loaded
-    directory = near_dup.index_directory(output_dir)
-    near_dup.write_index(index, directory, near_dup.index_thumbnails(index))
-    return EvalIndex(directory, threshold, note)
 
 
 def stage_notes(preset) -> dict:
@@ -716,8 +454,6 @@ def run(argv: Optional[List[str]] = None) -> dict:
             output_lib.delete_planned(plan)
         output_lib.write_marker(args.output, args.name)
         eval_index = write_eval_index(loaded, args.output) if loaded is not None else None
-        if eval_index is not None:
-            notes["near_duplicate_eval"] = eval_index.note
         staging = output_lib.staging_dir(args.output, run_id)
         job_args = argparse.Namespace(**dict(vars(args), output=staging))
         p = beam.Pipeline(options=options)
@@ -784,7 +520,3 @@ def main() -> None:
         first = str(error).strip().splitlines()[0] if str(error).strip() else ""
         console.error(f"the build failed: {type(error).__name__}: {first[:300]} (details: {log_path})")
         sys.exit(EXIT_FAILED)
-
-
-if __name__ == "__main__":
-    main()

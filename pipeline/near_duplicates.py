@@ -1,41 +1,42 @@
-"""The build's near-duplicate stage: embed survivors, match them to evaluation sets.
+"""The build's near-duplicate stages: evaluation images, then the corpus itself.
 
-The evaluation sets are read and embedded once, in the launcher (they are
-small), and written as files under the build output (``write_index``); the
-workers read them back (``ReadIndexRows``, ``AddIndexThumbnails``), so the
-job graph holds only their path. Dataflow rejects graphs over 10 MB, and an
-index of 1e5 rows of 143 floats is 57 MB.
+``RemoveNearDuplicates`` embeds the survivors of the earlier stages on the
+workers (in batches, by an embedder loaded once per worker in ``setup()``)
+and removes, in this order (``filters.stages``):
 
-    <output>/near_duplicates/index/vectors.npy       float32 [M, D], row i of the index
-    <output>/near_duplicates/index/rows.jsonl        {"set", "key", "variant"} of row i
-    <output>/near_duplicates/index/thumbnails.jsonl  {"set", "key", "thumbnail"} per image
+1. ``near_duplicate_eval``: near-duplicates of evaluation images (ALIGN
+   appendix A), when the build has an evaluation index
+   (``pipeline.eval_index``);
+2. ``near_duplicate_corpus``: duplicates of other kept corpus images (preset
+   ``dedup_in_corpus``; ``dedup.corpus_dedup``).
 
-The corpus is embedded on the workers in batches, by an embedder loaded once
-per worker in ``setup()``. ``dedup.transforms`` does k-means, the candidate
-search and verification.
+``dedup.transforms`` does k-means, the candidate search and verification;
+``pipeline.dedup_options`` turns the preset into its options.
+``WritePairsReport`` writes the matched pairs, with both thumbnails, to
+``stats/near_duplicates.jsonl`` for the audit.
 """
 
 from __future__ import annotations
 
-import io
 import json
-from typing import Dict, List, Tuple
+from typing import List
 
 import apache_beam as beam
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-from common.files import read_bytes as _read
-from common.files import write_bytes as _write
-
+from filters import stages
 from filters.image import thumbnail_b64
+from pipeline import dedup_options
+from pipeline.eval_index import AddIndexThumbnails, ReadIndexRows
+from pipeline.stage_rows import HashRow, row_key
+from pipeline.stats import write_text
+from pipeline.verdicts import REJECTED, DropKeys
 
 NS = "dedup"
-INDEX_DIR = ("near_duplicates", "index")
-VECTORS_FILE = "vectors.npy"
-ROWS_FILE = "rows.jsonl"
-THUMBNAILS_FILE = "thumbnails.jsonl"
+PAIRS = "pairs"
+PAIRS_FILE = ("stats", "near_duplicates.jsonl")
 
 
 class _EmbedBatches(beam.DoFn):
@@ -75,29 +76,6 @@ class EmbedImages(beam.PTransform):
         )
 
 
-def resolve_threshold(preset, embedder) -> float:
-    """The preset's value if set, else the embedder's own calibrated one."""
-    if preset.near_duplicate_threshold > 0:
-        return float(preset.near_duplicate_threshold)
-    return float(embedder.threshold)
-
-
-def index_thumbnails(index) -> Dict[tuple, str]:
-    """(set, key) -> base64 JPEG thumbnail of each evaluation image, for the report."""
-    out = {}
-    for i in range(len(index.keys)):
-        ident = (str(index.set_names[i]), str(index.keys[i]))
-        if ident in out:
-            continue
-        preview = index.thumbnail(i)
-        if isinstance(preview, str):
-            from common.files import read_bytes
-
-            preview = read_bytes(preview)
-        out[ident] = thumbnail_b64(preview) if preview else None
-    return out
-
-
 def pair_rows(element) -> List[dict]:
     """Join of pairs with the corpus record's rejection -> report rows with the corpus thumbnail.
 
@@ -115,106 +93,111 @@ def pair_rows(element) -> List[dict]:
     return rows
 
 
-# ---------------------------------------------------------------------------
-# The index as files: written by the launcher, read by the workers
-# ---------------------------------------------------------------------------
 
 
-def index_directory(output_dir: str) -> str:
-    return FileSystems.join(output_dir, *INDEX_DIR)
+def _write_pairs(rows, output_dir) -> None:
+    rows = sorted(rows, key=lambda r: (r["key"], r["index_set"], r["index_key"]))
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    write_text(FileSystems.join(output_dir, *PAIRS_FILE), text)
 
 
-def _jsonl(rows) -> bytes:
-    return "".join(json.dumps(row) + "\n" for row in rows).encode("utf-8")
-
-
-def write_index(index, directory: str, thumbnails: Dict[Tuple[str, str], str]) -> None:
-    """The index rows and the images' thumbnails as files; same index, same bytes.
-
-    ``index``: ``vectors [M, D]``, ``keys``, ``set_names``, ``variants`` (an
-    ``IndexSet`` or ``dedup.transforms.IndexRows``); ``thumbnails``: (set,
-    key) -> base64 JPEG or None, written in its own order.
-    """
-    vectors = np.ascontiguousarray(np.asarray(index.vectors, np.float32))
-    if vectors.ndim != 2 or len(vectors) != len(index.keys):
-        raise ValueError(f"index vectors of shape {vectors.shape} for {len(index.keys)} rows")
-    buffer = io.BytesIO()
-    np.save(buffer, vectors, allow_pickle=False)
-    _write(FileSystems.join(directory, VECTORS_FILE), buffer.getvalue())
-    rows = (
-        {"set": str(s), "key": str(k), "variant": str(v)}
-        for s, k, v in zip(index.set_names, index.keys, index.variants)
-    )
-    _write(FileSystems.join(directory, ROWS_FILE), _jsonl(rows))
-    thumbs = ({"set": s, "key": k, "thumbnail": t} for (s, k), t in thumbnails.items())
-    _write(FileSystems.join(directory, THUMBNAILS_FILE), _jsonl(thumbs))
-
-
-def load_index_rows(directory: str):
-    """``write_index``'s files -> ``dedup.transforms.IndexRows`` (what matching needs)."""
-    from dedup.transforms import IndexRows
-
-    vectors = np.load(io.BytesIO(_read(FileSystems.join(directory, VECTORS_FILE))), allow_pickle=False)
-    rows = [json.loads(line) for line in _read(FileSystems.join(directory, ROWS_FILE)).decode("utf-8").splitlines()]
-    if len(rows) != len(vectors):
-        raise ValueError(f"{directory}: {len(vectors)} vectors but {len(rows)} rows")
-    return IndexRows(
-        vectors.reshape(len(rows), -1) if len(rows) else vectors,
-        [r["key"] for r in rows],
-        [r["set"] for r in rows],
-        [r["variant"] for r in rows],
+def _hash_rows(light):
+    """Light rows -> one ``HashRow`` per key (repeats of a pair share a key and its image)."""
+    return (
+        light
+        | "HashesPerKey" >> beam.Map(lambda row: (row.key, (row.sha256, row.phash)))
+        | "OneHashPerKey" >> beam.CombinePerKey(min)
+        | "HashRows" >> beam.MapTuple(lambda key, hashes: HashRow(key, *hashes)).with_output_types(HashRow)
     )
 
 
-def thumbnail_entry(line: str) -> Tuple[Tuple[str, str], str]:
-    """A line of ``thumbnails.jsonl`` -> ``((set, key), base64 JPEG or None)``."""
-    row = json.loads(line)
-    return (row["set"], row["key"]), row["thumbnail"]
+class RemoveNearDuplicates(beam.PTransform):
+    """``{"images": (key, bytes), "light": LightRow, "earlier": (key, reason)}`` -> ``{"rejected", "pairs"}``.
 
-
-class ReadIndexRows(beam.PTransform):
-    """A singleton PCollection of the index rows, read on a worker from ``directory``.
-
-    Only the path is in the job graph; the result is what
-    ``dedup.transforms.RemoveNearDuplicates`` takes as its index.
+    ``earlier`` are the verdicts of the stages before; their keys are neither
+    searched nor kept as representatives. ``rejected``: ``(key, reason)``
+    verdicts of both near-duplicate stages that run; ``pairs`` (with an
+    evaluation index): the matched pairs for ``WritePairsReport``.
     """
 
-    def __init__(self, directory: str):
+    def __init__(self, embedder_name: str, preset, eval_index=None):
         super().__init__()
-        self.directory = directory
-
-    def expand(self, pbegin):
-        return pbegin | "IndexDirectory" >> beam.Create([self.directory]) | "LoadIndexRows" >> beam.Map(load_index_rows)
-
-
-def _with_thumbnail(element):
-    _, grouped = element
-    thumbnail = next(iter(grouped["thumbnail"]), None)
-    for row in grouped["row"]:
-        yield dict(row, index_thumbnail=thumbnail)
-
-
-class AddIndexThumbnails(beam.PTransform):
-    """Report rows -> the same rows with ``index_thumbnail`` from ``directory``.
-
-    A keyed join, not a side input: every worker would otherwise hold the
-    thumbnails of every evaluation image (about 6 KB each), though only the
-    few that matched are needed.
-    """
-
-    def __init__(self, directory: str):
-        super().__init__()
-        self.directory = directory
-
-    def expand(self, rows):
-        thumbnails = (
-            rows.pipeline
-            | "ReadThumbnails" >> beam.io.ReadFromText(FileSystems.join(self.directory, THUMBNAILS_FILE))
-            | "ParseThumbnails" >> beam.Map(thumbnail_entry)
+        if eval_index is None and not preset.dedup_in_corpus:
+            raise ValueError("neither an evaluation index nor dedup_in_corpus: nothing to remove")
+        self.embedder_name = embedder_name
+        self.preset = preset
+        self.eval_index = eval_index
+        self.decides = (("near_duplicate_eval",) if eval_index is not None else ()) + (
+            ("near_duplicate_corpus",) if preset.dedup_in_corpus else ()
         )
-        keyed = rows | "ByIndexImage" >> beam.Map(lambda row: ((row["index_set"], row["index_key"]), row))
+        self.notes = {"near_duplicate_eval": eval_index.note} if eval_index is not None else {}
+        if preset.dedup_in_corpus:
+            self.corpus_threshold = (
+                eval_index.threshold if eval_index is not None
+                else dedup_options.resolve_threshold(preset, dedup_options.embedder(embedder_name))
+            )
+            self.notes["near_duplicate_corpus"] = (
+                f"same sha256, same pHash, or embedding cosine > {self.corpus_threshold} "
+                f"(embedder {embedder_name}; k-means buckets C({preset.nearest_clusters},{preset.bucket_size}))"
+            )
+
+    def expand(self, inputs):
+        preset, eval_index = self.preset, self.eval_index
+        embedded = inputs["images"] | "EmbedImages" >> EmbedImages(self.embedder_name)
+        earlier = inputs["earlier"]
+        verdicts, outputs = [], {}
+        if eval_index is not None:
+            from dedup import transforms
+
+            candidates = (embedded, earlier) | "DropEarlierRejects" >> DropKeys()
+            # The index is read from files on a worker: in the graph it would be
+            # its whole size (Dataflow rejects graphs over 10 MB).
+            index_rows = embedded.pipeline | "ReadEvalIndex" >> ReadIndexRows(eval_index.directory)
+            found = candidates | "MatchEvalImages" >> transforms.RemoveNearDuplicates(
+                index_rows, threshold=eval_index.threshold, search=preset.near_duplicate_search,
+                **dedup_options.search_options(preset),
+            )
+            verdicts.append(found[REJECTED])
+            outputs[PAIRS] = found[PAIRS]
+        if preset.dedup_in_corpus:
+            from dedup.corpus_dedup import RemoveCorpusDuplicates
+
+            earlier = [earlier] + verdicts | "VerdictsBeforeCorpusDedup" >> beam.Flatten()
+            hashes = (_hash_rows(inputs["light"]), earlier) | "DropRejectedHashes" >> DropKeys(row_key)
+            vectors = (embedded, earlier) | "DropRejectedEmbeddings" >> DropKeys()
+            # Always a bucket self-join (dedup.corpus_dedup): near_duplicate_search
+            # applies to the evaluation index only.
+            verdicts.append(hashes | "RemoveCorpusDuplicates" >> RemoveCorpusDuplicates(
+                vectors, self.corpus_threshold, **dedup_options.search_options(preset)))
+        outputs[REJECTED] = verdicts | "NearDuplicateVerdicts" >> beam.Flatten()
+        return outputs
+
+
+class WritePairsReport(beam.PTransform):
+    """``(pairs, rejections)`` -> ``stats/near_duplicates.jsonl``: each matched pair with both thumbnails.
+
+    The corpus thumbnail comes from the record's ``Rejection`` (after
+    ``JoinVerdicts``, the only place that holds its image), the evaluation
+    image's from the index files.
+    """
+
+    def __init__(self, index_directory: str, output_dir: str):
+        super().__init__()
+        self.index_directory = index_directory
+        self.output_dir = output_dir
+
+    def expand(self, inputs):
+        pairs, rejections = inputs
+        near_dup_rejects = (
+            rejections
+            | "NearDuplicateRejects" >> beam.Filter(lambda r: stages.stage_of(r.reason) == "near_duplicate_eval")
+            | "KeyNearDuplicateRejects" >> beam.Map(lambda r: (r.key, r))
+        )
         return (
-            {"row": keyed, "thumbnail": thumbnails}
-            | "JoinThumbnails" >> beam.CoGroupByKey()
-            | "WithThumbnail" >> beam.FlatMap(_with_thumbnail)
+            {"pair": pairs | "KeyPairs" >> beam.Map(lambda d: (d["key"], d)), "rejection": near_dup_rejects}
+            | "GroupPairs" >> beam.CoGroupByKey()
+            | "PairRows" >> beam.FlatMap(pair_rows)
+            | "IndexThumbnails" >> AddIndexThumbnails(self.index_directory)
+            | "CollectPairs" >> beam.combiners.ToList()
+            | "WritePairs" >> beam.Map(_write_pairs, self.output_dir)
         )

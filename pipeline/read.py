@@ -18,6 +18,9 @@ img2dataset's WebDataset output is read shard by shard: ``00000.tar`` with
 its ``00000.parquet`` (which lists the failed downloads). A metadata-only
 Parquet file beside a tar is therefore read with its tar, once, whichever of
 the two the input pattern matched.
+
+Like every stage of the build, ``ReadCandidates`` returns ``{"survivors":
+Candidate, "rejected": Rejection}`` (``pipeline.verdicts``).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from pipeline.stats import METRICS_NAMESPACE
 
 #: Beam Metrics namespace of the reader's own accounting (not per record).
 READ_NAMESPACE = "read"
+SURVIVORS, REJECTED = "survivors", "rejected"
 
 
 def read_parquet_file(path: str, columns: Columns = Columns()) -> Iterator[object]:
@@ -120,7 +124,9 @@ class _ReadFile(beam.DoFn):
             if isinstance(element, Rejection):
                 Metrics.counter(METRICS_NAMESPACE, element.reason).inc()
                 unreadable += element.reason == "read/unreadable_file"
-            yield element
+                yield beam.pvalue.TaggedOutput(REJECTED, element)
+            else:
+                yield element
         # rows + unreadable files == input records (build.accounting_problems checks it)
         self.unreadable_files.inc(unreadable)
         name = "parquet_rows" if fmt == "parquet" else f"{fmt or 'unknown_format'}_records"
@@ -170,7 +176,9 @@ def list_input_files(pattern: str) -> List[str]:
 
 
 class ReadCandidates(beam.PTransform):
-    """Glob of input files (and directories) -> ``Candidate`` | ``Rejection``."""
+    """Glob of input files (and directories) -> ``{"survivors": Candidate, "rejected": Rejection}``."""
+
+    decides = ("read",)
 
     def __init__(self, file_pattern: str, input_format: Optional[str] = None, columns: Columns = Columns()):
         super().__init__()
@@ -192,10 +200,12 @@ class ReadCandidates(beam.PTransform):
             | "MatchDirectoryMembers" >> fileio.MatchFiles(directory_members(pattern), fileio.EmptyMatchTreatment.ALLOW)
             | "SkipHidden" >> beam.Filter(lambda meta: not is_hidden(_matched_directory(meta.path, pattern)))
         )
-        return (
+        rows = (
             (files, members)
             | "AllFiles" >> beam.Flatten()
             | "Paths" >> beam.Map(lambda meta: meta.path)
             | "Reshuffle" >> beam.Reshuffle()
             | "ParseRows" >> beam.ParDo(_ReadFile((pattern, directory_members(pattern)), self.input_format, self.columns))
+            .with_outputs(REJECTED, main=SURVIVORS)
         )
+        return {SURVIVORS: rows[SURVIVORS], REJECTED: rows[REJECTED]}

@@ -24,7 +24,7 @@ from apache_beam.metrics import Metrics
 
 from common.schema import CARRIED_PREFIX, FEATURES, SPLITS, Candidate, carried_features, key_fraction, shard_filename
 from pipeline import tfrecord
-from pipeline.stats import METRICS_NAMESPACE
+from pipeline.stats import METRICS_NAMESPACE, write_text
 
 SHARDS_FILE = "stats/_shards.json"
 
@@ -116,11 +116,15 @@ def _fill_empty_shards(output_dir: str, name: str, written: List[tuple]) -> Dict
     return lengths
 
 
+def _write_shard_list(shard_lengths: Dict[str, List[int]], output_dir: str) -> None:
+    write_text(FileSystems.join(output_dir, SHARDS_FILE), json.dumps(shard_lengths, sort_keys=True))
+
+
 class WriteShards(beam.PTransform):
     """Candidates to ``<name>-<split>.tfrecord-NNNNN-of-MMMMM`` files.
 
-    Returns a PCollection with one dict ``{split: [records per shard]}``
-    (also written to ``stats/_shards.json`` for the launcher).
+    Returns a PCollection with one dict ``{split: [records per shard]}``,
+    also written to ``stats/_shards.json`` for the launcher's metadata.
     """
 
     def __init__(self, output_dir: str, name: str, preset, carried: Sequence[str] = ()):
@@ -153,11 +157,13 @@ class WriteShards(beam.PTransform):
             | "WriteShard" >> beam.ParDo(_WriteShard(self.output_dir, self.name), shard_counts)
         )
         output_dir, name = self.output_dir, self.name
-        return (
+        lengths = (
             written
             | "CollectShardList" >> beam.combiners.ToList()
             | "FillEmptyShards" >> beam.Map(lambda items: _fill_empty_shards(output_dir, name, items))
         )
+        _ = lengths | "WriteShardList" >> beam.Map(_write_shard_list, output_dir)
+        return lengths
 
 
 class _WriteLedgerFile(beam.DoFn):

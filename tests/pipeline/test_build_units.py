@@ -9,8 +9,8 @@ from apache_beam.testing.util import assert_that, equal_to
 from common.schema import Candidate, make_key
 from filters.presets import get_preset
 from pipeline import stats, write
-from pipeline.build import JoinVerdicts, resolve_group
 from pipeline.read import Rejection, batch_to_records
+from pipeline.verdicts import JoinVerdicts, resolve_group
 
 
 def cand(url, caption, sha="a", image=b"x"):
@@ -42,7 +42,8 @@ def test_join_verdicts_transform():
     with TestPipeline(runner="FnApiRunner") as p:
         survivors = p | "S" >> beam.Create([a, b, c, c])
         verdicts = p | "V" >> beam.Create([(b.key, "images_per_text/shared_text")])
-        written, rejected = (survivors, verdicts) | JoinVerdicts()
+        joined = (survivors, verdicts) | JoinVerdicts()
+        written, rejected = joined["survivors"], joined["rejected"]
         assert_that(written | beam.Map(lambda r: r.key), equal_to([a.key, c.key]), label="written")
         assert_that(
             rejected | beam.Map(lambda r: (r.key, r.reason)),
@@ -91,3 +92,31 @@ def test_histogram_combine():
     for v in [0, 5, 10, 99, 100, 1e9]:
         acc = fn.add_input(acc, v)
     assert fn.extract_output(fn.merge_accumulators([acc, acc]))["counts"] == [4, 4, 4]
+
+
+def test_rows_between_stages_have_deterministic_schema_coders():
+    from pipeline.stage_rows import HashRow, LightRow
+
+    for row in (LightRow("k", "ab" * 32, "0f" * 8, "three word caption"), HashRow("k", "ab" * 32, "")):
+        coder = beam.coders.registry.get_coder(type(row))
+        assert isinstance(coder, beam.coders.RowCoder) and coder.is_deterministic()
+        decoded = coder.decode(coder.encode(row))
+        assert type(decoded) is type(row) and decoded == row
+
+
+def test_stages_run_come_from_the_stages_applied():
+    from filters.frequency import stages_run as corpus_stages_run
+    from pipeline.build import BuildOptions, build_pipeline
+    from pipeline.record_stages import ApplyRecordFilters
+
+    opts = BuildOptions(["--input", "in/*.parquet", "--output", "out"])
+    align = get_preset("align")
+    ran = build_pipeline(beam.Pipeline(runner="FnApiRunner"), opts, align, {"nsfw": "a note"})
+    assert ran.names == ["read", *ApplyRecordFilters.BUILT_IN, "nsfw", *corpus_stages_run(align), "duplicate_pair"]
+    assert ran.notes == {"nsfw": "a note"}
+    off = build_pipeline(beam.Pipeline(runner="FnApiRunner"), opts, get_preset("align", ["nsfw_threshold=1.0",
+                         "dedup_in_corpus=true"]), {})
+    assert "nsfw" not in off.names and off.names[-2:] == ["near_duplicate_corpus", "duplicate_pair"]
+    cc12m = build_pipeline(beam.Pipeline(runner="FnApiRunner"), opts, get_preset("cc12m"), {})
+    assert "texts_per_image" not in cc12m.names and "rare_ngrams" in cc12m.names  # cc12m has no sharing limits
+    assert off.notes["near_duplicate_corpus"].startswith("same sha256, same pHash, or embedding cosine > ")

@@ -20,8 +20,8 @@ from common.schema import make_key
 from dedup.transforms import IndexRows
 from filters.image import perceptual_hash
 from filters.presets import get_preset
-from pipeline import build
-from pipeline import near_duplicates as near_dup
+from pipeline import build, dedup_options
+from pipeline import eval_index as index_files
 
 from conftest import build_args
 
@@ -56,40 +56,40 @@ def read_files(directory):
 def test_index_files_round_trip_byte_for_byte(tmp_path):
     index = random_index(41)
     thumbnails = random_thumbnails(index)
-    near_dup.write_index(index, str(tmp_path / "a"), thumbnails)
-    near_dup.write_index(random_index(41), str(tmp_path / "b"), random_thumbnails(random_index(41)))
+    index_files.write_index(index, str(tmp_path / "a"), thumbnails)
+    index_files.write_index(random_index(41), str(tmp_path / "b"), random_thumbnails(random_index(41)))
     assert read_files(tmp_path / "a") == read_files(tmp_path / "b")  # same index, same bytes
-    assert sorted(read_files(tmp_path / "a")) == sorted([near_dup.VECTORS_FILE, near_dup.ROWS_FILE, near_dup.THUMBNAILS_FILE])
+    assert sorted(read_files(tmp_path / "a")) == sorted([index_files.VECTORS_FILE, index_files.ROWS_FILE, index_files.THUMBNAILS_FILE])
 
-    loaded = near_dup.load_index_rows(str(tmp_path / "a"))
+    loaded = index_files.load_index_rows(str(tmp_path / "a"))
     assert isinstance(loaded, IndexRows) and IndexRows.of(loaded) is loaded
     assert loaded.vectors.dtype == np.float32 and loaded.vectors.shape == (41, 143)
     np.testing.assert_allclose(loaded.vectors, index.vectors, atol=1e-6)
     for field in ("keys", "set_names", "variants"):
         assert getattr(loaded, field).tolist() == getattr(index, field).tolist()
-    lines = (tmp_path / "a" / near_dup.THUMBNAILS_FILE).read_text().splitlines()
-    assert dict(near_dup.thumbnail_entry(line) for line in lines) == thumbnails
-    assert [near_dup.thumbnail_entry(line)[0] for line in lines] == list(thumbnails)  # in the index's order
+    lines = (tmp_path / "a" / index_files.THUMBNAILS_FILE).read_text().splitlines()
+    assert dict(index_files.thumbnail_entry(line) for line in lines) == thumbnails
+    assert [index_files.thumbnail_entry(line)[0] for line in lines] == list(thumbnails)  # in the index's order
 
 
 def test_empty_index_round_trips(tmp_path):
-    near_dup.write_index(IndexRows(np.zeros((0, 143), np.float32), [], [], []), str(tmp_path), {})
-    loaded = near_dup.load_index_rows(str(tmp_path))
+    index_files.write_index(IndexRows(np.zeros((0, 143), np.float32), [], [], []), str(tmp_path), {})
+    loaded = index_files.load_index_rows(str(tmp_path))
     assert len(loaded) == 0 and loaded.vectors.shape == (0, 143)
 
 
 def test_rows_and_vectors_must_agree(tmp_path):
-    near_dup.write_index(random_index(8), str(tmp_path), {})
-    rows = (tmp_path / near_dup.ROWS_FILE).read_text().splitlines()
-    (tmp_path / near_dup.ROWS_FILE).write_text("\n".join(rows[:-1]) + "\n")
+    index_files.write_index(random_index(8), str(tmp_path), {})
+    rows = (tmp_path / index_files.ROWS_FILE).read_text().splitlines()
+    (tmp_path / index_files.ROWS_FILE).write_text("\n".join(rows[:-1]) + "\n")
     with pytest.raises(ValueError, match="8 vectors but 7 rows"):
-        near_dup.load_index_rows(str(tmp_path))
+        index_files.load_index_rows(str(tmp_path))
 
 
 def test_index_rows_and_thumbnails_are_read_on_workers(tmp_path):
     index = random_index(12)
     thumbnails = random_thumbnails(index)
-    near_dup.write_index(index, str(tmp_path), thumbnails)
+    index_files.write_index(index, str(tmp_path), thumbnails)
     known = ("coco", "img00001.png")  # has a thumbnail
     missing = ("coco", "img00002.png")  # written as null
     assert thumbnails[known] and thumbnails[missing] is None
@@ -102,10 +102,10 @@ def test_index_rows_and_thumbnails_are_read_on_workers(tmp_path):
     expected = [dict(rows[0], index_thumbnail=thumbnails[known]), dict(rows[1], index_thumbnail=thumbnails[known]),
                 dict(rows[2], index_thumbnail=None), dict(rows[3], index_thumbnail=None)]
     with TestPipeline(runner="FnApiRunner") as p:
-        loaded = p | near_dup.ReadIndexRows(str(tmp_path))
+        loaded = p | index_files.ReadIndexRows(str(tmp_path))
         summary = loaded | beam.Map(lambda r: (len(r), r.vectors.shape[1], tuple(r.keys), tuple(r.variants)))
         assert_that(summary, equal_to([(12, 143, tuple(index.keys), tuple(index.variants))]), label="CheckRows")
-        joined = p | beam.Create(rows) | near_dup.AddIndexThumbnails(str(tmp_path))
+        joined = p | beam.Create(rows) | index_files.AddIndexThumbnails(str(tmp_path))
         assert_that(joined, equal_to(expected), label="CheckThumbnails")
 
 
@@ -121,13 +121,13 @@ def test_build_graph_carries_the_index_path_not_its_data(tmp_path):
     # Dataflow rejects job graphs over 10 MB; a real index (1e5 rows) is 57 MB.
     big, small = random_index(6000), random_index(4)
     big_thumbnails = random_thumbnails(big)
-    near_dup.write_index(big, str(tmp_path / "big"), big_thumbnails)
-    near_dup.write_index(small, str(tmp_path / "sml"), random_thumbnails(small))
+    index_files.write_index(big, str(tmp_path / "big"), big_thumbnails)
+    index_files.write_index(small, str(tmp_path / "sml"), random_thumbnails(small))
     data_bytes = big.vectors.nbytes + sum(len(t or "") for t in big_thumbnails.values())
     assert data_bytes > 8_000_000
     overrides = ["dedup_in_corpus=true"]  # both users of the index: eval matching and the pairs report
-    with_big = graph_size(tmp_path, build.EvalIndex(str(tmp_path / "big"), 0.9, ""), overrides)
-    with_small = graph_size(tmp_path, build.EvalIndex(str(tmp_path / "sml"), 0.9, ""), overrides)
+    with_big = graph_size(tmp_path, index_files.EvalIndex(str(tmp_path / "big"), 0.9, ""), overrides)
+    with_small = graph_size(tmp_path, index_files.EvalIndex(str(tmp_path / "sml"), 0.9, ""), overrides)
     assert abs(with_big - with_small) < 1000, (with_big, with_small)
     assert with_big < data_bytes / 10
 
@@ -137,17 +137,17 @@ def test_preset_search_parameters_reach_the_search_options():
     from dedup.transforms import SearchOptions
 
     preset = get_preset("align", ["num_clusters=64", "nearest_clusters=8", "bucket_size=2", "kmeans_sample_size=5000"])
-    options = SearchOptions(threshold=0.9, search=preset.near_duplicate_search, **build.search_options(preset))
+    options = SearchOptions(threshold=0.9, search=preset.near_duplicate_search, **dedup_options.search_options(preset))
     assert (options.search, options.num_clusters, options.nearest_clusters, options.bucket_size, options.sample_size) == (
         "exact", 64, 8, 2, 5000)
     assert options.merge_cosine is None  # automatic: no thinning for the exact search
     buckets = get_preset("align", ["near_duplicate_search=buckets"])
-    options = SearchOptions(threshold=0.9, search=buckets.near_duplicate_search, **build.search_options(buckets))
+    options = SearchOptions(threshold=0.9, search=buckets.near_duplicate_search, **dedup_options.search_options(buckets))
     assert options.merge_cosine == pytest.approx(kmeans.merge_cosine_for(0.9))
     never = get_preset("align", ["near_duplicate_search=buckets", "centroid_merge_cosine=-1"])
-    assert SearchOptions(threshold=0.9, search="buckets", **build.search_options(never)).merge_cosine is None
+    assert SearchOptions(threshold=0.9, search="buckets", **dedup_options.search_options(never)).merge_cosine is None
     fixed = get_preset("align", ["centroid_merge_cosine=0.99"])
-    assert SearchOptions(threshold=0.9, **build.search_options(fixed)).merge_cosine == 0.99
+    assert SearchOptions(threshold=0.9, **dedup_options.search_options(fixed)).merge_cosine == 0.99
 
 
 # ---------------------------------------------------------------------------
@@ -272,4 +272,4 @@ def test_eval_and_in_corpus_dedup_in_one_build(sample_dir, tmp_path, search):
     assert all(p["thumbnail"] and p["index_thumbnail"] for p in pairs)
     index_dir = out / "near_duplicates" / "index"
     assert sorted(p.name for p in index_dir.iterdir()) == sorted(
-        [near_dup.VECTORS_FILE, near_dup.ROWS_FILE, near_dup.THUMBNAILS_FILE])
+        [index_files.VECTORS_FILE, index_files.ROWS_FILE, index_files.THUMBNAILS_FILE])

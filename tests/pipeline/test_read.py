@@ -156,9 +156,10 @@ def test_beam_reader_accounts_for_every_row_against_the_footers(tmp_path):
     ]
     footer_rows = sum(pq.ParquetFile(f).metadata.num_rows for f in files if not f.endswith("d.parquet"))
     p = beam.Pipeline(runner="FnApiRunner")
+    read = p | ReadCandidates(pattern)
     labels = (
-        p
-        | ReadCandidates(pattern)
+        (read["survivors"], read["rejected"])
+        | beam.Flatten()
         | beam.Map(lambda r: "written" if isinstance(r, Candidate) else r.reason)
     )
     assert_that(labels, equal_to(list(expected.elements())))

@@ -257,7 +257,7 @@ def assert_read(pattern, expected, **kwargs):
 
     with beam.Pipeline("FnApiRunner", options=PipelineOptions([])) as p:
         out = p | read.ReadCandidates(pattern, **kwargs)
-        fated = out | beam.Map(lambda r: ("written" if isinstance(r, Candidate) else r.reason, r.url))
+        fated = (out["survivors"], out["rejected"]) | beam.Flatten() | beam.Map(lambda r: ("written" if isinstance(r, Candidate) else r.reason, r.url))
         assert_that(fated, equal_to(expected))
 
 

@@ -17,9 +17,10 @@ still written, with the failure at the top), 2 if there is no funnel at all.
 Any stats file may be missing (its stage did not run); the report says so.
 Paths may be local or anything Beam's FileSystems reads (``gs://``).
 
-This module imports only the standard library at import time: the build
-prints its funnel with ``format_funnel``; matplotlib is imported only to
-render the report.
+The funnel table and its checks are ``pipeline.funnel_table`` (the build
+prints its funnel with it), the plots ``pipeline.report_plots``; this
+module reads the stats, writes the HTML and is the command line.
+matplotlib is imported only to render the report.
 """
 
 from __future__ import annotations
@@ -27,9 +28,7 @@ from __future__ import annotations
 import argparse
 import base64
 import binascii
-import functools
 import html
-import io
 import json
 import math
 import os
@@ -38,7 +37,9 @@ import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from common import files
-from filters import presets, stages
+from filters import stages
+from pipeline.funnel_table import as_int, check_funnel, format_funnel, percent, stage_rejected
+from pipeline.report_plots import DISTRIBUTION_CUTS, plot_cosines, plot_count_of_counts, plot_distribution, plot_funnel
 
 STATS_DIR = "stats"
 FUNNEL_FILE = "funnel.json"
@@ -47,7 +48,6 @@ DISTRIBUTIONS_FILE = "distributions.json"
 NEAR_DUPLICATES_FILE = "near_duplicates.jsonl"
 REPORT_FILE = "report.html"
 
-TOP_REASONS = 3
 MAX_NEAR_DUPLICATE_PAIRS = 200
 MIN_PAIRS_FOR_HISTOGRAM = 10
 
@@ -118,354 +118,6 @@ def load_stats(data_dir: str) -> dict:
     loaded["samples"] = read_jsonl(SAMPLES_FILE)
     loaded["near_duplicates"] = read_jsonl(NEAR_DUPLICATES_FILE)
     return loaded
-
-
-# ---------------------------------------------------------------------------
-# The funnel: checks and the text table
-# ---------------------------------------------------------------------------
-
-
-def _int(value) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return 0
-
-
-def _stage_rejected(row: dict) -> int:
-    return sum(_int(c) for c in (row.get("rejected") or {}).values())
-
-
-def check_funnel(funnel: dict) -> List[str]:
-    """Every way the funnel breaks the conservation law; ``[]`` when it holds.
-
-    The law is recomputed from the numbers, never taken from the file's own
-    ``conserved`` flag (which is checked against it too).
-    """
-    problems = []
-    total_in = _int(funnel.get("input"))
-    written = sum(_int(v) for v in (funnel.get("written") or {}).values())
-    rows = funnel.get("stages") or []
-    by_stage = sum(_stage_rejected(row) for row in rows)
-    rejected_total = _int(funnel.get("rejected_total", by_stage))
-    if total_in != written + rejected_total:
-        diff = total_in - written - rejected_total
-        what = f"{diff:,} record(s) unaccounted for" if diff > 0 else f"{-diff:,} record(s) counted twice"
-        problems.append(
-            f"CONSERVATION CHECK FAILED: input {total_in:,} != written {written:,} + rejected {rejected_total:,} ({what})"
-        )
-    if rejected_total != by_stage:
-        problems.append(f"rejected_total {rejected_total:,} != sum of stage rejections {by_stage:,}")
-    if "conserved" in funnel and bool(funnel["conserved"]) != (total_in == written + rejected_total):
-        problems.append(f"funnel.json says conserved={funnel['conserved']} but the numbers say otherwise")
-    expected = total_in
-    for row in rows:
-        name = row.get("stage", "?")
-        if name not in stages.STAGE_INDEX and not row.get("extra"):
-            problems.append(f"unknown stage {name!r}")
-        n_in, n_out = _int(row.get("in")), _int(row.get("out"))
-        if n_in != expected:
-            problems.append(f"stage {name}: in {n_in:,} != previous stage's out {expected:,}")
-        if n_in - _stage_rejected(row) != n_out:
-            problems.append(f"stage {name}: in {n_in:,} - rejected {_stage_rejected(row):,} != out {n_out:,}")
-        if not row.get("ran", True) and _stage_rejected(row):
-            problems.append(f"stage {name}: marked not run but rejected {_stage_rejected(row):,}")
-        expected = n_out
-    if rows and expected != written:
-        problems.append(f"last stage's out {expected:,} != written {written:,}")
-    order = [row.get("stage") for row in rows if row.get("stage") in stages.STAGE_INDEX]
-    if order != sorted(order, key=stages.STAGE_INDEX.get):
-        problems.append("stages are not in the order of filters/stages.py")
-    return problems
-
-
-def _pct(part: int, whole: int) -> str:
-    return f"{100.0 * part / whole:.1f}%" if whole else "-"
-
-
-def _top_reasons(row: dict, limit: int = TOP_REASONS) -> str:
-    reasons = sorted((row.get("rejected") or {}).items(), key=lambda kv: (-_int(kv[1]), kv[0]))
-    reasons = [(r, _int(c)) for r, c in reasons if _int(c)]
-    shown = [f"{r.split('/', 1)[-1]} {c:,}" for r, c in reasons[:limit]]
-    if len(reasons) > limit:
-        shown.append(f"+{len(reasons) - limit} more")
-    return ", ".join(shown)
-
-
-def _override(value) -> str:
-    if isinstance(value, (list, tuple)):
-        return ",".join(map(str, value))
-    return json.dumps(value)
-
-
-def format_funnel(funnel: dict) -> str:
-    """The funnel as an aligned text table, then written/rejected totals and checks."""
-    total_in = _int(funnel.get("input"))
-    rows = funnel.get("stages") or []
-    header = ("#", "stage", "in", "rejected", "out", "% of input", "top reasons")
-    table = []
-    for i, row in enumerate(rows, 1):
-        ran = row.get("ran", True)
-        rejected = _stage_rejected(row)
-        table.append(
-            (
-                str(i),
-                str(row.get("stage", "?")),
-                f"{_int(row.get('in')):,}",
-                f"{rejected:,}" if ran else "-",
-                f"{_int(row.get('out')):,}",
-                _pct(_int(row.get("out")), total_in),
-                _top_reasons(row) if ran else "(not run)",
-            )
-        )
-    widths = [max(len(r[c]) for r in table + [header]) for c in range(len(header))]
-    left = {1, 6}  # stage names and reasons read left to right, numbers right-aligned
-
-    def line(cells):
-        parts = [cell.ljust(w) if c in left else cell.rjust(w) for c, (cell, w) in enumerate(zip(cells, widths))]
-        return "  ".join(parts).rstrip()
-
-    dataset = funnel.get("dataset") or "?"
-    preset = repr(funnel.get("preset_name") or "?")
-    overrides = funnel.get("preset_overrides") or {}
-    if overrides:
-        preset += " with " + ", ".join(f"{k}={_override(v)}" for k, v in overrides.items())
-    out = [f"funnel of {dataset!r} (preset {preset}): {total_in:,} input records", line(header)]
-    out.append("  ".join("-" * w for w in widths))
-    out += [line(cells) for cells in table]
-    notes = [(row.get("stage", "?"), row["note"]) for row in rows if row.get("note")]
-    if notes:
-        out.append("notes:")
-        out += [f"  {name}: {note}" for name, note in notes]
-    written = {k: _int(v) for k, v in (funnel.get("written") or {}).items()}
-    written_total = sum(written.values())
-    rejected_total = _int(funnel.get("rejected_total", sum(_stage_rejected(r) for r in rows)))
-    splits = ", ".join(f"{k} {v:,}" for k, v in written.items()) or "nothing"
-    out.append(f"written: {splits} ({written_total:,} total, {_pct(written_total, total_in)} of input)")
-    out.append(f"rejected: {rejected_total:,} ({_pct(rejected_total, total_in)} of input)")
-    problems = check_funnel(funnel)
-    if problems:
-        bar = "!" * 78
-        out += [bar] + [f"!!! {p}" for p in problems] + [bar]
-    else:
-        out.append(f"conservation: input {total_in:,} == written {written_total:,} + rejected {rejected_total:,}  OK")
-    return "\n".join(out)
-
-
-# ---------------------------------------------------------------------------
-# Plots (matplotlib imported here only)
-# ---------------------------------------------------------------------------
-
-#: Which preset parameters cut each distribution. The side that is kept
-#: (``value OP param``) comes from ``filters.presets.keep_op``, the one place
-#: the direction is written; a parameter at its "off" value draws no line.
-DISTRIBUTION_CUTS = {
-    "shorter_side": ("min_shorter_side", "min_both_sides"),
-    "aspect_ratio": ("max_aspect_ratio",),
-    "words_per_text": ("min_words", "max_words"),
-    "texts_per_image": ("max_texts_per_image",),
-    "images_per_text": ("max_images_per_text",),
-}
-
-
-#: A distribution is drawn on a log count axis when its largest bin is at
-#: least this many times its smallest non-empty one (unless it says "log").
-LOG_SCALE_RATIO = 50
-
-KEPT, CUT, MIXED, UNKNOWN = "#4c78a8", "#e45756", "#f2a33a", "#9d9da1"
-
-
-def distribution_cuts(name: str, dist: dict, preset: dict) -> List[Tuple[str, str, float]]:
-    """``[(label, op, value)]`` for a distribution: its own ``cut``, else the preset's."""
-    cuts = []
-    for param in DISTRIBUTION_CUTS.get(name, ()):
-        value = preset.get(param)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not presets.rule_enabled(param, preset):
-            continue
-        cuts.append((param, presets.keep_op(param, preset), float(value)))
-    if not cuts and isinstance(dist.get("cut"), (int, float)):
-        cuts.append(("cut", "", float(dist["cut"])))
-    return cuts
-
-
-def _bins(dist: dict) -> List[Tuple[float, Optional[float], int]]:
-    """``[(lo, hi or None for an open last bin, count)]`` from edges/counts.
-
-    Two conventions are read: ``len(counts) == len(edges) - 1`` (bins between
-    edges) and ``len(counts) == len(edges)`` (the last bin is ``>= edges[-1]``).
-    """
-    edges = [float(e) for e in dist.get("edges") or []]
-    counts = [_int(c) for c in dist.get("counts") or []]
-    if len(counts) == len(edges) - 1:
-        return [(edges[i], edges[i + 1], counts[i]) for i in range(len(counts))]
-    if len(counts) == len(edges):
-        return [(edges[i], edges[i + 1] if i + 1 < len(edges) else None, counts[i]) for i in range(len(counts))]
-    raise ValueError(f"{len(counts)} counts for {len(edges)} edges")
-
-
-def _bin_label(lo: float, hi: Optional[float], integer: bool) -> str:
-    """Integer bins by their inclusive range ([3, 5) is "3–4"); real bins by edges."""
-
-    def num(x):
-        return f"{int(x):,}" if float(x).is_integer() else f"{x:g}"
-
-    if hi is None:
-        return f"≥{num(lo)}"
-    if integer:
-        return num(lo) if hi - lo <= 1 else f"{num(lo)}–{num(hi - 1)}"
-    return f"{num(lo)}–{num(hi)}"
-
-
-def _bin_colour(lo: float, hi: Optional[float], cuts, integer: bool) -> str:
-    """Kept, cut or mixed: does every value of the bin pass every cut?"""
-    ops = [(functools.partial(presets.compare, op), value) for _, op, value in cuts if op]
-    if not ops:
-        return UNKNOWN
-    last = (hi - 1 if integer else hi * (1 - 1e-9)) if hi is not None else math.inf
-    ends = [lo, max(lo, last)]
-    verdicts = {all(f(v, t) for f, t in ops) for v in ends}
-    return KEPT if verdicts == {True} else CUT if verdicts == {False} else MIXED
-
-
-def _figure(width: float, height: float, left: float = 0.8, bottom: float = 0.55):
-    """A pyplot-free Figure (no global state, Agg canvas); margins in inches."""
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width, height), dpi=100)
-    fig.subplots_adjust(left=left / width, right=1 - 0.2 / width, bottom=bottom / height, top=1 - 0.35 / height)
-    return fig
-
-
-def _png_data_uri(fig) -> str:
-    buf = io.BytesIO()
-    # A fixed layout, not bbox_inches="tight": that draws every figure twice.
-    fig.savefig(buf, format="png", metadata={"Software": None})
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-def plot_funnel(funnel: dict) -> str:
-    """Horizontal bars per stage: records out (kept) and rejected, in order."""
-    rows = funnel.get("stages") or []
-    fig = _figure(9, 0.3 * max(len(rows), 3) + 1.0, left=1.6, bottom=0.5)
-    ax = fig.add_subplot()
-    names = [row.get("stage", "?") for row in rows]
-    outs = [_int(row.get("out")) for row in rows]
-    rejected = [_stage_rejected(row) for row in rows]
-    ys = list(range(len(rows)))[::-1]
-    ax.barh(ys, outs, color=[KEPT if row.get("ran", True) else UNKNOWN for row in rows], label="out (kept)")
-    ax.barh(ys, rejected, left=outs, color=CUT, label="rejected by this stage")
-    total = max(_int(funnel.get("input")), 1)
-    for y, row, out, rej in zip(ys, rows, outs, rejected):
-        text = f"{out:,}" + (f"  (-{rej:,})" if rej else "") + ("" if row.get("ran", True) else "  not run")
-        ax.text(total * 1.01, y, text, va="center", fontsize=8)
-    ax.set_yticks(ys, names, fontsize=8)
-    ax.set_xlim(0, total * 1.3)
-    ax.set_xlabel("records")
-    ax.set_title("funnel: records remaining after each stage", fontsize=10)
-    ax.legend(loc="lower left", fontsize=8)
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
-    return _png_data_uri(fig)
-
-
-def _wants_log(dist: dict) -> bool:
-    """The file's ``log`` flag, else log when small bins would vanish next to big ones."""
-    if "log" in dist:
-        return bool(dist["log"])
-    positive = [_int(c) for c in dist.get("counts") or [] if _int(c) > 0]
-    return bool(positive) and max(positive) >= LOG_SCALE_RATIO * min(positive)
-
-
-def plot_distribution(name: str, dist: dict, preset: dict) -> str:
-    """Equal-width bars per bin (edges are uneven), coloured kept/cut by the preset."""
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
-
-    bins = _bins(dist)
-    cuts = distribution_cuts(name, dist, preset)
-    integer = all(float(lo).is_integer() and (hi is None or float(hi).is_integer()) for lo, hi, _ in bins)
-    fig = _figure(max(5.0, 0.4 * len(bins) + 1.2), 3.2, bottom=0.8)
-    ax = fig.add_subplot()
-    xs = list(range(len(bins)))
-    colours = [_bin_colour(lo, hi, cuts, integer) for lo, hi, _ in bins]
-    ax.bar(xs, [c for _, _, c in bins], width=0.9, color=colours)
-    ax.margins(y=0.08)
-    ax.set_xticks(xs, [_bin_label(lo, hi, integer) for lo, hi, _ in bins], rotation=45, ha="right", fontsize=8)
-    if _wants_log(dist):
-        ax.set_yscale("symlog", linthresh=1)
-        ax.set_ylabel("count (log)")
-    else:
-        ax.set_ylabel("count")
-    used = [(KEPT, "kept"), (CUT, "cut"), (MIXED, "partly cut")]
-    handles = [Patch(color=c, label=t) for c, t in used if c in colours]
-    styles = iter(("--", ":", "-."))
-    for label, op, value in cuts:
-        x = _position(_boundary(op, value, integer), bins)
-        if x is None:
-            continue
-        style = next(styles, "--")
-        ax.axvline(x, color="black", linestyle=style, linewidth=1)
-        text = f"{label} = {value:g}" + (f" (keep {op} {value:g})" if op else "")
-        handles.append(Line2D([], [], color="black", linestyle=style, linewidth=1, label=text))
-    ax.set_title(name, fontsize=10)
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
-    if handles:
-        ax.legend(handles=handles, fontsize=7, loc="best", framealpha=0.9)
-    return _png_data_uri(fig)
-
-
-def _position(value: float, bins) -> Optional[float]:
-    """x of ``value`` on the equal-width bin axis (bin i is centred on i)."""
-    for i, (lo, hi, _) in enumerate(bins):
-        if value < lo:
-            return None if i == 0 else i - 0.5
-        if hi is None or value < hi:
-            return i - 0.5 + (0.0 if hi is None else (value - lo) / (hi - lo))
-    return len(bins) - 0.5
-
-
-def _boundary(op: str, value: float, integer: bool) -> float:
-    """Where kept and cut values meet: for integers ``> 200`` cuts 200 itself."""
-    return value + 1 if integer and op in (">", "<=") else value
-
-
-def plot_count_of_counts(coc: dict) -> str:
-    """How many distinct n-grams occur exactly c times, log-log, with the cut."""
-    pairs = sorted((_int(c), _int(n)) for c, n in (coc.get("counts") or {}).items() if _int(c) > 0)
-    fig = _figure(6.5, 3.4, bottom=0.75)
-    ax = fig.add_subplot()
-    if pairs:
-        ax.scatter([c for c, _ in pairs], [n for _, n in pairs], s=8, color=KEPT)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-    cut = coc.get("cut_count")
-    if isinstance(cut, (int, float)) and cut > 0:
-        ax.axvline(cut, color=CUT, linestyle="--", linewidth=1)
-        ax.text(cut, 0.03, f" n-grams seen < {cut:g} times: out of vocabulary", transform=ax.get_xaxis_transform(),
-                va="bottom", fontsize=7, color=CUT)
-    ax.set_xlabel("times an n-gram occurs")
-    ax.set_ylabel("distinct n-grams")
-    ax.set_title("n-gram count of counts", fontsize=10)
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
-    return _png_data_uri(fig)
-
-
-def plot_cosines(pairs: Sequence[dict], threshold: Optional[float]) -> str:
-    cosines = [float(p["cosine"]) for p in pairs if isinstance(p.get("cosine"), (int, float))]
-    fig = _figure(6.0, 2.6)
-    ax = fig.add_subplot()
-    ax.hist(cosines, bins=min(40, max(5, len(cosines) // 2)), color=KEPT)
-    if threshold:
-        ax.axvline(threshold, color=CUT, linestyle="--", linewidth=1)
-        ax.text(threshold, 0.97, f" threshold {threshold:g}", transform=ax.get_xaxis_transform(), va="top", fontsize=7)
-    ax.set_xlabel("cosine similarity of the pair")
-    ax.set_ylabel("pairs")
-    ax.set_title("near-duplicate pairs found", fontsize=10)
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
-    return _png_data_uri(fig)
 
 
 # ---------------------------------------------------------------------------
@@ -545,28 +197,28 @@ def _truncate(text: str, limit: int) -> str:
 def _section_funnel(funnel: Optional[dict]) -> str:
     if funnel is None:
         return '<h2 id="funnel">Funnel</h2><p class="banner fail">funnel.json is missing: the build did not finish.</p>'
-    total = _int(funnel.get("input"))
+    total = as_int(funnel.get("input"))
     rows = []
     for i, row in enumerate(funnel.get("stages") or [], 1):
         ran = row.get("ran", True)
-        reasons = sorted((row.get("rejected") or {}).items(), key=lambda kv: (-_int(kv[1]), kv[0]))
+        reasons = sorted((row.get("rejected") or {}).items(), key=lambda kv: (-as_int(kv[1]), kv[0]))
         reason_html = "<br>".join(
-            f'<a href="#r-{_e(r)}">{_e(r)}</a> {_int(c):,} ({_pct(_int(c), total)})' for r, c in reasons if _int(c)
+            f'<a href="#r-{_e(r)}">{_e(r)}</a> {as_int(c):,} ({percent(as_int(c), total)})' for r, c in reasons if as_int(c)
         )
         note = f'<div class="muted">{_e(row["note"])}</div>' if row.get("note") else ""
         rows.append(
             f'<tr class="{"" if ran else "notrun"}"><td class="num">{i}</td>'
             f'<td><b>{_e(row.get("stage"))}</b><div class="muted">{_e(row.get("description", ""))}</div>{note}</td>'
-            f'<td class="num">{_int(row.get("in")):,}</td>'
-            f'<td class="num">{(f"{_stage_rejected(row):,}" if ran else "not run")}</td>'
-            f'<td class="num">{_int(row.get("out")):,}</td>'
-            f'<td class="num">{_pct(_int(row.get("out")), total)}</td><td>{reason_html}</td></tr>'
+            f'<td class="num">{as_int(row.get("in")):,}</td>'
+            f'<td class="num">{(f"{stage_rejected(row):,}" if ran else "not run")}</td>'
+            f'<td class="num">{as_int(row.get("out")):,}</td>'
+            f'<td class="num">{percent(as_int(row.get("out")), total)}</td><td>{reason_html}</td></tr>'
         )
     written = funnel.get("written") or {}
-    written_html = ", ".join(f"{_e(k)} {_int(v):,}" for k, v in written.items()) or "nothing"
+    written_html = ", ".join(f"{_e(k)} {as_int(v):,}" for k, v in written.items()) or "nothing"
     return (
         '<h2 id="funnel">Funnel</h2>'
-        f"<p>{total:,} input records; written: {written_html}; rejected: {_int(funnel.get('rejected_total')):,}. "
+        f"<p>{total:,} input records; written: {written_html}; rejected: {as_int(funnel.get('rejected_total')):,}. "
         "Every record is counted once, at the first stage that rejects it.</p>"
         "<table><tr><th>#</th><th>stage</th><th>in</th><th>rejected</th><th>out</th><th>% of input</th>"
         "<th>reasons</th></tr>" + "".join(rows) + "</table>"
@@ -602,14 +254,14 @@ def _section_distributions(distributions: Optional[dict], preset: dict) -> str:
         except (ValueError, TypeError) as err:
             figures.append(f'<figure><figcaption><b>{_e(name)}</b>: cannot plot ({_e(err)})</figcaption></figure>')
             continue
-        total = sum(_int(c) for c in dist.get("counts") or [])
+        total = sum(as_int(c) for c in dist.get("counts") or [])
         caption = f"<b>{_e(name)}</b>: {_e(dist.get('description', ''))} ({total:,} values)"
         figures.append(f'<figure><img src="{uri}" alt="{_e(name)} histogram"><figcaption>{caption}</figcaption></figure>')
     coc = distributions.get("count_of_counts")
     if isinstance(coc, dict):
         caption = (
-            f"<b>count_of_counts</b>: {_int(coc.get('num_ngrams')):,} distinct unigrams+bigrams; "
-            f"vocabulary keeps {_int(coc.get('vocab_size')):,} (cut at count {_e(coc.get('cut_count'))}). "
+            f"<b>count_of_counts</b>: {as_int(coc.get('num_ngrams')):,} distinct unigrams+bigrams; "
+            f"vocabulary keeps {as_int(coc.get('vocab_size')):,} (cut at count {_e(coc.get('cut_count'))}). "
             "An alt-text with any n-gram outside the vocabulary is dropped (rare_ngrams)."
         )
         figures.append(
@@ -628,7 +280,7 @@ def _section_samples(samples: List[dict], funnel: Optional[dict]) -> str:
         return head + '<p class="muted">rejected_samples.jsonl is missing or empty.</p>'
     counts = {}
     for row in (funnel or {}).get("stages") or []:
-        counts.update({r: _int(c) for r, c in (row.get("rejected") or {}).items()})
+        counts.update({r: as_int(c) for r, c in (row.get("rejected") or {}).items()})
     by_reason: Dict[str, List[dict]] = {}
     for row in samples:
         by_reason.setdefault(str(row.get("reason", "?")), []).append(row)
@@ -645,7 +297,7 @@ def _section_samples(samples: List[dict], funnel: Optional[dict]) -> str:
         cards = []
         for row in rows:
             alt = str(row.get("alt_text") or "")
-            size = f"{_int(row.get('width'))}×{_int(row.get('height'))}" if row.get("width") else ""
+            size = f"{as_int(row.get('width'))}×{as_int(row.get('height'))}" if row.get("width") else ""
             meta = " ".join(x for x in (size, str(row.get("format") or "")) if x)
             cards.append(
                 f'<div class="card{blur}">{_img(row.get("thumbnail"), alt)}'
@@ -702,8 +354,8 @@ def build_html(loaded: dict) -> str:
         banner = '<div class="banner fail">FUNNEL CHECK FAILED<ul>' + "".join(f"<li>{_e(p)}</li>" for p in problems) + "</ul></div>"
     else:
         banner = (
-            f'<div class="banner ok">Conserved: input {_int(funnel.get("input")):,} = written '
-            f'{sum(_int(v) for v in (funnel.get("written") or {}).values()):,} + rejected {_int(funnel.get("rejected_total")):,}</div>'
+            f'<div class="banner ok">Conserved: input {as_int(funnel.get("input")):,} = written '
+            f'{sum(as_int(v) for v in (funnel.get("written") or {}).values()):,} + rejected {as_int(funnel.get("rejected_total")):,}</div>'
         )
     notices = [f"{name} is missing" for name in loaded.get("missing", []) if name != FUNNEL_FILE]
     notices += [f"{name}: {why}" for name, why in loaded.get("unreadable", {}).items()]

@@ -15,10 +15,7 @@ SIZE_REASON = f"Over {MAX_LINES} lines"
 MIN_REASON_CHARS = 40
 # Modules being split right now (issue 9), path -> who splits them and how.
 # Remove an entry when its split lands.
-BEING_SPLIT = {
-    "pipeline/audit.py": "issue 9, layout-build: funnel formatting and the HTML report in their own modules",
-    "pipeline/build.py": "issue 9, layout-build: build.py becomes the graph",
-}
+BEING_SPLIT = {}
 
 
 def stated_reason(source: str):

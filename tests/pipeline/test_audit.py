@@ -19,7 +19,7 @@ from PIL import Image, ImageDraw
 
 from filters import stages
 from filters.presets import get_preset
-from pipeline import audit
+from pipeline import audit, funnel_table, report_plots
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -199,7 +199,7 @@ def parse(html_text):
 
 def test_format_funnel_lists_every_stage_in_order_with_its_numbers():
     funnel = make_funnel()
-    text = audit.format_funnel(funnel)
+    text = funnel_table.format_funnel(funnel)
     lines = text.splitlines()
     positions = []
     for i, name in enumerate(stages.STAGE_NAMES, 1):
@@ -223,7 +223,7 @@ def test_format_funnel_lists_every_stage_in_order_with_its_numbers():
 
 
 def test_format_funnel_columns_are_aligned():
-    lines = audit.format_funnel(make_funnel()).splitlines()
+    lines = funnel_table.format_funnel(make_funnel()).splitlines()
     table = lines[1:2 + 1 + len(stages.STAGES)]
     # right-aligned numeric columns end at the same offset on every row
     ends = {line.index("%") for line in table[2:]}
@@ -233,7 +233,7 @@ def test_format_funnel_columns_are_aligned():
 def test_non_conserved_funnel_is_flagged_loudly():
     funnel = make_funnel()
     funnel["written"]["train"] -= 10  # ten records lost without a reason
-    text = audit.format_funnel(funnel)
+    text = funnel_table.format_funnel(funnel)
     assert "!!! CONSERVATION CHECK FAILED" in text
     assert "10 record(s) unaccounted for" in text
     assert "funnel.json says conserved=True" in text
@@ -241,15 +241,15 @@ def test_non_conserved_funnel_is_flagged_loudly():
 
 
 def test_check_funnel_finds_broken_stage_arithmetic():
-    assert audit.check_funnel(make_funnel()) == []
+    assert funnel_table.check_funnel(make_funnel()) == []
     funnel = make_funnel()
     funnel["stages"][3]["out"] += 5
-    problems = audit.check_funnel(funnel)
+    problems = funnel_table.check_funnel(funnel)
     assert any("stage image_size: in" in p for p in problems)
     assert any("stage image_aspect: in" in p and "previous stage" in p for p in problems)
     funnel = make_funnel()
     funnel["stages"][0], funnel["stages"][1] = funnel["stages"][1], funnel["stages"][0]
-    assert any("order" in p for p in audit.check_funnel(funnel))
+    assert any("order" in p for p in funnel_table.check_funnel(funnel))
 
 
 def test_audit_module_imports_without_matplotlib():
@@ -264,32 +264,32 @@ def test_audit_module_imports_without_matplotlib():
 
 
 def test_bins_read_both_histogram_conventions():
-    closed = audit._bins({"edges": [1, 2, 4], "counts": [5, 6]})
+    closed = report_plots._bins({"edges": [1, 2, 4], "counts": [5, 6]})
     assert closed == [(1.0, 2.0, 5), (2.0, 4.0, 6)]
-    open_last = audit._bins({"edges": [1, 2, 4], "counts": [5, 6, 7]})
+    open_last = report_plots._bins({"edges": [1, 2, 4], "counts": [5, 6, 7]})
     assert open_last[-1] == (4.0, None, 7)
     with pytest.raises(ValueError):
-        audit._bins({"edges": [1, 2], "counts": [1, 2, 3, 4]})
-    assert audit._bin_label(3, 5, True) == "3–4" and audit._bin_label(20, 21, True) == "20"
-    assert audit._bin_label(2.5, 2.75, False) == "2.5–2.75" and audit._bin_label(1000, None, True) == "≥1,000"
+        report_plots._bins({"edges": [1, 2], "counts": [1, 2, 3, 4]})
+    assert report_plots._bin_label(3, 5, True) == "3–4" and report_plots._bin_label(20, 21, True) == "20"
+    assert report_plots._bin_label(2.5, 2.75, False) == "2.5–2.75" and report_plots._bin_label(1000, None, True) == "≥1,000"
 
 
 def test_bin_colours_follow_the_preset_rules():
     align = make_funnel("align")["preset"]
-    cuts = audit.distribution_cuts("shorter_side", {}, align)
+    cuts = report_plots.distribution_cuts("shorter_side", {}, align)
     assert cuts == [("min_shorter_side", ">", 200.0)]  # min_both_sides = 0 is disabled
-    assert audit._bin_colour(150, 200, cuts, True) == audit.CUT
-    assert audit._bin_colour(200, 201, cuts, True) == audit.CUT  # 200 itself is not > 200
-    assert audit._bin_colour(201, 250, cuts, True) == audit.KEPT
-    assert audit._bin_colour(150, 250, cuts, True) == audit.MIXED
-    words = audit.distribution_cuts("words_per_text", {}, align)
-    assert audit._bin_colour(20, 21, words, True) == audit.KEPT and audit._bin_colour(21, 30, words, True) == audit.CUT
-    assert audit._bin_colour(2, 3, words, True) == audit.CUT and audit._bin_colour(3, 5, words, True) == audit.KEPT
-    aspect = audit.distribution_cuts("aspect_ratio", {}, align)
-    assert audit._bin_colour(2.75, 3.0, aspect, False) == audit.KEPT and audit._bin_colour(3.0, 4.0, aspect, False) == audit.CUT
+    assert report_plots._bin_colour(150, 200, cuts, True) == report_plots.CUT
+    assert report_plots._bin_colour(200, 201, cuts, True) == report_plots.CUT  # 200 itself is not > 200
+    assert report_plots._bin_colour(201, 250, cuts, True) == report_plots.KEPT
+    assert report_plots._bin_colour(150, 250, cuts, True) == report_plots.MIXED
+    words = report_plots.distribution_cuts("words_per_text", {}, align)
+    assert report_plots._bin_colour(20, 21, words, True) == report_plots.KEPT and report_plots._bin_colour(21, 30, words, True) == report_plots.CUT
+    assert report_plots._bin_colour(2, 3, words, True) == report_plots.CUT and report_plots._bin_colour(3, 5, words, True) == report_plots.KEPT
+    aspect = report_plots.distribution_cuts("aspect_ratio", {}, align)
+    assert report_plots._bin_colour(2.75, 3.0, aspect, False) == report_plots.KEPT and report_plots._bin_colour(3.0, 4.0, aspect, False) == report_plots.CUT
     cc12m = make_funnel("cc12m")["preset"]
-    assert audit.distribution_cuts("aspect_ratio", {}, cc12m) == [("max_aspect_ratio", "<=", 2.5)]
-    assert audit.distribution_cuts("something_else", {"cut": 7}, align) == [("cut", "", 7.0)]
+    assert report_plots.distribution_cuts("aspect_ratio", {}, cc12m) == [("max_aspect_ratio", "<=", 2.5)]
+    assert report_plots.distribution_cuts("something_else", {"cut": 7}, align) == [("cut", "", 7.0)]
 
 
 def test_thumbnail_uri_accepts_only_real_images():

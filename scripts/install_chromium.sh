@@ -20,6 +20,10 @@ if [ "$(id -u)" != "0" ]; then
 fi
 
 export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update
-$SUDO apt-get install -y --no-install-recommends chromium fonts-dejavu-core
+log="${TMPDIR:-/tmp}/alt_text_corpus_chromium_install.log"
+echo "installing Debian's chromium for the report browser test (log: $log)"
+if ! { $SUDO apt-get update && $SUDO apt-get install -y --no-install-recommends chromium fonts-dejavu-core; } >"$log" 2>&1; then
+  echo "install_chromium.sh: apt-get failed; see $log" >&2
+  exit 1
+fi
 echo "chromium installed: $(/usr/bin/chromium --version 2>/dev/null || echo /usr/bin/chromium)"

@@ -16,9 +16,7 @@ from typing import Iterator, Optional
 
 from apache_beam.io.filesystems import FileSystems
 
-from common.schema import make_key
-from filters import stages
-from pipeline.readers.rows import Columns, Rejection, Row, first_present, shown, to_record
+from pipeline.readers.rows import Columns, malformed_line, shown, url_list_record
 
 
 def read_lines(path: str, lines, columns: Columns = Columns()) -> Iterator[object]:
@@ -30,16 +28,9 @@ def read_lines(path: str, lines, columns: Columns = Columns()) -> Iterator[objec
             found = error
         if not isinstance(found, dict):
             note = f"not a JSON object ({type(found).__name__}): {shown(raw[:200]).strip()}"
-            yield Rejection(make_key(position, ""), stages.reason("read", "malformed_line"), url=position, alt_text=note)
+            yield malformed_line(position, note)
             continue
-        url_col = first_present(columns.url, found)
-        caption_col = first_present(columns.caption, found)
-        missing = tuple(n for n, c in (("url", url_col), ("caption", caption_col)) if c is None)
-        yield to_record(
-            Row(position, found.get(url_col) if url_col else None, found.get(caption_col) if caption_col else None,
-                meta=found, missing=missing, has_image_column=False),
-            columns.carry,
-        )
+        yield url_list_record(position, found, found, columns)
 
 
 def read_file(path: str, columns: Columns = Columns()) -> Iterator[object]:

@@ -248,3 +248,24 @@ def to_record(row: Row, carry: Sequence[str] = DEFAULT_CARRIED):
         source_height=_positive_int(meta.get("original_height")),
         carried=carried,
     )
+
+
+def malformed_line(position: str, note: str) -> Rejection:
+    """A line of a URL list that is not a row at all (wrong field count, not JSON)."""
+    return Rejection(make_key(position, ""), stages.reason("read", "malformed_line"), url=position, alt_text=note)
+
+
+def url_list_record(position: str, cells: dict, names, columns: "Columns"):
+    """The record of one well-formed URL-list row (TSV line, JSON object): no image column.
+
+    ``names`` are the columns the row has; url and caption are looked up by
+    ``columns``' names, and every cell is kept as metadata to carry.
+    """
+    url_col = first_present(columns.url, names)
+    caption_col = first_present(columns.caption, names)
+    missing = tuple(n for n, c in (("url", url_col), ("caption", caption_col)) if c is None)
+    return to_record(
+        Row(position, cells.get(url_col) if url_col else None, cells.get(caption_col) if caption_col else None,
+            meta=cells, missing=missing, has_image_column=False),
+        columns.carry,
+    )

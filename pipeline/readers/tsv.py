@@ -20,9 +20,7 @@ from typing import Iterator, List, Optional
 
 from apache_beam.io.filesystems import FileSystems
 
-from common.schema import make_key
-from filters import stages
-from pipeline.readers.rows import Columns, Rejection, Row, first_present, shown, to_record
+from pipeline.readers.rows import Columns, first_present, malformed_line, shown, url_list_record
 
 
 def _fields(line: bytes) -> List[bytes]:
@@ -49,18 +47,9 @@ def read_lines(path: str, lines, columns: Columns = Columns()) -> Iterator[objec
         position = f"{path}#{number}"
         if len(fields) != len(header):
             note = f"{len(fields)} fields, expected {len(header)}: {shown(raw[:200])}"
-            yield Rejection(make_key(position, ""), stages.reason("read", "malformed_line"), url=position, alt_text=note)
+            yield malformed_line(position, note)
             continue
-        cells = dict(zip(header, fields))
-        url_col = first_present(columns.url, header)
-        caption_col = first_present(columns.caption, header)
-        missing = tuple(n for n, c in (("url", url_col), ("caption", caption_col)) if c is None)
-        yield to_record(
-            Row(position, cells.get(url_col) if url_col else None, cells.get(caption_col) if caption_col else None,
-                meta=cells, missing=missing, has_image_column=False),
-            columns.carry,
-        )
-
+        yield url_list_record(position, dict(zip(header, fields)), header, columns)
 
 def read_file(path: str, columns: Columns = Columns()) -> Iterator[object]:
     with FileSystems.open(path) as handle:

@@ -267,6 +267,10 @@ class AccountingError(Exception):
     """The job ran but its counts do not add up; COMPLETED is not written."""
 
 
+SHORT_USAGE = ("usage: python -m pipeline.build --input GLOB --output DIR [--preset align|cc12m] "
+               "[--set NAME=VALUE ...] [--overwrite] (--help lists every option)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m pipeline.build",
@@ -503,12 +507,12 @@ def main() -> None:
         elif arg.startswith("--log-file="):
             log_file = arg.split("=", 1)[1]
     log_path = console.route_library_output("build", log_file)
-    usage = build_parser().format_usage().strip()
     try:
         run(argv)
     except (UsageError, output_lib.OutputRefused) as error:
-        print(usage, file=sys.stderr)
+        # The mistake first, then one line of usage (argparse's full usage block is 12 lines).
         console.error(str(error))
+        print(SHORT_USAGE, file=sys.stderr)
         sys.exit(EXIT_USAGE)
     except output_lib.OutputLocked as error:
         console.error(str(error))

@@ -216,3 +216,13 @@ def test_concurrent_second_build_fails_fast_and_a_killed_build_is_refused(tmp_pa
                                                "started": "now"}))
     locked = cli("--input", str(pattern), "--output", str(out), "--overwrite", *QUICK)
     assert locked.returncode == 3 and locked.stderr.count("\n") == 1 and "run live" in locked.stderr
+
+
+def test_usage_mistake_is_one_error_line_and_one_usage_line(tmp_path):
+    """A bad preset value: the error first, one usage line, exit 2, the output never created."""
+    pattern = write_candidates(tmp_path / "in")
+    done = cli("--input", str(pattern), "--output", str(tmp_path / "out"), "--set", "min_shorter_side=-5")
+    assert done.returncode == build.EXIT_USAGE
+    lines = done.stderr.splitlines()
+    assert lines == ["error: min_shorter_side: must be an integer in [0, inf), got -5", build.SHORT_USAGE], done.stderr
+    assert not (tmp_path / "out").exists()

@@ -32,6 +32,7 @@ file-ordered split (eval).
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 from typing import Optional, Sequence
@@ -49,10 +50,18 @@ _MAX_EPOCHS = 2**40  # "forever", kept inside int64 position arithmetic
 
 
 def list_shards(data_dir: str, split: str) -> list[str]:
-    """Sorted shard paths of ``split`` (local or gs://); raises if there are none."""
-    files = sorted(tf.io.gfile.glob(schema.shard_glob(data_dir, split)))
+    """Sorted shard paths of ``split`` (local or gs://); raises if there are none.
+
+    ``data_dir`` is a literal directory, never a pattern: a corpus in ``c[1]``
+    must not read the shards of a neighbouring ``c1``. Only the file names are
+    matched against the shard pattern.
+    """
+    directory = data_dir.rstrip("/")
+    names_pattern = os.path.basename(schema.shard_glob(directory, split))
+    names = tf.io.gfile.listdir(directory) if tf.io.gfile.isdir(directory) else []
+    files = sorted(f"{directory}/{name}" for name in names if fnmatch.fnmatchcase(name, names_pattern))
     if not files:
-        raise FileNotFoundError(f"no shards match {schema.shard_glob(data_dir, split)}")
+        raise FileNotFoundError(f"no shards named {names_pattern} in {directory}")
     return files
 
 

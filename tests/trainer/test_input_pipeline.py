@@ -300,3 +300,18 @@ def test_restore_reads_no_shard_before_its_position(tiny_corpus, tokenizer, trai
     assert not {path for (e, path) in reads if e == 0} & earlier
     in_epoch_0 = sum(n for (e, _), n in reads.items() if e == 0)
     assert skip < in_epoch_0 <= lengths[order(0)[position]]  # one shard's worth, at most
+
+
+def test_list_shards_takes_the_directory_literally(tiny_corpus, tmp_path):
+    """A corpus in ``c[1]`` reads its own shards, not those of a neighbouring ``c1``."""
+    import shutil
+
+    literal, neighbour = tmp_path / "c[1]", tmp_path / "c1"
+    shutil.copytree(tiny_corpus, literal)
+    neighbour.mkdir()
+    (neighbour / "other-train.tfrecord-00000-of-00001").write_bytes(b"")
+    files = input_pipeline.list_shards(str(literal), "train")
+    assert files and all(os.path.dirname(f) == str(literal) for f in files)
+    assert len(files) == len(input_pipeline.list_shards(tiny_corpus, "train"))
+    with pytest.raises(FileNotFoundError):
+        input_pipeline.list_shards(str(tmp_path / "c[2]"), "train")

@@ -105,6 +105,14 @@ def _png_data_uri(fig) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
+def _finish(fig, ax, title: str) -> str:
+    """The house style every plot ends with: a small title, no top/right frame; the PNG."""
+    ax.set_title(title, fontsize=10)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    return _png_data_uri(fig)
+
+
 def plot_funnel(funnel: dict) -> str:
     """Horizontal bars per stage: records out (kept) and rejected, in order."""
     rows = funnel.get("stages") or []
@@ -123,11 +131,8 @@ def plot_funnel(funnel: dict) -> str:
     ax.set_yticks(ys, names, fontsize=8)
     ax.set_xlim(0, total * 1.3)
     ax.set_xlabel("records")
-    ax.set_title("funnel: records remaining after each stage", fontsize=10)
     ax.legend(loc="lower left", fontsize=8)
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
-    return _png_data_uri(fig)
+    return _finish(fig, ax, "funnel: records remaining after each stage")
 
 
 def _wants_log(dist: dict) -> bool:
@@ -169,12 +174,9 @@ def plot_distribution(name: str, dist: dict, preset: dict) -> str:
         ax.axvline(x, color="black", linestyle=style, linewidth=1)
         text = f"{label} = {value:g}" + (f" (keep {op} {value:g})" if op else "")
         handles.append(Line2D([], [], color="black", linestyle=style, linewidth=1, label=text))
-    ax.set_title(name, fontsize=10)
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
     if handles:
         ax.legend(handles=handles, fontsize=7, loc="best", framealpha=0.9)
-    return _png_data_uri(fig)
+    return _finish(fig, ax, name)
 
 
 def _position(value: float, bins) -> Optional[float]:
@@ -208,10 +210,7 @@ def plot_count_of_counts(coc: dict) -> str:
                 va="bottom", fontsize=7, color=CUT)
     ax.set_xlabel("times an n-gram occurs")
     ax.set_ylabel("distinct n-grams")
-    ax.set_title("n-gram count of counts", fontsize=10)
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
-    return _png_data_uri(fig)
+    return _finish(fig, ax, "n-gram count of counts")
 
 
 def plot_cosines(pairs: Sequence[dict], threshold: Optional[float]) -> str:
@@ -224,7 +223,4 @@ def plot_cosines(pairs: Sequence[dict], threshold: Optional[float]) -> str:
         ax.text(threshold, 0.97, f" threshold {threshold:g}", transform=ax.get_xaxis_transform(), va="top", fontsize=7)
     ax.set_xlabel("cosine similarity of the pair")
     ax.set_ylabel("pairs")
-    ax.set_title("near-duplicate pairs found", fontsize=10)
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
-    return _png_data_uri(fig)
+    return _finish(fig, ax, "near-duplicate pairs found")

@@ -1,4 +1,4 @@
-"""Extra per-record stages: a user's rule, placed in the stage order by name.
+"""Extra stages: a user's rule, placed in the stage order by name.
 
 CC12M has steps this project does not build in (a part-of-speech rule, a
 language rule, unwanted phrases, person-name substitution). A user adds such
@@ -31,6 +31,21 @@ known, before the text rules), after ``text_repetition`` (the text rules
 passed, before the full decode) or after ``image_decode`` (every built-in
 per-record rule passed). Several extras after one stage run in the order they
 are given.
+
+An *extra corpus stage* is a sharing rule over the whole corpus, like
+ALIGN's "alt-text shared by more than 10 images": ``group(view)`` names the
+group a record belongs to (or None: in no group), and a group with more than
+``max_count`` distinct ``counts`` ("images" or "texts") loses every pair::
+
+    def caption_template(row):          # row: CorpusView (key, text, image)
+        return re.sub(r"[0-9]+", "#", row.text.casefold())
+
+    NUMBERED = CorpusStage("caption_template", after="images_per_text", group=caption_template,
+                           counts="images", max_count=10, reason="shared_template")
+
+It counts over the preset's counting pool (``counting_base``, as the
+built-in corpus stages do), goes after ``images_per_text`` or
+``rare_ngrams``, and rejects as ``"<name>/<reason>"``.
 """
 
 from __future__ import annotations
@@ -38,12 +53,16 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import re
-from typing import Callable, Iterable, List, Optional, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 from filters import stages
 
-#: The built-in per-record stages an extra stage may follow, in run order.
+#: The built-in per-record stages an extra per-record stage may follow, in run order.
 ANCHORS = ("image_aspect", "text_repetition", "image_decode")
+#: The built-in corpus stages an extra corpus stage may follow.
+CORPUS_ANCHORS = ("images_per_text", "rare_ngrams")
+#: What a corpus stage counts per group: distinct images or distinct alt-texts.
+COUNTS = ("images", "texts")
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
@@ -70,9 +89,7 @@ class RecordStage:
     source: str = ""  # "module:ATTRIBUTE" it was loaded from, for the funnel
 
     def __post_init__(self):
-        if not _NAME.match(self.name) or self.name in stages.STAGE_INDEX:
-            raise ValueError(f"extra stage name {self.name!r} must be a new lower_case word "
-                             f"(not one of the built-in stages)")
+        _check_name(self.name)
         if self.after not in ANCHORS:
             raise ValueError(f"extra stage {self.name!r}: after must be one of {', '.join(ANCHORS)}, got {self.after!r}")
         if not self.reasons or not all(_NAME.match(r) for r in self.reasons):
@@ -90,8 +107,71 @@ class RecordStage:
         return f"{self.name}/{detail}"
 
 
-def load(spec: str) -> RecordStage:
-    """``"module:ATTRIBUTE"`` -> the ``RecordStage`` it names (a clear one-line error otherwise)."""
+@dataclasses.dataclass(frozen=True)
+class CorpusView:
+    """What an extra corpus stage's ``group`` sees of a candidate (no image bytes)."""
+
+    key: str
+    text: str  # normalised alt-text (filters.text.normalize_text)
+    image: str  # the image's identity under the preset's image_identity
+
+
+def _check_name(name: str) -> None:
+    if not _NAME.match(name) or name in stages.STAGE_INDEX:
+        raise ValueError(f"extra stage name {name!r} must be a new lower_case word "
+                         f"(not one of the built-in stages)")
+
+
+@dataclasses.dataclass(frozen=True)
+class CorpusStage:
+    name: str
+    after: str
+    group: Callable[[CorpusView], Optional[str]]
+    counts: str
+    max_count: int
+    reason: str
+    description: str = ""
+    source: str = ""
+
+    def __post_init__(self):
+        _check_name(self.name)
+        if self.after not in CORPUS_ANCHORS:
+            raise ValueError(f"extra corpus stage {self.name!r}: after must be one of {', '.join(CORPUS_ANCHORS)}, "
+                             f"got {self.after!r}")
+        if self.counts not in COUNTS:
+            raise ValueError(f"extra corpus stage {self.name!r}: counts must be one of {', '.join(COUNTS)}, "
+                             f"got {self.counts!r}")
+        if not isinstance(self.max_count, int) or isinstance(self.max_count, bool) or self.max_count < 1:
+            raise ValueError(f"extra corpus stage {self.name!r}: max_count must be an integer >= 1, got {self.max_count!r}")
+        if not isinstance(self.reason, str) or not _NAME.match(self.reason):
+            raise ValueError(f"extra corpus stage {self.name!r}: reason must be a lower_case word, got {self.reason!r}")
+        if not callable(self.group):
+            raise ValueError(f"extra corpus stage {self.name!r}: group must be callable")
+
+    @property
+    def reasons(self) -> Tuple[str, ...]:
+        return (self.reason,)
+
+    @property
+    def rejection(self) -> str:
+        return f"{self.name}/{self.reason}"
+
+    def group_of(self, view: CorpusView) -> Optional[str]:
+        group = self.group(view)
+        if group is not None and not isinstance(group, str):
+            raise ValueError(f"extra corpus stage {self.name!r}: group returned {type(group).__name__}, not str or None")
+        return group
+
+    def member_of(self, view: CorpusView) -> str:
+        """What is counted distinct in the group (the alt-text counts case-folded, as the built-ins do)."""
+        return view.image if self.counts == "images" else view.text.casefold()
+
+
+ExtraStage = Union[RecordStage, CorpusStage]
+
+
+def load(spec: str) -> ExtraStage:
+    """``"module:ATTRIBUTE"`` -> the stage it names (a clear one-line error otherwise)."""
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
         raise ValueError(f"extra stage {spec!r}: expected MODULE:ATTRIBUTE, e.g. filters.language:ENGLISH")
@@ -100,12 +180,13 @@ def load(spec: str) -> RecordStage:
     except ImportError as error:
         raise ValueError(f"extra stage {spec!r}: cannot import {module_name}: {error}") from None
     stage = getattr(module, attribute, None)
-    if not isinstance(stage, RecordStage):
-        raise ValueError(f"extra stage {spec!r}: {module_name}.{attribute} is not a filters.extra_stages.RecordStage")
+    if not isinstance(stage, (RecordStage, CorpusStage)):
+        raise ValueError(f"extra stage {spec!r}: {module_name}.{attribute} is not a "
+                         f"filters.extra_stages.RecordStage or CorpusStage")
     return dataclasses.replace(stage, source=spec)
 
 
-def load_all(specs: Iterable[str]) -> Tuple[RecordStage, ...]:
+def load_all(specs: Iterable[str]) -> Tuple[ExtraStage, ...]:
     loaded = tuple(load(s) for s in specs)
     names = [s.name for s in loaded]
     if len(set(names)) != len(names):
@@ -113,7 +194,7 @@ def load_all(specs: Iterable[str]) -> Tuple[RecordStage, ...]:
     return loaded
 
 
-def stage_list(extras: Iterable[RecordStage] = ()) -> Tuple[Tuple[str, str], ...]:
+def stage_list(extras: Iterable[ExtraStage] = ()) -> Tuple[Tuple[str, str], ...]:
     """``filters.stages.STAGES`` with the extra stages inserted after their anchors."""
     extras = list(extras)
     out: List[Tuple[str, str]] = []
@@ -123,5 +204,20 @@ def stage_list(extras: Iterable[RecordStage] = ()) -> Tuple[Tuple[str, str], ...
     return tuple(out)
 
 
-def after(extras: Iterable[RecordStage], anchor: str) -> Tuple[RecordStage, ...]:
+def stage_rank(extras: Iterable[ExtraStage] = ()) -> Dict[str, int]:
+    """Stage name -> position in the run order, extra stages included (first reason wins by it)."""
+    return {name: i for i, (name, _) in enumerate(stage_list(extras))}
+
+
+def record_stages(extras: Iterable[ExtraStage]) -> Tuple[RecordStage, ...]:
+    return tuple(e for e in extras if isinstance(e, RecordStage))
+
+
+def corpus_stages(extras: Iterable[ExtraStage]) -> Tuple[CorpusStage, ...]:
+    """The extra corpus stages in run order (by anchor, then as given)."""
+    extras = [e for e in extras if isinstance(e, CorpusStage)]
+    return tuple(e for anchor in CORPUS_ANCHORS for e in extras if e.after == anchor)
+
+
+def after(extras: Iterable[ExtraStage], anchor: str) -> Tuple[ExtraStage, ...]:
     return tuple(e for e in extras if e.after == anchor)

@@ -48,13 +48,14 @@ from __future__ import annotations
 
 import functools
 import itertools
+import operator
 from typing import List
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 from common.histogram import HistogramFn, close_last_bin
-from filters import stages
+from filters import extra_stages, stages
 from filters.ngram_vocab import METRICS_NAMESPACE, RARE_NGRAM, DropRareNgrams
 from filters.presets import keeps, rule_enabled
 from filters.text import text_identity
@@ -100,6 +101,16 @@ def _text_then_image(identity, row):
     return text_identity(row[3]), (image_identity(row, identity), row)
 
 
+def _extra_group_then_member(stage, identity, row):
+    """An extra corpus stage's ``(group, (member, row))``; group None = in no group."""
+    view = extra_stages.CorpusView(row[0], row[3], image_identity(row, identity))
+    return stage.group_of(view), (stage.member_of(view), row)
+
+
+def _in_a_group(keyed) -> bool:
+    return keyed[0] is not None
+
+
 # ---------------------------------------------------------------------------
 # Combiners
 # ---------------------------------------------------------------------------
@@ -143,18 +154,17 @@ class CappedDistinctCountFn(beam.CombineFn):
 
 
 class _RejectGroupsOverLimit(beam.DoFn):
-    def __init__(self, param: str, limit: int, reason: str):
-        self.rule = {param: limit}
-        self.param = param
+    def __init__(self, keep, metric: str, reason: str):
+        self.keep = keep
         self.reason = reason
-        self.distribution = Metrics.distribution(METRICS_NAMESPACE, param.replace("max_", ""))
+        self.distribution = Metrics.distribution(METRICS_NAMESPACE, metric)
 
     def process(self, joined):
         _, sides = joined
         count = next(iter(sides["count"]), 0)
         if sides["count"]:
             self.distribution.update(count)
-        if not keeps(self.rule, self.param, count):
+        if not self.keep(count):
             for row in sides["rows"]:
                 yield row[0], self.reason
 
@@ -163,17 +173,20 @@ class DropSharedGroups(beam.PTransform):
     """Reject every judged row of a group with more than ``limit`` distinct members in the pool.
 
     ``group_and_member(row) -> (group, (member, row))`` names the group (an
-    image, or an alt-text) and what is counted in it (alt-texts, or images).
-    Input ``{"judged": rows, "counted": rows}``; ``param`` is the preset
-    parameter (``max_texts_per_image``/``max_images_per_text``) whose
-    ``keep`` side decides. Returns ``{"rejected": (key, reason), "histogram":
-    one dict}``; the histogram is over the groups of the pool.
+    image, or an alt-text) and what is counted in it (alt-texts, or images);
+    a row whose group is None is in no group. Input ``{"judged": rows,
+    "counted": rows}``; ``param`` is the preset parameter
+    (``max_texts_per_image``/``max_images_per_text``) whose ``keep`` side
+    decides, or an extra stage's name with its own ``keep(count) -> bool``.
+    Returns ``{"rejected": (key, reason), "histogram": one dict}``; the
+    histogram is over the groups of the pool.
     """
 
-    def __init__(self, group_and_member, param: str, limit: int, reason: str, label=None):
+    def __init__(self, group_and_member, param: str, limit: int, reason: str, label=None, keep=None):
         super().__init__(label)
         self.group_and_member = group_and_member
-        self.param = param
+        self.keep = keep or functools.partial(keeps, {param: limit}, param)
+        self.metric = param.replace("max_", "")
         self.limit = limit
         self.reason = reason
 
@@ -181,16 +194,18 @@ class DropSharedGroups(beam.PTransform):
         counts = (
             inputs["counted"]
             | "CountedByGroup" >> beam.Map(self.group_and_member)
+            | "CountedInGroups" >> beam.Filter(_in_a_group)
             | "Members" >> beam.MapTuple(lambda group, member_row: (group, member_row[0]))
             | "CountDistinct" >> beam.CombinePerKey(CappedDistinctCountFn(self.limit + 1)))
         judged = (
             inputs["judged"]
             | "JudgedByGroup" >> beam.Map(self.group_and_member)
+            | "JudgedInGroups" >> beam.Filter(_in_a_group)
             | "Rows" >> beam.MapTuple(lambda group, member_row: (group, member_row[1])))
         rejected = (
             {"rows": judged, "count": counts}
             | "JoinCounts" >> beam.CoGroupByKey()
-            | "OverLimit" >> beam.ParDo(_RejectGroupsOverLimit(self.param, self.limit, self.reason)))
+            | "OverLimit" >> beam.ParDo(_RejectGroupsOverLimit(self.keep, self.metric, self.reason)))
         edges = log2_edges(self.limit)
         histogram = (
             counts
@@ -202,34 +217,49 @@ class DropSharedGroups(beam.PTransform):
 
 
 class _CountReason(beam.DoFn):
-    def __init__(self):
-        self.counters = {r: Metrics.counter(METRICS_NAMESPACE, r) for r in REASONS}
+    def __init__(self, reasons):
+        self.reasons = tuple(reasons)
+        self.counters = {r: Metrics.counter(METRICS_NAMESPACE, r) for r in self.reasons}
 
     def process(self, key_stage):
         key, stage = key_stage
-        reason = REASONS[stage]
+        reason = self.reasons[stage]
         self.counters[reason].inc()
         yield key, reason
 
 
 class FirstReasonPerKey(beam.PTransform):
-    """``(key, reason)`` with repeats -> one ``(key, reason)`` per key, earliest stage."""
+    """``(key, reason)`` with repeats -> one ``(key, reason)`` per key, earliest in ``reasons``."""
+
+    def __init__(self, reasons=REASONS):
+        super().__init__()
+        self.reasons = tuple(reasons)
 
     def expand(self, rejected):
+        order = {reason: i for i, reason in enumerate(self.reasons)}
         return (
             rejected
-            | "StageIndex" >> beam.MapTuple(lambda key, reason: (key, REASONS.index(reason)))
+            | "StageIndex" >> beam.MapTuple(lambda key, reason: (key, order[reason]))
             | "Earliest" >> beam.CombinePerKey(min)
-            | "CountReasons" >> beam.ParDo(_CountReason()))
+            | "CountReasons" >> beam.ParDo(_CountReason(self.reasons)))
 
 
-def stages_run(preset) -> list:
+def reasons_in_order(extras=()) -> tuple:
+    """Every corpus rejection reason, extra corpus stages included, in stage order."""
+    placed = {anchor: [e.rejection for e in extra_stages.corpus_stages(extras) if e.after == anchor]
+              for anchor in extra_stages.CORPUS_ANCHORS}
+    return (TOO_MANY_TEXTS, SHARED_TEXT, *placed["images_per_text"], RARE_NGRAM, *placed["rare_ngrams"])
+
+
+def stages_run(preset, extras=()) -> list:
     """The corpus stages this preset runs, in order (a stage at its off value does not)."""
     values = preset.as_dict()
     names = [name for name, param in (("texts_per_image", "max_texts_per_image"),
                                       ("images_per_text", "max_images_per_text"))
              if rule_enabled(param, values)]
-    return names + ["rare_ngrams"]
+    placed = {anchor: [e.name for e in extra_stages.corpus_stages(extras) if e.after == anchor]
+              for anchor in extra_stages.CORPUS_ANCHORS}
+    return names + placed["images_per_text"] + ["rare_ngrams"] + placed["rare_ngrams"]
 
 
 class ApplyCorpusFilters(beam.PTransform):
@@ -244,18 +274,23 @@ class ApplyCorpusFilters(beam.PTransform):
     at most once (first stage wins) and the stats ``count_of_counts`` and,
     for the stages that run, ``texts_per_image`` and ``images_per_text``.
 
+    ``extras`` are extra corpus stages (``filters.extra_stages.CorpusStage``),
+    counted over the same pool; their histograms are stats named after them.
+
     ``hot_key_fanout`` (unigram counts; off, see ``filters.ngram_vocab``) and
     ``frequent_ngrams`` (size of the known-frequent side input; 0 sends every
     pair through the join) tune ``DropRareNgrams``; they never change the result.
     """
 
-    def __init__(self, preset, label_prefix: str = "", *, hot_key_fanout: int = 0, frequent_ngrams: int = 10_000):
+    def __init__(self, preset, label_prefix: str = "", *, hot_key_fanout: int = 0, frequent_ngrams: int = 10_000,
+                 extras=()):
         super().__init__()
         if preset.image_identity not in IMAGE_IDENTITIES:
             raise ValueError(f"image_identity must be one of {IMAGE_IDENTITIES}, got {preset.image_identity!r}")
         self.preset = preset
+        self.extras = extra_stages.corpus_stages(extras)
         #: The stages whose verdicts this returns (the build's funnel lists them as run).
-        self.decides = tuple(stages_run(preset))
+        self.decides = tuple(stages_run(preset, self.extras))
         self.label_prefix = label_prefix
         self.hot_key_fanout = hot_key_fanout
         self.frequent_ngrams = frequent_ngrams
@@ -276,6 +311,13 @@ class ApplyCorpusFilters(beam.PTransform):
                 functools.partial(order, preset.image_identity), param, getattr(preset, param), reason)
             rejected.append(shared["rejected"])
             stats.append(shared["histogram"] | f"{p}Name{label}" >> beam.Map(lambda h, name: (name, h), stage))
+        for extra in self.extras:
+            shared = {"judged": survivors, "counted": pool} | f"{p}Extra_{extra.name}" >> DropSharedGroups(
+                functools.partial(_extra_group_then_member, extra, preset.image_identity), extra.name,
+                extra.max_count, extra.rejection, keep=functools.partial(operator.ge, extra.max_count))
+            rejected.append(shared["rejected"])
+            stats.append(shared["histogram"] | f"{p}NameExtra_{extra.name}" >> beam.Map(
+                lambda h, name: (name, h), extra.name))
         rare = {"survivors": survivors, "counted_texts": pool | f"{p}PoolTexts" >> beam.Map(lambda row: row[3])} | (
             f"{p}RareNgrams" >> DropRareNgrams(
                 preset, hot_key_fanout=self.hot_key_fanout, frequent_ngrams=self.frequent_ngrams))
@@ -284,5 +326,5 @@ class ApplyCorpusFilters(beam.PTransform):
         rejected = (
             tuple(rejected)
             | f"{p}AllRejected" >> beam.Flatten()
-            | f"{p}FirstReason" >> FirstReasonPerKey())
+            | f"{p}FirstReason" >> FirstReasonPerKey(reasons_in_order(self.extras)))
         return {"rejected": rejected, "stats": tuple(stats) | f"{p}AllStats" >> beam.Flatten()}

@@ -130,7 +130,7 @@ PARAMS = [
     ),
     Param("dedup_in_corpus", bool, "also remove near-duplicates inside the corpus", False),
     Param("extra_stages", list,
-          "extra per-record stages, each MODULE:ATTRIBUTE naming a filters.extra_stages.RecordStage "
+          "extra stages, each MODULE:ATTRIBUTE naming a filters.extra_stages.RecordStage or CorpusStage "
           "(also --stage); e.g. filters.language:ENGLISH", ()),
     Param("validation_fraction", float, "fraction of written pairs in the held-out validation split (by key hash)",
           0.05, low=0.0, high=1.0),

@@ -62,7 +62,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions, StandardOptions
 
-from filters import nsfw
+from filters import extra_stages, nsfw
 from filters.frequency import ApplyCorpusFilters
 from filters.presets import PresetError, format_preset, get_preset
 from pipeline import stats as stats_lib
@@ -120,7 +120,7 @@ class BuildOptions(PipelineOptions):
                             help="override one preset threshold (repeatable; names and ranges: --print-preset)")
         parser.add_argument(
             "--stage", dest="extra_stages", action="append", default=[], metavar="MODULE:ATTRIBUTE",
-            help="an extra per-record stage (filters.extra_stages), e.g. filters.language:ENGLISH (repeatable)")
+            help="an extra stage, per-record or corpus (filters.extra_stages), e.g. filters.language:ENGLISH (repeatable)")
         parser.add_argument("--name", default="alt_text_corpus",
                             help="dataset name, the start of every shard file name (letters, digits, '_')")
         parser.add_argument(
@@ -145,8 +145,9 @@ def build_pipeline(
     """Adds the whole build to ``p``; returns the stages applied.
 
     ``notes`` ({stage: text}, the launcher's) go to the funnel with the
-    stages' own notes; ``extras`` are extra per-record stages
-    (``filters.extra_stages``), run with the record filters.
+    stages' own notes; ``extras`` are extra stages (``filters.extra_stages``):
+    per-record ones run with the record filters, corpus ones with the
+    corpus filters.
     """
     ran = StagesRun(notes)
     verdicts = []  # (key, reason) of the key stages, in stage order
@@ -155,7 +156,8 @@ def build_pipeline(
     read = p | "ReadCandidates" >> ran(ReadCandidates(opts.input, opts.input_format, columns))
     input_count = (read[SURVIVORS], read[REJECTED]) | "InputRows" >> beam.Flatten() | "CountInput" >> beam.combiners.Count.Globally()
 
-    records = read[SURVIVORS] | "ApplyRecordFilters" >> ran(ApplyRecordFilters(preset, extras))
+    records = read[SURVIVORS] | "ApplyRecordFilters" >> ran(
+        ApplyRecordFilters(preset, extra_stages.record_stages(extras)))
     survivors = records[SURVIVORS]
     light = survivors | "LightRows" >> beam.Map(light_row)
     # The raw counting pool holds the rows NSFW rejects too: they are judged
@@ -172,7 +174,7 @@ def build_pipeline(
     if preset.counting_base == "survivors":
         judged = light
     corpus = {"survivors": judged, "counted_only": records[COUNTED]} | "ApplyCorpusFilters" >> ran(
-        ApplyCorpusFilters(preset))
+        ApplyCorpusFilters(preset, extras=extras))
     verdicts.append(corpus[REJECTED])
 
     pairs = None
@@ -184,7 +186,7 @@ def build_pipeline(
         pairs = near_dups.get(PAIRS)
 
     all_verdicts = verdicts | "FlattenVerdicts" >> beam.Flatten()
-    joined = (survivors, all_verdicts) | "JoinVerdicts" >> ran(JoinVerdicts())
+    joined = (survivors, all_verdicts) | "JoinVerdicts" >> ran(JoinVerdicts(extra_stages.stage_rank(extras)))
     rejections = (read[REJECTED], records[REJECTED], joined[REJECTED]) | "FlattenRejections" >> beam.Flatten()
 
     shard_lengths = joined[SURVIVORS] | "WriteShards" >> write_lib.WriteShards(opts.output, opts.name, preset, columns.carry)
@@ -322,8 +324,6 @@ def beam_options(beam_args: List[str]) -> PipelineOptions:
 
 def load_extra_stages(specs) -> tuple:
     """The extra stages named by the preset and ``--stage`` (``UsageError`` before any work)."""
-    from filters import extra_stages
-
     try:
         return extra_stages.load_all(specs)
     except ValueError as error:

@@ -73,26 +73,32 @@ class DropKeys(beam.PTransform):
         )
 
 
-def resolve_group(key: str, records: List[Candidate], verdicts: List[str]):
+def resolve_group(key: str, records: List[Candidate], verdicts: List[str], rank=None):
     """One key's records and corpus verdicts -> what to write and what to reject.
 
     A verdict (the first corpus stage that rejected the key) applies to every
     record with the key. Otherwise exactly one record is written; repeats of
     the same (url, alt-text) pair are ``duplicate_pair/repeat``. The kept one
-    is chosen by content, not arrival order, so runs agree.
+    is chosen by content, not arrival order, so runs agree. ``rank`` (stage
+    name -> run position, ``filters.extra_stages.stage_rank``) orders the
+    verdicts when extra stages run; the built-in order otherwise.
     """
+    rank = rank or stages.STAGE_INDEX
     ordered = sorted(records, key=lambda r: (r.sha256, r.image))
     if verdicts:
-        first = min(verdicts, key=lambda r: stages.STAGE_INDEX[stages.stage_of(r)])
+        first = min(verdicts, key=lambda r: rank[stages.stage_of(r)])
         return [], [(r, first) for r in ordered]
     repeat = stages.reason("duplicate_pair", "repeat")
     return ordered[:1], [(r, repeat) for r in ordered[1:]]
 
 
 class _ResolveVerdicts(beam.DoFn):
+    def __init__(self, rank=None):
+        self.rank = rank
+
     def process(self, element):
         key, grouped = element
-        keep, reject = resolve_group(key, list(grouped["records"]), list(grouped["verdicts"]))
+        keep, reject = resolve_group(key, list(grouped["records"]), list(grouped["verdicts"]), self.rank)
         yield from keep
         for record, reason in reject:
             Metrics.counter(METRICS_NAMESPACE, reason).inc()
@@ -108,12 +114,16 @@ class JoinVerdicts(beam.PTransform):
 
     decides = ("duplicate_pair",)
 
+    def __init__(self, rank=None):
+        super().__init__()
+        self.rank = rank
+
     def expand(self, inputs):
         records, verdicts = inputs
         keyed = records | "KeyRecords" >> beam.Map(lambda r: (r.key, r))
         outputs = (
             {"records": keyed, "verdicts": verdicts}
             | "GroupByPairKey" >> beam.CoGroupByKey()
-            | "Resolve" >> beam.ParDo(_ResolveVerdicts()).with_outputs(REJECTED, main=SURVIVORS)
+            | "Resolve" >> beam.ParDo(_ResolveVerdicts(self.rank)).with_outputs(REJECTED, main=SURVIVORS)
         )
         return {SURVIVORS: outputs[SURVIVORS], REJECTED: outputs[REJECTED]}

@@ -7,7 +7,7 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from common.histogram import HistogramFn, close_last_bin
-from filters import frequency, ngram_vocab
+from filters import extra_stages, frequency, ngram_vocab
 from filters.frequency import (
     RARE_NGRAM, SHARED_TEXT, TOO_MANY_TEXTS, ApplyCorpusFilters, CappedDistinctCountFn,
     image_identity, log2_edges, text_identity)
@@ -359,3 +359,55 @@ def test_label_prefix_lets_two_instances_share_a_pipeline():
     assert_that(strict["rejected"], equal_to([("a", SHARED_TEXT), ("b", SHARED_TEXT)]), label="strict")
     assert_that(loose["rejected"], equal_to([]), label="loose")
     p.run().wait_until_finish()
+
+
+# ---------------------------------------------------------------------------
+# Extra corpus stages (filters.extra_stages.CorpusStage)
+# ---------------------------------------------------------------------------
+
+
+def first_word(view):
+    """Groups alt-texts by their first word; texts of one word are in no group."""
+    words = view.text.split()
+    return words[0].casefold() if len(words) > 1 else None
+
+
+FIRST_WORD = extra_stages.CorpusStage("first_word", after="images_per_text", group=first_word,
+                                      counts="texts", max_count=2, reason="crowded")
+LATE = extra_stages.CorpusStage("late", after="rare_ngrams", group=first_word,
+                                counts="images", max_count=1, reason="shared")
+
+
+def test_extra_corpus_stage_counts_the_raw_pool_and_takes_its_place_in_the_order():
+    survivors = [row("a1", "red car"), row("a2", "red door"), row("b1", "blue car"), row("c1", "solo")]
+    # a third text starting with "red" on a row rejected earlier: counted under the raw base
+    small = [row("s1", "red fence")]
+    rejected = [("a1", "first_word/crowded"), ("a2", "first_word/crowded")]
+    assert_rejected(survivors, small, preset(), rejected, extras=(FIRST_WORD,))
+    assert_rejected(survivors, [], preset(), [], extras=(FIRST_WORD,))  # the survivors base sends no small rows
+    # "red" is on 3 images (> 1) for LATE too: the earlier extra wins for a1/a2
+    assert_rejected(survivors, small, preset(), rejected, extras=(LATE, FIRST_WORD))
+    assert frequency.stages_run(preset(), (LATE, FIRST_WORD)) == [
+        "texts_per_image", "images_per_text", "first_word", "rare_ngrams", "late"]
+
+
+def test_extra_corpus_stage_reasons_are_counted_like_built_in_ones():
+    survivors = [row("a1", "red car"), row("a2", "red door"), row("a3", "red hat")]
+    result = assert_rejected(survivors, [], preset(), [(k, "first_word/crowded") for k in ("a1", "a2", "a3")],
+                             extras=(FIRST_WORD,))
+    counters = result.metrics().query(MetricsFilter().with_name("first_word/crowded"))["counters"]
+    assert sum(c.committed for c in counters) == 3
+
+
+def test_bad_corpus_stage_definitions_are_refused_in_one_line():
+    with pytest.raises(ValueError, match="after must be one of images_per_text, rare_ngrams"):
+        extra_stages.CorpusStage("x", after="text", group=first_word, counts="images", max_count=1, reason="r")
+    with pytest.raises(ValueError, match="counts must be one of images, texts"):
+        extra_stages.CorpusStage("x", after="rare_ngrams", group=first_word, counts="words", max_count=1, reason="r")
+    with pytest.raises(ValueError, match="max_count must be an integer >= 1"):
+        extra_stages.CorpusStage("x", after="rare_ngrams", group=first_word, counts="texts", max_count=0, reason="r")
+    with pytest.raises(ValueError, match="built-in"):
+        extra_stages.CorpusStage("nsfw", after="rare_ngrams", group=first_word, counts="texts", max_count=1, reason="r")
+    odd = extra_stages.CorpusStage("odd", after="rare_ngrams", group=lambda view: 7, counts="texts", max_count=1, reason="r")
+    with pytest.raises(ValueError, match="group returned int"):
+        odd.group_of(extra_stages.CorpusView("k", "a text", "img"))

@@ -1,4 +1,4 @@
-"""Extra per-record stages: the README's example runs as written, and counts like a built-in stage."""
+"""Extra stages: the README's example runs as written, and counts like a built-in stage."""
 
 import collections
 import glob
@@ -27,7 +27,7 @@ def readme_example():
     """The README's ``# my_rules.py`` block and its build command."""
     text = open(os.path.join(ROOT, "README.md")).read()
     module = re.search(r"```python\n(# my_rules\.py\n.*?)```", text, re.S).group(1)
-    command = re.search(r"```bash\n(PYTHONPATH=\. python -m pipeline\.build .*?--stage my_rules:NO_LINKS.*?)```",
+    command = re.search(r"```bash\n(PYTHONPATH=\. python -m pipeline\.build .*?--stage my_rules:NUMBERED.*?)```",
                         text, re.S).group(1)
     return module, shlex.split(command.replace("\\\n", " "))
 
@@ -50,6 +50,11 @@ CAPTIONS = (
     + [("une petite maison près de la rivière", "language/fr")] * 2
     + [("a red car on the road https://shop.example/car", "no_links/has_link")] * 2
     + [("red car", "text_length/too_few_words")]  # a built-in stage before both extras wins
+    # One numbered template on 12 images (> 10): the corpus extra, placed
+    # before rare_ngrams, wins over the rare-word rule the numbers also fail.
+    + [(f"a red car on the road {i}", "caption_template/shared_template") for i in range(12)]
+    # A template on 5 images passes it; its number (5 occurrences < 20) is a rare word.
+    + [("a small dog on the grass 77", "rare_ngrams/rare_ngram")] * 5
 )
 
 
@@ -97,9 +102,15 @@ def test_readme_example_runs_and_its_stages_reject_like_built_in_ones(example_bu
     assert by_name["no_links"]["rejected"] == {"no_links/has_link": 2}
     assert by_name["language"]["rejected"] == {"language/de": 3, "language/fr": 2}
     assert by_name["language"]["extra"] == "filters.language:ENGLISH" and by_name["language"]["ran"]
+    assert names.index("caption_template") == names.index("images_per_text") + 1
+    assert by_name["caption_template"]["rejected"] == {"caption_template/shared_template": 12}
+    assert by_name["caption_template"]["extra"] == "my_rules:NUMBERED"
+    distributions = json.loads((out / "stats" / "distributions.json").read_text())
+    assert "caption_template" in distributions
     assert funnel["conserved"]
     metrics = json.loads((out / "stats" / "metrics.json").read_text())
     assert metrics["no_links/has_link"] == 2 and metrics["language/de"] == 3
+    assert metrics["caption_template/shared_template"] == 12
     assert audit.check_funnel(funnel) == []
     printed = audit.format_funnel(funnel)
     assert re.search(r"no_links .* has_link 2", printed) and re.search(r"language .* de 3, fr 2", printed)

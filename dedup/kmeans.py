@@ -6,8 +6,14 @@ fixed-size, deterministic sample of the corpus embeddings:
 
 * **Sample.** Each corpus key gets a 64-bit priority ``sample_priority(key)``
   (a hash, independent of input order, shards and runner); the sample is the
-  ``sample_size`` keys with the smallest priorities, sorted by priority. The
-  same corpus therefore always trains on the same vectors in the same order.
+  keys whose priority is below ``sample_bound(n, sample_size)``, a fraction
+  ``sample_size / n`` of the 64-bit range for a corpus of n rows (every row
+  when n <= sample_size), sorted by priority. Its expected size is
+  ``sample_size`` (binomial: within a few sqrt(sample_size) of it). A filter
+  against one number, so no worker ranks or holds more than its share of the
+  sample, unlike a global top-N, whose every bundle emits up to N rows
+  that all merge on one worker. The same corpus always trains on the same
+  vectors in the same order.
 * **Number of clusters.** faiss warns when a centroid gets fewer than 39
   training points, and a centroid with too few points is noise. The rule:
   ``effective_num_clusters(k, n) = min(k, max(1, n // 39))``. A corpus with
@@ -164,6 +170,26 @@ def nearest_clusters_for(num_clusters_trained: int, nearest_clusters: int) -> in
     return int(min(nearest_clusters, max(1, num_clusters_trained)))
 
 
+def sample_bound(count: int, sample_size: int) -> int:
+    """Rows with ``sample_priority < sample_bound(count, sample_size)`` form the k-means sample.
+
+    ``2**64`` (every row) when ``count <= sample_size``, else
+    ``floor(sample_size * 2**64 / count)``: each row is drawn with
+    probability ``sample_size / count``, so the sample has
+    ``sample_size`` rows on average.
+    """
+    if sample_size < 1:
+        raise ValueError(f"sample_size must be >= 1, got {sample_size}")
+    if count <= sample_size:
+        return 1 << 64
+    return (int(sample_size) << 64) // int(count)
+
+
+def in_sample(element, bound: int) -> bool:
+    """Whether a ``sample_element`` is drawn: its priority is below ``bound``."""
+    return element[0] < bound
+
+
 def sample_order(item) -> tuple:
     """Sort key of a k-means sample element ``(priority, key, embedding)``.
 
@@ -174,7 +200,7 @@ def sample_order(item) -> tuple:
 
 
 def sample_element(key: str, embedding: np.ndarray, seed: int = DEFAULT_SEED) -> tuple:
-    """``(priority, key, embedding)``: what the sampling combiner ranks."""
+    """``(priority, key, embedding)``: what the sample is drawn and ordered by."""
     return sample_priority(key, seed), key, np.asarray(embedding, dtype=np.float32)
 
 

@@ -8,10 +8,12 @@
 ``corpus`` is a PCollection of ``(corpus_key, embedding float32 [D])``. The
 stages, in order (labels are stable):
 
-1. ``SampleForKMeans`` / ``TrainKMeans`` (``TrainCentroids``): the
-   ``sample_size`` corpus rows with the smallest key hash (a ``Top`` combine,
-   so no worker ever holds more than the sample) -> faiss spherical k-means
-   with a fixed seed -> the centroids, a small singleton side input.
+1. ``SampleForKMeans`` / ``TrainKMeans`` (``TrainCentroids``): the corpus
+   rows whose key hash is below a bound sized from the corpus count, about
+   ``sample_size`` of them (``dedup.kmeans.sample_bound``: a filter, so no
+   worker ranks or holds more than its share of the sample) -> faiss
+   spherical k-means with a fixed seed on one worker -> the centroids, a
+   small singleton side input.
 2. ``ClusterIndex``: the evaluation index is put in the centroids' lists; the
    result is a singleton side input. Evaluation sets are small (~1e5 rows),
    so broadcasting them is cheap.
@@ -253,9 +255,10 @@ class TrainCentroids(beam.PTransform):
 
     ``K = min(num_clusters, max(1, n // 39))`` for a sample of n rows (see
     ``dedup.kmeans``), fewer after ``merge_cosine`` thinning. The sample is
-    the ``sample_size`` rows with the smallest ``sample_priority(key, seed)``:
-    the same corpus always trains on the same rows in the same order,
-    whatever the input order or runner.
+    the rows with ``sample_priority(key, seed) < sample_bound(count,
+    sample_size)``, about ``sample_size`` rows: the same corpus always
+    trains on the same rows in the same order, whatever the input order or
+    runner. Only the drawn rows travel to the worker that trains.
     """
 
     def __init__(
@@ -276,10 +279,16 @@ class TrainCentroids(beam.PTransform):
         self.merge_cosine = None if merge_cosine is None else float(merge_cosine)
 
     def expand(self, corpus):
+        bound = (
+            corpus
+            | "CountForSample" >> beam.combiners.Count.Globally()
+            | "SampleBound" >> beam.Map(kmeans_lib.sample_bound, self.sample_size)
+        )
         return (
             corpus
             | "SampleKeys" >> beam.MapTuple(kmeans_lib.sample_element, seed=self.seed)
-            | "SampleForKMeans" >> beam.combiners.Top.Of(self.sample_size, key=kmeans_lib.sample_order, reverse=True)
+            | "SampleForKMeans" >> beam.Filter(kmeans_lib.in_sample, beam.pvalue.AsSingleton(bound))
+            | "CollectSample" >> beam.combiners.ToList()
             | "TrainKMeans"
             >> beam.Map(
                 kmeans_lib.train_from_sample,

@@ -34,6 +34,17 @@ def test_sample_priority_is_a_deterministic_hash_of_the_key():
     assert 0 <= kmeans.sample_priority("x") < 2**64
 
 
+def test_sample_bound_draws_sample_size_rows_on_average():
+    assert kmeans.sample_bound(10, 250_000) == kmeans.sample_bound(250_000, 250_000) == 1 << 64
+    n, size = 100_000, 10_000
+    bound = kmeans.sample_bound(n, size)
+    drawn = sum(kmeans.sample_priority(f"key{i}") < bound for i in range(n))
+    # Binomial(n, 0.1): standard deviation ~95; 5 sigma.
+    assert abs(drawn - size) < 475
+    with pytest.raises(ValueError):
+        kmeans.sample_bound(10, 0)
+
+
 def test_centroids_are_unit_vectors_near_the_true_centers():
     x, centers, _ = _blobs(8 * 200)
     # Twice as many centroids as blobs: Lloyd from a random start can leave a

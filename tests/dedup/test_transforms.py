@@ -187,11 +187,17 @@ def test_empty_index_or_corpus_gives_no_output():
             assert_that(result["rejected"], equal_to([]), label=f"{name}Rejected")
 
 
-def test_train_centroids_uses_the_smallest_hash_sample_in_any_order():
+def test_train_centroids_samples_the_rows_under_the_hash_bound_in_any_order():
+    # 500 rows, sample_size 200: each row is drawn with probability 0.4 by
+    # its key hash (not the 200 smallest hashes: a global top-N merges every
+    # bundle's candidates on one worker).
     rng = np.random.default_rng(5)
     rows = [(f"k{i}", v) for i, v in enumerate(_unit(rng.standard_normal((500, DIM))))]
     sample_size = 200
-    chosen = sorted((kmeans.sample_element(k, v) for k, v in rows), key=kmeans.sample_order)[:sample_size]
+    bound = kmeans.sample_bound(len(rows), sample_size)
+    chosen = [e for e in (kmeans.sample_element(k, v) for k, v in rows) if e[0] < bound]
+    smallest = sorted((kmeans.sample_element(k, v) for k, v in rows), key=kmeans.sample_order)[:sample_size]
+    assert len(chosen) != sample_size and {e[1] for e in chosen} != {e[1] for e in smallest}
     expected = kmeans.train_from_sample(chosen, num_clusters=4, niter=5)
 
     def matches(actual):

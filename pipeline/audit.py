@@ -45,7 +45,8 @@ STATS_DIR = "stats"
 FUNNEL_FILE = "funnel.json"
 SAMPLES_FILE = "rejected_samples.jsonl"
 DISTRIBUTIONS_FILE = "distributions.json"
-NEAR_DUPLICATES_FILE = "near_duplicates.jsonl"
+NEAR_DUPLICATES_FILE = "near_duplicates.jsonl"  # what the report calls them; one file before the pairs were sharded
+NEAR_DUPLICATES_SHARDS = "near_duplicates-[0-9]*-of-[0-9]*.jsonl"  # pipeline.near_duplicates.PAIRS_FILE_PATTERN
 REPORT_FILE = "report.html"
 
 MAX_NEAR_DUPLICATE_PAIRS = 200
@@ -113,10 +114,27 @@ def load_stats(data_dir: str) -> dict:
             loaded["unreadable"][name] = f"{bad} unreadable line(s) skipped"
         return rows
 
+    def read_pairs():
+        # The build writes the pairs in files by key hash, each sorted; one
+        # list sorted as a whole, as the single file of older builds was.
+        from pipeline.output import escape_glob
+
+        shards = files.match(files.join(escape_glob(stats_dir), NEAR_DUPLICATES_SHARDS))
+        if not shards:
+            return read_jsonl(NEAR_DUPLICATES_FILE)
+        rows, bad = [], 0
+        for path in shards:
+            shard_rows, shard_bad = _read_jsonl(files.read_text(path))
+            rows.extend(shard_rows)
+            bad += shard_bad
+        if bad:
+            loaded["unreadable"][NEAR_DUPLICATES_FILE] = f"{bad} unreadable line(s) skipped"
+        return sorted(rows, key=lambda r: (str(r.get("key")), str(r.get("index_set")), str(r.get("index_key"))))
+
     loaded["funnel"] = read_json(FUNNEL_FILE)
     loaded["distributions"] = read_json(DISTRIBUTIONS_FILE)
     loaded["samples"] = read_jsonl(SAMPLES_FILE)
-    loaded["near_duplicates"] = read_jsonl(NEAR_DUPLICATES_FILE)
+    loaded["near_duplicates"] = read_pairs()
     return loaded
 
 

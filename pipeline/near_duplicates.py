@@ -13,12 +13,13 @@ and removes, in this order (``filters.stages``):
 ``dedup.transforms`` does k-means, the candidate search and verification;
 ``pipeline.dedup_options`` turns the preset into its options.
 ``WritePairsReport`` writes the matched pairs, with both thumbnails, to
-``stats/near_duplicates.jsonl`` for the audit.
+``stats/near_duplicates-NNNNN-of-MMMMM.jsonl`` for the audit.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from typing import List
 
 import apache_beam as beam
@@ -33,10 +34,15 @@ from pipeline.eval_index import AddIndexThumbnails, ReadIndexRows
 from pipeline.stage_rows import HashRow, row_key
 from pipeline.stats import write_text
 from pipeline.verdicts import REJECTED, DropKeys
+from pipeline.write import shard_of
 
 NS = "dedup"
 PAIRS = "pairs"
-PAIRS_FILE = ("stats", "near_duplicates.jsonl")
+#: ``stats/near_duplicates-00000-of-00002.jsonl``, ... (``pipeline.audit`` reads them in order).
+PAIRS_FILE_PATTERN = "near_duplicates-{index:05d}-of-{count:05d}.jsonl"
+#: Report rows per pairs file: each carries two ~5 KB thumbnails, so ~20 MB a
+#: file, the most one worker holds while it sorts a file.
+PAIRS_PER_FILE = 2_000
 
 
 class _EmbedBatches(beam.DoFn):
@@ -76,6 +82,16 @@ class EmbedImages(beam.PTransform):
         )
 
 
+def rejection_order(rejection) -> tuple:
+    """Which of a key's repeated rejections shows its image: the smallest, so runs agree."""
+    return rejection.width, rejection.height, rejection.format, rejection.image or b""
+
+
+def first_rejection(rejections):
+    """One rejection of a key (a combiner: a key repeated 100k times is never one list)."""
+    return min(rejections, key=rejection_order)
+
+
 def pair_rows(element) -> List[dict]:
     """Join of pairs with the corpus record's rejection -> report rows with the corpus thumbnail.
 
@@ -83,7 +99,7 @@ def pair_rows(element) -> List[dict]:
     """
     _, grouped = element
     rejections = list(grouped["rejection"])
-    corpus_thumb = thumbnail_b64(rejections[0].image) if rejections else None
+    corpus_thumb = thumbnail_b64(first_rejection(rejections).image) if rejections else None
     rows = []
     for pair in sorted(grouped["pair"], key=lambda p: (-p["cosine"], p["index_set"], p["index_key"])):
         row = dict(pair, cosine=round(float(pair["cosine"]), 6))
@@ -95,10 +111,30 @@ def pair_rows(element) -> List[dict]:
 
 
 
-def _write_pairs(rows, output_dir) -> None:
-    rows = sorted(rows, key=lambda r: (r["key"], r["index_set"], r["index_key"]))
-    text = "".join(json.dumps(r) + "\n" for r in rows)
-    write_text(FileSystems.join(output_dir, *PAIRS_FILE), text)
+def pairs_files_for(count: int, per_file: int = PAIRS_PER_FILE) -> int:
+    """Number of pairs files for ``count`` report rows: at least one (an empty file says "none found")."""
+    return max(1, math.ceil(count / per_file))
+
+
+def pairs_path(output_dir: str, index: int, count: int) -> str:
+    return FileSystems.join(output_dir, "stats", PAIRS_FILE_PATTERN.format(index=index, count=count))
+
+
+def row_order(row: dict) -> tuple:
+    return row["key"], row["index_set"], row["index_key"]
+
+
+class _WritePairsFile(beam.DoFn):
+    """One file's rows (its key-hash share of the report), sorted, so runs agree byte for byte."""
+
+    def __init__(self, output_dir: str):
+        self.output_dir = output_dir
+
+    def process(self, element, num_files):
+        index, grouped = element
+        rows = sorted(grouped["rows"], key=row_order)
+        write_text(pairs_path(self.output_dir, index, num_files), "".join(json.dumps(r) + "\n" for r in rows))
+        yield index, len(rows)
 
 
 def _hash_rows(light):
@@ -174,17 +210,22 @@ class RemoveNearDuplicates(beam.PTransform):
 
 
 class WritePairsReport(beam.PTransform):
-    """``(pairs, rejections)`` -> ``stats/near_duplicates.jsonl``: each matched pair with both thumbnails.
+    """``(pairs, rejections)`` -> ``stats/near_duplicates-*.jsonl``: each matched pair with both thumbnails.
 
     The corpus thumbnail comes from the record's ``Rejection`` (after
-    ``JoinVerdicts``, the only place that holds its image), the evaluation
-    image's from the index files.
+    ``JoinVerdicts``, the only place that holds its image; one per key, by a
+    combine), the evaluation image's from the index files. The rows are
+    spread over ``ceil(rows / per_file)`` files by key hash, each written by
+    the worker that holds it (never the whole report in one list), sorted
+    by (key, index_set, index_key) inside a file; with no pair at all one
+    empty file says the search ran and found none.
     """
 
-    def __init__(self, index_directory: str, output_dir: str):
+    def __init__(self, index_directory: str, output_dir: str, per_file: int = PAIRS_PER_FILE):
         super().__init__()
         self.index_directory = index_directory
         self.output_dir = output_dir
+        self.per_file = per_file
 
     def expand(self, inputs):
         pairs, rejections = inputs
@@ -192,12 +233,24 @@ class WritePairsReport(beam.PTransform):
             rejections
             | "NearDuplicateRejects" >> beam.Filter(lambda r: stages.stage_of(r.reason) == "near_duplicate_eval")
             | "KeyNearDuplicateRejects" >> beam.Map(lambda r: (r.key, r))
+            | "OneRejectionPerKey" >> beam.CombinePerKey(first_rejection)
         )
-        return (
+        rows = (
             {"pair": pairs | "KeyPairs" >> beam.Map(lambda d: (d["key"], d)), "rejection": near_dup_rejects}
             | "GroupPairs" >> beam.CoGroupByKey()
             | "PairRows" >> beam.FlatMap(pair_rows)
             | "IndexThumbnails" >> AddIndexThumbnails(self.index_directory)
-            | "CollectPairs" >> beam.combiners.ToList()
-            | "WritePairs" >> beam.Map(_write_pairs, self.output_dir)
+        )
+        per_file = self.per_file
+        num_files = rows | "CountPairs" >> beam.combiners.Count.Globally() | "PairsFiles" >> beam.Map(
+            pairs_files_for, per_file)
+        files = beam.pvalue.AsSingleton(num_files)
+        return (
+            {
+                "rows": rows | "PairsFileOf" >> beam.Map(lambda row, n: (shard_of(row["key"], n), row), n=files),
+                # Every file index, so a file with no rows is written too.
+                "file": num_files | "FileIndices" >> beam.FlatMap(lambda n: [(i, None) for i in range(n)]),
+            }
+            | "GroupPairsFile" >> beam.CoGroupByKey()
+            | "WritePairsFile" >> beam.ParDo(_WritePairsFile(self.output_dir), files)
         )

@@ -45,6 +45,7 @@ DATASET_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,99}$")
 _TOP_LEVEL_FILES = {COMPLETED, MARKER, "dataset_info.json", "features.json", "vocab.txt"}
 _STATS_FILES = re.compile(
     r"^stats/(funnel\.json|distributions\.json|rejected_samples\.jsonl|near_duplicates\.jsonl|report\.html"
+    r"|near_duplicates-\d{5}-of-\d{5}\.jsonl"
     r"|metrics\.json|_shards\.json|rejected/rejected-\d{5}-of-\d{5}\.jsonl)$"
 )
 _INDEX_FILES = re.compile(r"^near_duplicates/index/(vectors\.npy|rows\.jsonl|thumbnails\.jsonl)$")

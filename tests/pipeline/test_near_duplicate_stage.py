@@ -109,6 +109,55 @@ def test_index_rows_and_thumbnails_are_read_on_workers(tmp_path):
         assert_that(joined, equal_to(expected), label="CheckThumbnails")
 
 
+def _red_jpeg(shade):
+    buffer = io.BytesIO()
+    Image.new("RGB", (32, 24), (shade, 0, 0)).save(buffer, "JPEG")
+    return buffer.getvalue()
+
+
+def test_pairs_report_is_written_in_sharded_files(tmp_path):
+    from pipeline import audit
+    from pipeline.near_duplicates import WritePairsReport
+    from pipeline.readers.rows import Rejection
+
+    index = random_index(12)
+    index_files.write_index(index, str(tmp_path / "index"), random_thumbnails(index))
+    pairs = [dict(key=f"c{i}", index_set="coco", index_key="img00001.png", variant="flip", cosine=0.95 + i / 100)
+             for i in range(5)]
+    reason = "near_duplicate_eval/coco"
+    rejections = [Rejection(f"c{i}", reason, "u", "t", 32, 24, "JPEG", _red_jpeg(i)) for i in range(5)]
+    # One key repeated 500 times: the thumbnail is the smallest repeat's, reduced by a combine.
+    rejections += [Rejection("c0", reason, "u", "t", 32, 24, "JPEG", _red_jpeg(200 - i % 50)) for i in range(500)]
+    out = tmp_path / "out"
+    with TestPipeline(runner="FnApiRunner") as p:
+        _ = (p | "Pairs" >> beam.Create(pairs), p | "Rejections" >> beam.Create(rejections)) | WritePairsReport(
+            str(tmp_path / "index"), str(out), per_file=2)
+    names = sorted(f.name for f in (out / "stats").iterdir())
+    assert names == [f"near_duplicates-{i:05d}-of-00003.jsonl" for i in range(3)]
+    written = []
+    for name in names:
+        rows = [json.loads(line) for line in (out / "stats" / name).read_text().splitlines()]
+        assert rows == sorted(rows, key=lambda r: r["key"])
+        written += rows
+    assert sorted(r["key"] for r in written) == [f"c{i}" for i in range(5)]
+    assert all(r["thumbnail"] and r["index_thumbnail"] for r in written)
+    first = min(rejections[:1] + rejections[5:], key=lambda r: r.image)
+    from filters.image import thumbnail_b64
+    assert next(r for r in written if r["key"] == "c0")["thumbnail"] == thumbnail_b64(first.image)
+    # The audit reads every file, in one order.
+    loaded = audit.load_stats(str(out))
+    assert [r["key"] for r in loaded["near_duplicates"]] == [f"c{i}" for i in range(5)]
+    assert audit.NEAR_DUPLICATES_FILE not in loaded["missing"]
+
+    # No pair at all: one empty file (the search ran and found nothing).
+    empty = tmp_path / "empty"
+    with TestPipeline(runner="FnApiRunner") as p:
+        _ = (p | "NoPairs" >> beam.Create([]), p | "NoRejections" >> beam.Create([])) | WritePairsReport(
+            str(tmp_path / "index"), str(empty))
+    assert [f.name for f in (empty / "stats").iterdir()] == ["near_duplicates-00000-of-00001.jsonl"]
+    assert (empty / "stats" / "near_duplicates-00000-of-00001.jsonl").read_text() == ""
+
+
 def graph_size(tmp_path, eval_index, overrides=()):
     """Bytes of the build's job graph as a runner receives it (nothing runs)."""
     opts = build.BuildOptions(["--input", str(tmp_path / "in" / "*.parquet"), "--output", str(tmp_path / "out")])
@@ -267,7 +316,7 @@ def test_eval_and_in_corpus_dedup_in_one_build(sample_dir, tmp_path, search):
     assert f"{search} search" in stages["near_duplicate_eval"]["note"]
 
     # The report rows got their evaluation thumbnails from the index files.
-    pairs = [json.loads(line) for line in (out / "stats" / "near_duplicates.jsonl").read_text().splitlines()]
+    pairs = [json.loads(line) for line in (out / "stats" / "near_duplicates-00000-of-00001.jsonl").read_text().splitlines()]
     assert {p["key"] for p in pairs} == {pipeline_key[k] for k in eval_copies}
     assert all(p["thumbnail"] and p["index_thumbnail"] for p in pairs)
     index_dir = out / "near_duplicates" / "index"

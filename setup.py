@@ -22,7 +22,8 @@ BASE = [
 ]
 
 EXTRAS = {
-    # The launcher writes TFDS metadata; the trainer reads the shards.
+    # Reading the corpus with TFDS (tfds.builder_from_directory). The launcher
+    # does not need it: pipeline.tfds_metadata writes TFDS's files itself.
     "tfds": ["tensorflow-datasets>=4.9", "tensorflow>=2.16"],
     "train": [
         "jax>=0.10,<0.11",

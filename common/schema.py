@@ -135,7 +135,11 @@ def tf_feature_spec():
 
 
 def tfds_features(extra: Optional[dict] = None):
-    """The same spec as a ``tfds.features.FeaturesDict`` (for features.json), plus ``extra`` ones."""
+    """The same spec as a ``tfds.features.FeaturesDict``, plus ``extra`` ones.
+
+    The build does not use it (``pipeline.tfds_metadata`` writes the same
+    ``features.json`` without TFDS); tests compare the two.
+    """
     import numpy as np
     import tensorflow_datasets as tfds
 

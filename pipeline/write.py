@@ -215,48 +215,7 @@ def write_tfds_metadata(
     output_dir: str, name: str, shard_lengths: Dict[str, List[int]], description: str, carried: Sequence[str] = (),
     version: str = "1.0.0",
 ) -> None:
-    """dataset_info.json + features.json, so tfds.builder_from_directory loads the dir."""
-    import tensorflow_datasets as tfds
+    """dataset_info.json + features.json, so tfds.builder_from_directory loads the dir (no TFDS needed here)."""
+    from pipeline import tfds_metadata
 
-    from common.schema import tfds_features
-    from pipeline.output import escape_glob
-
-    features = tfds_features(carried_features(carried))
-    split_infos = []
-    for split in SPLITS:
-        lengths = shard_lengths.get(split)
-        if not lengths:
-            continue
-        paths = [os.path.join(output_dir, shard_filename(name, split, i, len(lengths))) for i in range(len(lengths))]
-        # The output is a literal path: a '*' in it must not match a neighbour's files.
-        num_bytes = sum(FileSystems.match([escape_glob(p)])[0].metadata_list[0].size_in_bytes for p in paths)
-        split_infos.append(
-            tfds.core.SplitInfo(
-                name=split,
-                shard_lengths=list(lengths),
-                num_bytes=num_bytes,
-                filename_template=tfds.core.ShardedFileTemplate(
-                    data_dir=output_dir,
-                    template="{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}",
-                    dataset_name=name,
-                    split=split,
-                    filetype_suffix="tfrecord",
-                ),
-            )
-        )
-    tfds.folder_dataset.write_metadata(
-        data_dir=output_dir,
-        features=features,
-        split_infos=split_infos,
-        filename_template="{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}",
-        description=description,
-        version=version,
-        check_data=False,
-    )
-    # write_metadata names the dataset after the directory; keep the shard name.
-    info_path = os.path.join(output_dir, "dataset_info.json")
-    with FileSystems.open(info_path) as handle:
-        info = json.loads(handle.read())
-    info["name"] = name
-    with FileSystems.create(info_path) as handle:
-        handle.write(json.dumps(info, indent=2).encode("utf-8"))
+    tfds_metadata.write_metadata(output_dir, name, shard_lengths, description, carried, version)

@@ -1,0 +1,116 @@
+"""``dataset_info.json`` and ``features.json`` without TensorFlow Datasets.
+
+The launcher writes these two files after the job so that
+``tfds.builder_from_directory(out)`` (and big_vision, and our trainer) load
+the corpus. TFDS itself would write them with
+``tfds.folder_dataset.write_metadata``, but TFDS pulls in TensorFlow: a
+Dataflow launcher installed with the base requirements has neither. The
+files are plain JSON, so they are built here from ``common.schema``: the
+same bytes TFDS writes for our features (``tests/pipeline/test_tfds_metadata.py``
+compares the two when TFDS is installed).
+
+Shard sizes come from one listing of the output (``list_shard_sizes``: a
+single ``FileSystems.match`` of a glob), not one call per shard: a 1B-row
+corpus has ~10^5 shards, and each match is a GCS request.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Dict, List, Mapping, Sequence
+
+from apache_beam.io.filesystems import FileSystems
+
+from common.schema import FEATURES, SPLITS, carried_features
+
+FILE_TEMPLATE = "{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}"
+_TFDS = "tensorflow_datasets.core.features."
+_CLASS = {"image": _TFDS + "image_feature.Image", "text": _TFDS + "text_feature.Text", "scalar": _TFDS + "scalar.Scalar"}
+
+
+def _feature(kind: str, dtype: str, doc: str) -> dict:
+    entry = {"description": doc, "pythonClassName": _CLASS[kind]}
+    if kind == "image":
+        entry["image"] = {"dtype": "uint8", "encodingFormat": "jpeg", "shape": {"dimensions": ["-1", "-1", "3"]}}
+    elif kind == "text":
+        entry["text"] = {}
+    else:
+        entry["tensor"] = {"dtype": dtype, "encoding": "none", "shape": {}}
+    return entry
+
+
+def features_json(carried: Sequence[str] = ()) -> str:
+    """``features.json`` of the shards' features (``FEATURES``) plus ``source_<column>`` for ``carried``."""
+    features = {name: _feature(*spec) for name, spec in {**FEATURES, **carried_features(carried)}.items()}
+    document = {"featuresDict": {"features": features}, "pythonClassName": _TFDS + "features_dict.FeaturesDict"}
+    return json.dumps(document, indent=4, sort_keys=True)
+
+
+def dataset_info_json(
+    name: str, shard_lengths: Mapping[str, List[int]], split_bytes: Mapping[str, int], description: str,
+    version: str = "1.0.0",
+) -> str:
+    """``dataset_info.json``: name, version, and per split its shard lengths and bytes.
+
+    Protobuf's JSON form, as TFDS writes it: int64 values as strings,
+    fields at their default (0, "") left out, keys sorted.
+    """
+    splits = []
+    for split in SPLITS:
+        lengths = shard_lengths.get(split)
+        if not lengths:
+            continue
+        entry = {"filepathTemplate": FILE_TEMPLATE, "name": split}
+        if split_bytes.get(split, 0):
+            entry["numBytes"] = str(int(split_bytes[split]))
+        entry["shardLengths"] = [str(int(n)) for n in lengths]
+        splits.append(entry)
+    info = {"fileFormat": "tfrecord", "name": name, "splits": splits, "version": version}
+    if description:
+        info["description"] = description
+    return json.dumps(dict(sorted(info.items())), indent=2)
+
+
+def list_shard_sizes(output_dir: str, name: str) -> Dict[str, Dict[int, int]]:
+    """``{split: {shard index: bytes}}`` of ``<name>-<split>.tfrecord-NNNNN-of-MMMMM`` in ``output_dir``: one match."""
+    from pipeline.output import escape_glob
+
+    pattern = FileSystems.join(escape_glob(output_dir), escape_glob(name) + "-*.tfrecord-*-of-*")
+    shard = re.compile(re.escape(name) + r"-(?P<split>[^-/]+)\.tfrecord-(?P<index>\d{5})-of-(?P<count>\d{5})")
+    sizes: Dict[str, Dict[int, int]] = {}
+    for metadata in FileSystems.match([pattern])[0].metadata_list:
+        found = shard.fullmatch(metadata.path.rstrip("/").rsplit("/", 1)[-1])
+        if found:
+            sizes.setdefault(found["split"], {})[int(found["index"])] = metadata.size_in_bytes
+    return sizes
+
+
+def split_bytes(output_dir: str, name: str, shard_lengths: Mapping[str, List[int]]) -> Dict[str, int]:
+    """Bytes per split of the shards ``shard_lengths`` names; a listed shard that is missing is an error."""
+    listed = list_shard_sizes(output_dir, name)
+    totals = {}
+    for split, lengths in shard_lengths.items():
+        sizes = listed.get(split, {})
+        missing = [i for i in range(len(lengths)) if i not in sizes]
+        if missing:
+            raise FileNotFoundError(
+                f"{len(missing)} shard(s) of split {split!r} missing in {output_dir}, e.g. index {missing[0]}")
+        totals[split] = sum(sizes[i] for i in range(len(lengths)))
+    return totals
+
+
+def _write(path: str, text: str) -> None:
+    with FileSystems.create(path) as handle:
+        handle.write(text.encode("utf-8"))
+
+
+def write_metadata(
+    output_dir: str, name: str, shard_lengths: Mapping[str, List[int]], description: str,
+    carried: Sequence[str] = (), version: str = "1.0.0",
+) -> None:
+    """``dataset_info.json`` + ``features.json`` for the shards in ``output_dir``."""
+    sizes = split_bytes(output_dir, name, shard_lengths)
+    _write(FileSystems.join(output_dir, "features.json"), features_json(carried))
+    _write(FileSystems.join(output_dir, "dataset_info.json"),
+           dataset_info_json(name, shard_lengths, sizes, description, version))

@@ -31,6 +31,7 @@ text rules run before full decodes, hashes and the NSFW scorer.
 
 STAGES = (
     ("read", "the input row is usable: required columns present, caption text, image bytes"),
+    ("download", "the image URL was fetched: allowed address, HTTP 200, an image type, within the time and size limits"),
     ("image_header", "the image header parses (no full decode) and is not a decompression bomb"),
     ("image_format", "the image format is allowed by the preset"),
     ("image_size", "shorter side (and, for cc12m, both sides) above the minimum"),
@@ -47,6 +48,11 @@ STAGES = (
     ("near_duplicate_corpus", "the image is not a near-duplicate of another kept corpus image"),
     ("duplicate_pair", "the same (url, alt-text) pair was not already kept"),
 )
+
+#: Stages the funnel lists only when the build ran them (``--download``): a
+#: build from image bytes has no download stage, and its funnel says so by
+#: not listing one.
+OPTIONAL_STAGES = ("download",)
 
 STAGE_NAMES = tuple(name for name, _ in STAGES)
 STAGE_INDEX = {name: i for i, name in enumerate(STAGE_NAMES)}

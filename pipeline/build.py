@@ -6,7 +6,7 @@
 
 The job reads like its data flow:
 
-    ReadCandidates -> ApplyRecordFilters -> ScorePornography
+    ReadCandidates -> [DownloadImages] -> ApplyRecordFilters -> ScorePornography
       -> ApplyCorpusFilters -> RemoveNearDuplicates -> JoinVerdicts
       -> WriteShards, WriteStats
 
@@ -66,6 +66,7 @@ from filters import extra_stages, nsfw
 from filters.frequency import ApplyCorpusFilters
 from filters.presets import PresetError, format_preset, get_preset
 from pipeline import stats as stats_lib
+from pipeline.download import stage as download_stage
 from pipeline import write as write_lib
 from pipeline.eval_index import EvalIndex, embed_eval_sets, write_eval_index
 from pipeline.funnel_table import format_funnel
@@ -132,6 +133,7 @@ class BuildOptions(PipelineOptions):
                             help="image embedder for near-duplicate search: dct (default, no model) or checkpoint")
         parser.add_argument("--overwrite", action="store_true",
                             help="replace the corpus a previous build wrote in --output (deletes only its files)")
+        download_stage.add_arguments(parser)
 
 
 # ---------------------------------------------------------------------------
@@ -155,8 +157,13 @@ def build_pipeline(
     columns = input_columns(opts)
     read = p | "ReadCandidates" >> ran(ReadCandidates(opts.input, opts.input_format, columns))
     input_count = (read[SURVIVORS], read[REJECTED]) | "InputRows" >> beam.Flatten() | "CountInput" >> beam.combiners.Count.Globally()
+    candidates, early_rejections = read[SURVIVORS], [read[REJECTED]]
+    if columns.download:
+        fetched = candidates | "DownloadImages" >> ran(download_stage.DownloadImages(download_stage.from_args(opts)))
+        candidates = fetched[SURVIVORS]
+        early_rejections.append(fetched[REJECTED])
 
-    records = read[SURVIVORS] | "ApplyRecordFilters" >> ran(
+    records = candidates | "ApplyRecordFilters" >> ran(
         ApplyRecordFilters(preset, extra_stages.record_stages(extras)))
     survivors = records[SURVIVORS]
     light = survivors | "LightRows" >> beam.Map(light_row)
@@ -187,7 +194,7 @@ def build_pipeline(
 
     all_verdicts = verdicts | "FlattenVerdicts" >> beam.Flatten()
     joined = (survivors, all_verdicts) | "JoinVerdicts" >> ran(JoinVerdicts(extra_stages.stage_rank(extras)))
-    rejections = (read[REJECTED], records[REJECTED], joined[REJECTED]) | "FlattenRejections" >> beam.Flatten()
+    rejections = (*early_rejections, records[REJECTED], joined[REJECTED]) | "FlattenRejections" >> beam.Flatten()
 
     shard_lengths = joined[SURVIVORS] | "WriteShards" >> write_lib.WriteShards(opts.output, opts.name, preset, columns.carry)
     _ = (rejections, input_count) | "WriteRejectionLedger" >> write_lib.WriteRejectionLedger(opts.output)
@@ -206,12 +213,17 @@ def build_pipeline(
 
 
 def input_columns(opts) -> Columns:
-    """Which input columns hold what, and which are carried to the shards (``--*_col``, ``--carry_columns``)."""
-    return make_columns(
+    """Which input columns hold what, and which are carried to the shards (``--*_col``, ``--carry_columns``).
+
+    With ``--download`` the download's HTTP status and final URL are carried too.
+    """
+    download = bool(getattr(opts, "download", False))
+    carry = [c.strip() for c in (getattr(opts, "carry_columns", "") or "").split(",")]
+    columns = make_columns(
         getattr(opts, "url_col", ""), getattr(opts, "caption_col", ""), getattr(opts, "image_col", ""),
-        [c.strip() for c in (getattr(opts, "carry_columns", "") or "").split(",")],
-        getattr(opts, "tsv_columns", ""),
+        carry + list(download_stage.CARRIED if download else ()), getattr(opts, "tsv_columns", ""),
     )
+    return columns._replace(download=download)
 
 
 def corpus_directory(output: str, layout: str, name: str, version: str) -> str:
@@ -355,6 +367,11 @@ def validate(args) -> tuple:
         input_columns(args)
     except ValueError as error:
         raise UsageError(str(error)) from None
+    if args.download:
+        try:
+            download_stage.from_args(args)
+        except ValueError as error:
+            raise UsageError(str(error)) from None
     if args.embedder not in embedders.names():
         raise UsageError(f"--embedder {args.embedder!r}: known embedders are {', '.join(embedders.names())}")
     eval_paths = []

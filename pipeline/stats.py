@@ -87,6 +87,8 @@ def build_funnel(
     rows = []
     for name, description in stage_list:
         reasons = {r: c for r, c in sorted(rejected.items()) if stages.stage_of(r) == name}
+        if name in stages.OPTIONAL_STAGES and name not in ran and not reasons:
+            continue
         out = remaining - sum(reasons.values())
         row = {
             "stage": name,

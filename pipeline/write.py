@@ -182,6 +182,9 @@ class _WriteLedgerFile(beam.DoFn):
 class WriteRejectionLedger(beam.PTransform):
     """Every rejected record's key and reason, ``stats/rejected/*.jsonl``.
 
+    A line is ``{"key", "reason", "url"}`` plus the rejection's ``detail``
+    (a download's ``http_status`` and ``final_url``).
+
     The per-record ledger behind the funnel: with the shards it accounts for
     every input record. Files are keyed and sorted like the shards, so runs
     agree byte for byte; about ``LEDGER_LINES_PER_FILE`` lines per file.
@@ -202,7 +205,7 @@ class WriteRejectionLedger(beam.PTransform):
             | "LedgerLine" >> beam.Map(
                 lambda r, n: (
                     shard_of(r.key, n),
-                    (r.key, json.dumps({"key": r.key, "reason": r.reason, "url": r.url})),
+                    (r.key, json.dumps({"key": r.key, "reason": r.reason, "url": r.url, **dict(r.detail)})),
                 ),
                 n=beam.pvalue.AsSingleton(num_files),
             )

@@ -57,9 +57,13 @@ def input_notes(pattern: str, override: Optional[str] = None, columns: Columns =
         return {}
     notes = {}
     if fmt in ("tsv", "jsonl"):
+        if columns.download:
+            notes["read"] = f"{fmt} URL list without image bytes: the download stage fetches its images"
+            return notes
         notes["read"] = (
-            f"{fmt} URL list without image bytes: its rows are read/not_downloaded; download them first "
-            f"(e.g. img2dataset --url_list FILE --input_format {fmt} --output_format webdataset) and build from that output"
+            f"{fmt} URL list without image bytes: its rows are read/not_downloaded; build with --download, or "
+            f"download them first (e.g. img2dataset --url_list FILE --input_format {fmt} --output_format webdataset) "
+            "and build from that output"
         )
         return notes
     rows = _metadata_rows(path, fmt, columns)

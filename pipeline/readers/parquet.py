@@ -102,7 +102,7 @@ def batch_rows(path: str, batch, first_row: int, image_ok: bool = True, columns:
 def batch_to_records(path: str, batch, first_row: int, image_ok: bool = True, columns: Columns = Columns()) -> Iterator[object]:
     """Yield one ``Candidate`` or ``Rejection`` per row of a record batch (pure, no Beam)."""
     for row in batch_rows(path, batch, first_row, image_ok, columns):
-        yield to_record(row, columns.carry)
+        yield to_record(row, columns.carry, columns.download)
 
 
 def _unreadable_rows(path: str, first_row: int, count: int, error: Exception) -> Iterator[Rejection]:
@@ -148,7 +148,7 @@ def parquet_records(path: str, parquet, columns: Columns = Columns()) -> Iterato
     fails to decode, or decodes short, has its missing rows rejected.
     """
     for item in parquet_batches(path, parquet, columns):
-        yield item if isinstance(item, Rejection) else to_record(item, columns.carry)
+        yield item if isinstance(item, Rejection) else to_record(item, columns.carry, columns.download)
 
 
 def unreadable_file(path: str, error: Exception) -> Rejection:

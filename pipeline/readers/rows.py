@@ -11,8 +11,10 @@ decides, in this order:
    ``success``) -> ``read/download_failed/<what>``: ``http_404``, ``timeout``,
    ``failed_to_resize``, ... from its ``error_message``, so each kind of failure
    is its own funnel line;
-4. no image column at all (a URL list) -> ``read/not_downloaded``: this
-   project has no downloader; run one (img2dataset) and build from its output;
+4. no image column at all (a URL list) -> ``read/not_downloaded``, unless
+   the build downloads (``--download``, ``Columns.download``): then a
+   ``Candidate`` without image bytes, for the download stage
+   (``pipeline.download``);
 5. an image column of the wrong type -> ``read/bad_image_column``; an empty
    image cell -> ``read/no_image``.
 
@@ -55,6 +57,8 @@ class Rejection(NamedTuple):
     height: int = 0
     format: str = ""
     image: Optional[bytes] = None
+    #: ``(("name", value), ...)`` added to the record's ledger line (the download's HTTP status and final URL).
+    detail: tuple = ()
 
 
 class Columns(NamedTuple):
@@ -66,6 +70,8 @@ class Columns(NamedTuple):
     carry: Tuple[str, ...] = DEFAULT_CARRIED
     #: Headerless TSV: the column names in order (CC12M: url, caption; CC3M: caption, url).
     tsv_columns: Tuple[str, ...] = ("url", "caption")
+    #: The build downloads (``--download``): a URL-only row becomes a Candidate without image bytes.
+    download: bool = False
 
     def wanted(self) -> Tuple[str, ...]:
         """Every column a reader should fetch."""
@@ -206,8 +212,8 @@ class Row(NamedTuple):
     image_ok: bool = True
 
 
-def to_record(row: Row, carry: Sequence[str] = DEFAULT_CARRIED):
-    """The ``Candidate`` or ``Rejection`` for one row (pure)."""
+def to_record(row: Row, carry: Sequence[str] = DEFAULT_CARRIED, download: bool = False):
+    """The ``Candidate`` or ``Rejection`` for one row (pure); ``download``: see step 4 above."""
     url = "" if row.url is None else text_of(row.url)
     if row.missing:
         seen = shown(row.url)
@@ -227,13 +233,15 @@ def to_record(row: Row, carry: Sequence[str] = DEFAULT_CARRIED):
         return Rejection(key, caption_reason, url=url, alt_text=caption, image=image_bytes(row.image) if image_usable else None)
     if status not in (None, "success"):
         return Rejection(key, download_reason(status, text_of(meta.get("error_message"))), url=url, alt_text=caption)
-    if not row.has_image_column:
+    if not row.has_image_column and not download:
         return Rejection(key, stages.reason("read", "not_downloaded"), url=url, alt_text=caption)
-    if not image_usable:
-        return Rejection(key, stages.reason("read", "bad_image_column"), url=url, alt_text=caption)
-    image = image_bytes(row.image)
-    if image is None:
-        return Rejection(key, stages.reason("read", "no_image"), url=url, alt_text=caption)
+    image = None  # a URL-only row when downloading: the download stage fetches it
+    if row.has_image_column:
+        if not image_usable:
+            return Rejection(key, stages.reason("read", "bad_image_column"), url=url, alt_text=caption)
+        image = image_bytes(row.image)
+        if image is None:
+            return Rejection(key, stages.reason("read", "no_image"), url=url, alt_text=caption)
     source = tuple(
         (name, shown(meta[name]) if isinstance(meta[name], bytes) else meta[name])
         for name in META_COLUMNS
@@ -267,5 +275,5 @@ def url_list_record(position: str, cells: dict, names, columns: "Columns"):
     return to_record(
         Row(position, cells.get(url_col) if url_col else None, cells.get(caption_col) if caption_col else None,
             meta=cells, missing=missing, has_image_column=False),
-        columns.carry,
+        columns.carry, columns.download,
     )

@@ -85,7 +85,7 @@ def read_handle(path: str, handle, columns: Columns = Columns(), stated: Optiona
             except (ValueError, UnicodeDecodeError) as error:
                 yield Rejection(make_key(position, ""), stages.reason("read", "malformed_record"), url=position, alt_text=repr(error)[:200])
                 continue
-            yield to_record(example_row(position, features, columns), columns.carry)
+            yield to_record(example_row(position, features, columns), columns.carry, columns.download)
     except codec.FrameError as error:
         missing = stated - index if stated is not None and stated > index else 1
         for number in range(index + 1, index + 1 + missing):

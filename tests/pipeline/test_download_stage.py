@@ -1,0 +1,176 @@
+"""The download stage inside the real build (FnApiRunner), against the misbehaving loopback server.
+
+A TSV URL list with one URL per case (``download_server``) goes through
+``python -m pipeline.build --download``: every URL ends written or rejected
+with the right ``download/<reason>``, the funnel's input is the number of
+URLs, the ledger keeps HTTP status and final URL, and so do the shards.
+"""
+
+import glob
+import json
+import socket
+
+import apache_beam as beam
+import pytest
+from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing.util import assert_that, equal_to
+
+from common.schema import Candidate, make_key
+from download_server import MisbehavingServer, jpeg
+from pipeline import build, tfrecord
+from pipeline.download import stage as download_stage
+from pipeline.download.fetch import FetchOptions
+from pipeline.readers.rows import Rejection
+
+NAME = "downloaded"
+LIMITS = [
+    "--download-allow-loopback", "--download-connect-timeout", "1", "--download-read-timeout", "0.5",
+    "--download-deadline", "1.5", "--download-max-bytes", "300000", "--download-retries", "1",
+    "--download-threads", "16", "--download-per-host", "8", "--set", "min_ngram_count=0",
+]
+IMAGES = {"a.jpg": jpeg(400, 300, seed=1), "b.png": jpeg(320, 480, seed=2, fmt="PNG"), "good.jpg": jpeg(360, 360, seed=3)}
+
+
+def cases(server):
+    """(url, caption, expected fate): "written" or the first rejection reason."""
+    u = server.url
+    return [
+        (u("/img/a.jpg"), "a red barn in a wide green field", "written"),
+        (u("/img/b.png"), "a tall lighthouse on a rocky coast", "written"),
+        (u("/redirect/2"), "a blue kite above the sandy dunes", "written"),
+        (u("/flaky/t1?fail=1&status=429&after=0"), "a small boat on a calm lake", "written"),
+        (u("/status/404"), "a photo that is no longer there", "download/http_404"),
+        (u("/status/500"), "a server that fails on this photo", "download/http_500"),
+        (u("/drip"), "a photo that drips in byte by byte", "download/timeout"),
+        (u("/endless"), "a photo that never ends at all", "download/too_large"),
+        (u("/huge"), "a photo that says it is huge", "download/too_large"),
+        (u("/html"), "an html page served for a photo", "download/not_an_image"),
+        (u("/redirect/9"), "a photo behind too many redirects", "download/too_many_redirects"),
+        (u("/redirect-to?url=http://169.254.169.254/latest/meta-data/"), "a redirect to the metadata server",
+         "download/forbidden_address"),
+        ("http://10.0.0.1/photo.jpg", "a photo on a private network", "download/forbidden_address"),
+        (u("/optout?tag=noai"), "a photo whose owner opted out", "download/opted_out"),
+        ("ftp://example.org/photo.jpg", "a photo on an ftp server", "download/scheme_not_allowed"),
+        (u("/img/a.jpg"), "cat", "text_length/too_few_words"),  # downloaded, then judged by the filters
+    ]
+
+
+@pytest.fixture(scope="module")
+def server():
+    with MisbehavingServer(dict(IMAGES)) as running:
+        yield running
+
+
+def write_tsv(path, rows):
+    path.write_text("url\tcaption\n" + "".join(f"{url}\t{caption}\n" for url, caption, _ in rows))
+    return path
+
+
+def fates(corpus):
+    """{url: "written" | reason} and {url: ledger line} / {url: shard features}."""
+    fate, ledger, shards = {}, {}, {}
+    for path in sorted(glob.glob(str(corpus / f"{NAME}-*.tfrecord-*"))):
+        with open(path, "rb") as handle:
+            for payload in tfrecord.read_frames(handle):
+                features = {k: v[0] for k, v in tfrecord.decode_example(payload).items()}
+                url = features["url"].decode()
+                fate[url], shards[url] = "written", features
+    for path in sorted(glob.glob(str(corpus / "stats" / "rejected" / "*.jsonl"))):
+        for line in open(path):
+            row = json.loads(line)
+            assert row["url"] not in fate or row["reason"].startswith("text_length")
+            fate.setdefault(row["url"], row["reason"])
+            ledger[row["url"]] = row
+    return fate, ledger, shards
+
+
+def test_build_downloads_a_url_list_and_accounts_for_every_url(tmp_path, server):
+    rows = cases(server)
+    tsv = write_tsv(tmp_path / "urls.tsv", rows)
+    corpus = tmp_path / "corpus"
+    funnel = build.run(["--input", str(tsv), "--output", str(corpus), "--name", NAME, "--download", *LIMITS])
+
+    assert funnel["conserved"] and funnel["input"] == len(rows)  # URLs in == the funnel's input
+    stages = [row["stage"] for row in funnel["stages"]]
+    assert stages[:3] == ["read", "download", "image_header"]
+    download_row = funnel["stages"][1]
+    assert download_row["in"] == len(rows) and "per host" in download_row["note"]
+    fate, ledger, shards = fates(corpus)
+    assert sum(1 for _, _, e in rows if e == "written") == sum(funnel["written"].values())
+    for url, caption, expected in rows:
+        if expected.startswith("download/") or expected == "written":
+            assert fate[url] == expected, url
+    short = next(row for url, row in ledger.items() if row["reason"] == "text_length/too_few_words")
+    assert short["key"] == make_key(server.url("/img/a.jpg"), "cat")
+    assert funnel["stages"][1]["rejected"] == {
+        r: sum(1 for _, _, e in rows if e == r) for r in sorted({e for _, _, e in rows if e.startswith("download/")})
+    }
+
+    # The ledger keeps what the server said; the shards keep it for written records.
+    assert ledger[server.url("/status/404")]["http_status"] == 404
+    metadata = server.url("/redirect-to?url=http://169.254.169.254/latest/meta-data/")
+    assert ledger[metadata]["final_url"] == "http://169.254.169.254/latest/meta-data/"
+    assert ledger["http://10.0.0.1/photo.jpg"]["http_status"] == 0
+    redirected = shards[server.url("/redirect/2")]
+    assert redirected["source_final_url"].decode() == server.url("/img/good.jpg")
+    assert redirected["source_http_status"] == b"200"
+    a = shards[server.url("/img/a.jpg")]
+    assert a["image"] == IMAGES["a.jpg"]  # a JPEG is stored as it came
+    assert (a["original_width"], a["original_height"]) == (400, 300)
+    assert (shards[server.url("/img/b.png")]["original_width"], shards[server.url("/img/b.png")]["original_height"]) == (320, 480)
+
+    metrics = json.loads((corpus / "stats" / "metrics.json").read_text())
+    assert metrics["download/http_404"] == 1 and metrics["download/timeout"] == 1
+
+
+def test_without_download_a_url_list_is_not_downloaded_and_the_funnel_has_no_download_stage(tmp_path, server):
+    rows = cases(server)[:3]
+    tsv = write_tsv(tmp_path / "urls.tsv", rows)
+    before = sum(server.hits.values())
+    funnel = build.run(["--input", str(tsv), "--output", str(tmp_path / "corpus"), "--name", NAME])
+    assert funnel["stages"][0]["rejected"] == {"read/not_downloaded": 3}
+    assert "download" not in [row["stage"] for row in funnel["stages"]]
+    assert "--download" in funnel["stages"][0]["note"]
+    assert sum(server.hits.values()) == before
+
+
+def test_loopback_is_refused_by_the_build_unless_allowed(tmp_path, server):
+    rows = cases(server)[:2]
+    tsv = write_tsv(tmp_path / "urls.tsv", rows)
+    funnel = build.run(["--input", str(tsv), "--output", str(tmp_path / "corpus"), "--name", NAME, "--download"])
+    assert funnel["stages"][1]["rejected"] == {"download/forbidden_address": 2}
+
+
+@pytest.mark.parametrize("flag,value", [("--download-threads", "0"), ("--download-deadline", "0"),
+                                        ("--download-max-bytes", "0"), ("--download-retries", "-1")])
+def test_bad_download_flags_are_usage_errors(tmp_path, flag, value):
+    tsv = write_tsv(tmp_path / "urls.tsv", [("http://example.org/x.jpg", "a photo", "")])
+    with pytest.raises(build.UsageError, match=flag):
+        build.run(["--input", str(tsv), "--output", str(tmp_path / "corpus"), "--download", flag, value])
+    assert not (tmp_path / "corpus").exists()
+
+
+def test_stage_with_a_resolver_hook_refuses_a_name_that_resolves_privately(server):
+    """The DoFn on a real runner: a name resolving to 10.x is refused; bytes-carrying records pass untouched."""
+    resolver = lambda host, port: [(socket.AF_INET, "10.9.8.7") if host == "intranet.test" else (socket.AF_INET, "127.0.0.1")]  # noqa: E731
+    inside = Candidate(key="k1", url="http://intranet.test/secret.jpg", alt_text="a secret")
+    public = Candidate(key="k2", url=f"http://images.test:{server.port}/img/a.jpg", alt_text="an image")
+    carrying = Candidate(key="k3", url="http://unused.test/x.jpg", alt_text="has bytes", image=b"bytes")
+    options = download_stage.DownloadOptions(FetchOptions(deadline=2, connect_timeout=1, allow_loopback=True), threads=2)
+    with TestPipeline(runner="FnApiRunner") as p:
+        out = p | beam.Create([inside, public, carrying]) | download_stage.DownloadImages(options, resolver)
+        assert_that(out["rejected"] | beam.Map(lambda r: (r.key, r.reason, dict(r.detail)["http_status"])),
+                    equal_to([("k1", "download/forbidden_address", 0)]), label="Rejected")
+        assert_that(out["survivors"] | beam.Map(lambda c: (c.key, c.image == IMAGES["a.jpg"] or c.image)),
+                    equal_to([("k2", True), ("k3", b"bytes")]), label="Survivors")
+
+
+def test_downloaded_is_pure():
+    from pipeline.download.fetch import Fetched
+
+    record = Candidate(key="k", url="http://x/a", alt_text="t", carried=(("key", "7"), ("http_status", "old")))
+    ok = download_stage.downloaded(record, Fetched("http://x/a", "http://y/b", 200, b"img"))
+    assert ok.image == b"img" and ok.carried == (("key", "7"), ("http_status", "200"), ("final_url", "http://y/b"))
+    failed = download_stage.downloaded(record, Fetched("http://x/a", "http://x/a", 503, None, "http_503"))
+    assert isinstance(failed, Rejection) and failed.reason == "download/http_503"
+    assert dict(failed.detail) == {"http_status": 503, "final_url": "http://x/a"}

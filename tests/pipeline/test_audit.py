@@ -243,7 +243,7 @@ def test_non_conserved_funnel_is_flagged_loudly():
 def test_check_funnel_finds_broken_stage_arithmetic():
     assert funnel_table.check_funnel(make_funnel()) == []
     funnel = make_funnel()
-    funnel["stages"][3]["out"] += 5
+    funnel["stages"][stages.STAGE_INDEX["image_size"]]["out"] += 5
     problems = funnel_table.check_funnel(funnel)
     assert any("stage image_size: in" in p for p in problems)
     assert any("stage image_aspect: in" in p and "previous stage" in p for p in problems)
@@ -382,7 +382,7 @@ def test_report_without_funnel_still_renders_and_says_so(tmp_path):
 def test_report_flags_non_conserved_funnel(tmp_path):
     funnel = make_funnel()
     funnel["rejected_total"] -= 7
-    funnel["stages"][4]["rejected"]["image_aspect/too_elongated"] -= 7
+    funnel["stages"][stages.STAGE_INDEX["image_aspect"]]["rejected"]["image_aspect/too_elongated"] -= 7
     funnel["conserved"] = False
     write_fixture_stats(tmp_path, funnel=funnel, omit=NO_PLOTS)
     text = open(audit.render_report(str(tmp_path)), encoding="utf-8").read()

@@ -174,3 +174,19 @@ def test_downloaded_is_pure():
     failed = download_stage.downloaded(record, Fetched("http://x/a", "http://x/a", 503, None, "http_503"))
     assert isinstance(failed, Rejection) and failed.reason == "download/http_503"
     assert dict(failed.detail) == {"http_status": 503, "final_url": "http://x/a"}
+
+
+def test_readme_lists_every_download_option_with_its_default():
+    import argparse
+    import os
+    import re
+
+    parser = argparse.ArgumentParser()
+    download_stage.add_arguments(parser)
+    readme = open(os.path.join(os.path.dirname(build.__file__), "..", "README.md")).read()
+    rows = dict(re.findall(r"^\| `(--download[a-z-]*)` \| ([^|]*) \|", readme, re.M))
+    flags = {a.option_strings[0]: a.default for a in parser._actions if a.option_strings[0].startswith("--download-")}
+    assert set(rows) == set(flags)
+    for flag, default in flags.items():
+        shown = rows[flag].strip().strip("`")
+        assert shown == ("off" if default is False else f"{default:g}" if isinstance(default, float) else str(default)), flag

@@ -1,7 +1,8 @@
 """``DownloadImages``: candidates without image bytes -> candidates with them, or ``download/<reason>``.
 
 Runs between ``ReadCandidates`` and the record filters when the build is
-given ``--download``; records that already carry bytes pass untouched. The
+given ``--download``; records that already carry bytes pass untouched, the
+others are spread over the workers (a ``Reshuffle`` of URL rows) and fetched. The
 fetching is ``pipeline.download.fetch`` (every limit and the address policy
 live there); this module is the Beam side: a DoFn that keeps up to
 ``threads`` requests in flight per worker on a thread pool, never more than
@@ -149,10 +150,17 @@ class DownloadImages(beam.PTransform):
         )}
 
     def expand(self, candidates):
-        outputs = candidates | "Fetch" >> beam.ParDo(_Download(self.options, self.resolver)).with_outputs(
-            REJECTED, main=SURVIVORS
+        # URL rows are spread over the workers before fetching: one big URL list
+        # is read by one worker, but must be fetched by all of them. Rows that
+        # came with bytes are not shuffled (image bytes cross one shuffle only).
+        to_fetch, carrying = candidates | "HasBytes" >> beam.Partition(lambda c, _: int(c.image is not None), 2)
+        outputs = (
+            to_fetch
+            | "SpreadUrls" >> beam.Reshuffle()
+            | "Fetch" >> beam.ParDo(_Download(self.options, self.resolver)).with_outputs(REJECTED, main=SURVIVORS)
         )
-        return {SURVIVORS: outputs[SURVIVORS], REJECTED: outputs[REJECTED]}
+        survivors = (outputs[SURVIVORS], carrying) | "WithCarriedBytes" >> beam.Flatten()
+        return {SURVIVORS: survivors, REJECTED: outputs[REJECTED]}
 
 
 # ---------------------------------------------------------------------------

@@ -27,7 +27,7 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
-from trainer.configs import compute_dtype, vocab_path
+from trainer.configs import compute_dtype, cpu_fast_compile_options, vocab_path
 
 CONFIG_FILE = "config.json"
 VOCAB_FILE = "vocab.txt"
@@ -112,9 +112,13 @@ def load_model(workdir: str, step: Optional[int] = None) -> tuple[Any, dict, ml_
     manager = ocp.CheckpointManager(
         os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR)),
         options=ocp.CheckpointManagerOptions(read_only=True), item_names=("model",))
+    available = manager.all_steps()
     step = manager.latest_step() if step is None else step
     if step is None:
         raise FileNotFoundError(f"no checkpoint in {workdir}/{CHECKPOINT_DIR}")
+    if step not in available:
+        raise FileNotFoundError(f"no checkpoint of step {step} in {workdir}/{CHECKPOINT_DIR} "
+                                f"(steps: {', '.join(map(str, sorted(available))) or 'none'})")
     shapes = jax.eval_shape(
         lambda: model.init(jax.random.key(0), np.zeros((1, config.image_size, config.image_size, 3),
                                                        np.float32),
@@ -126,6 +130,54 @@ def load_model(workdir: str, step: Optional[int] = None) -> tuple[Any, dict, ml_
         model=ocp.args.StandardRestore(like))).model
     manager.close()
     return model, variables, config
+
+
+def latest_step(workdir: str) -> Optional[int]:
+    """The run's latest checkpoint step (None without one)."""
+    manager = ocp.CheckpointManager(os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR)),
+                                    options=ocp.CheckpointManagerOptions(read_only=True))
+    try:
+        return manager.latest_step()
+    finally:
+        manager.close()
+
+
+class Encoders:
+    """Both towers of one checkpoint: what evaluation, embedding export and search use.
+
+    ``encode_images``: float32 ``[B, S, S, 3]`` in [-1, 1] (the trainer's eval
+    preprocessing) -> ``[B, D]``; ``encode_texts``: int32 ``[B, L]`` token ids
+    -> ``[B, D]``; both L2-normalised float32 numpy. Also ``tokenizer``,
+    ``config`` (the run's), ``step``, ``workdir``, ``image_size``,
+    ``resize_size``. Arrays live on the first local device (one CPU,
+    GPU or TPU chip); each batch shape compiles once, so callers pad their
+    last batch (``trainer.evaluators.encode_in_batches`` does).
+    """
+
+    def __init__(self, workdir: str, step: Optional[int] = None):
+        from trainer import tokenizer as tokenizer_lib
+
+        step = latest_step(workdir) if step is None else step
+        if step is None:
+            raise FileNotFoundError(f"no checkpoint in {workdir}/{CHECKPOINT_DIR}")
+        model, self.variables, self.config = load_model(workdir, step)
+        self.workdir, self.step = workdir, int(step)
+        self.image_size = int(self.config.image_size)
+        self.resize_size = self.config.get("resize_size")
+        self.tokenizer = tokenizer_lib.Tokenizer(_vocab(workdir, self.config), self.config.max_text_len)
+        # Compiled as the run compiled its evaluators (``xla_cpu_fast_compile``
+        # changes the float rounding), so a re-evaluation gives the run's numbers.
+        options = cpu_fast_compile_options() if self.config.get("xla_cpu_fast_compile") else {}
+        self._images = jax.jit(lambda v, x: model.apply(v, images=x, train=False)[0],
+                               compiler_options=options)
+        self._texts = jax.jit(lambda v, t: model.apply(v, texts=t, train=False)[1],
+                              compiler_options=options)
+
+    def encode_images(self, images: np.ndarray) -> np.ndarray:
+        return np.asarray(self._images(self.variables, np.asarray(images, np.float32)), np.float32)
+
+    def encode_texts(self, tokens: np.ndarray) -> np.ndarray:
+        return np.asarray(self._texts(self.variables, np.asarray(tokens, np.int32)), np.float32)
 
 
 def load_image_encoder(workdir: str, step: Optional[int] = None

@@ -36,7 +36,6 @@ an error naming the step, and the last checkpoint stays the last good one.
 from __future__ import annotations
 
 import functools
-import inspect
 import json
 import math
 import os
@@ -271,23 +270,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
         return encode
 
     encode_images, encode_texts = make_encoder("images"), make_encoder("texts")
-    evaluators = []
-    for name, eval_config in (config.get("evals") or {}).items():
-        eval_config = dict(eval_config)
-        kind, every = eval_config.pop("type", name), eval_config.pop("every", None)
-        if any("{eval_dir}" in v for v in eval_config.values() if isinstance(v, str)) and not (
-                config.get("eval_dir")):
-            logging.info("evaluator %s skipped: it needs config.eval_dir", name)
-            continue
-        kwargs = {k: v.format(data_dir=config.data_dir, eval_dir=config.get("eval_dir"))
-                  if isinstance(v, str) else v for k, v in eval_config.items()}
-        cls = evaluators_lib.get(kind)
-        accepted = inspect.signature(cls.__init__).parameters
-        context = {"data_dir": config.data_dir, "workdir": workdir, "image_size": config.image_size,
-                   "resize_size": config.get("resize_size"), "tokenizer": tokenizer,
-                   "batch_size": config.eval_batch_size}
-        kwargs = {**{k: v for k, v in context.items() if k in accepted}, **kwargs}
-        evaluators.append((name, every, cls(**kwargs)))
+    evaluators = evaluators_lib.build(
+        config.get("evals") or {}, data_dir=config.data_dir, eval_dir=config.get("eval_dir"),
+        context={"data_dir": config.data_dir, "workdir": workdir, "image_size": config.image_size,
+                 "resize_size": config.get("resize_size"), "tokenizer": tokenizer,
+                 "batch_size": config.eval_batch_size})
 
     def run_evaluators(step: int, final: bool) -> dict:
         results = {}

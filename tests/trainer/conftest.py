@@ -156,3 +156,66 @@ def tiny_eval_folder(tmp_path_factory):
                 image, _ = draw_shape(shape, colour, background, 64, 64, rng, scale=(0.22, 0.3), offset=0.05)
                 image.save(class_dir / f"{i:03d}.png")
     return str(root)
+
+
+@pytest.fixture(scope="session")
+def tiny_karpathy(tiny_eval_folder, tmp_path_factory):
+    """(captions_file, image_dir): a Karpathy-split JSON in Flickr30K's format over tiny_eval_folder.
+
+    The ``test`` split holds one image per shape with two captions each
+    naming the shape; the train images of the folder form the ``train``
+    split (which the evaluators must ignore). Real-format records:
+    ``filename``, ``imgid``, ``split``, ``sentids`` and ``sentences`` with
+    ``tokens``, ``raw``, ``imgid``, ``sentid``.
+    """
+    import json
+
+    images, sentid = [], 0
+    for split, folder_split, per_class in (("train", "train", 2), ("test", "test", 1)):
+        for shape in SHAPES:
+            for i in range(per_class):
+                raws = [f"a {shape} on a plain background.", f"A drawing of one {shape}"]
+                sentences = [{"tokens": raw.lower().rstrip(".").split(), "raw": raw, "imgid": len(images),
+                              "sentid": sentid + j} for j, raw in enumerate(raws)]
+                images.append({"filename": f"{folder_split}/{shape}/{i:03d}.png", "imgid": len(images),
+                                "split": split, "sentids": [s["sentid"] for s in sentences],
+                                "sentences": sentences})
+                sentid += len(raws)
+    path = tmp_path_factory.mktemp("karpathy") / "dataset_tiny.json"
+    path.write_text(json.dumps({"images": images, "dataset": "tiny"}))
+    return str(path), tiny_eval_folder
+
+
+def tiny_train_config(data_dir, cache_dir, **overrides):
+    """The ``tiny`` config shrunk to a few CPU seconds per step (image 32, batch 8, 16 tokens)."""
+    from trainer.configs import tiny
+
+    config = tiny.get_config()
+    config.data_dir = data_dir
+    config.total_steps = 2
+    config.batch_size = 8
+    config.image_size = 32
+    config.resize_size = 36
+    config.max_text_len = TINY_MAX_LEN
+    config.log_every = 1
+    config.checkpoint_every = 100
+    config.eval_batch_size = 8
+    config.compilation_cache_dir = cache_dir
+    config.xla_cpu_fast_compile = True
+    config.update(overrides)
+    return config
+
+
+@pytest.fixture(scope="session")
+def tiny_trained(tiny_corpus, tiny_eval_folder, tmp_path_factory):
+    """(workdir, final metrics) of a 2-step tiny run with retrieval, zero-shot and kNN evaluators."""
+    from trainer import train
+
+    cache_dir = str(tmp_path_factory.mktemp("jax_cache_trained"))
+    workdir = str(tmp_path_factory.mktemp("tiny_trained"))
+    config = tiny_train_config(tiny_corpus, cache_dir, eval_dir=tiny_eval_folder)
+    config.evals = {"retrieval": {"split": "validation"},
+                    "zeroshot": {"image_dir": "{eval_dir}/test"},
+                    "knn": {"train_dir": "{eval_dir}/train", "test_dir": "{eval_dir}/test"}}
+    final = train.train_and_evaluate(config, workdir)
+    return workdir, final

@@ -40,7 +40,7 @@ def tokenizer(tiny_tokenizer):
 
 
 def test_registry_maps_names_to_evaluators():
-    assert evaluators.names() == ["gallery", "knn", "retrieval", "zeroshot"]
+    assert evaluators.names() == ["gallery", "karpathy", "knn", "retrieval", "zeroshot"]
     assert evaluators.get("retrieval") is retrieval.RetrievalEvaluator
     assert evaluators.get("zeroshot") is zeroshot.ZeroShotEvaluator
     assert evaluators.get("knn") is knn.KnnEvaluator
@@ -316,3 +316,87 @@ def test_gallery_page_shows_held_out_queries_and_marks_the_true_partners(tiny_co
     page = (tmp_path / gallery.PAGE_NAME).read_text()
     firsts = re.findall(r"<td><img src='data:[^']*' class='(\w*)'", page)
     assert len(firsts) == 4 and "hit" not in firsts
+
+
+# ---------------------------------------------------------------------------
+# Hand-computed answers: several captions per image, ties
+# ---------------------------------------------------------------------------
+
+
+def test_several_captions_per_image_with_ties_against_a_hand_computed_answer():
+    from trainer.evaluators import karpathy
+
+    a = 1 / np.sqrt(2)
+    images = np.array([[1, 0], [0, 1], [a, a]], np.float32)
+    # Captions 0, 1 describe image 0; 2, 3 image 1; 4 image 2.
+    captions = np.array([[1, 0], [0, 1], [0, 1], [0.6, 0.8], [0.8, 0.6]], np.float32)
+    metrics = karpathy.captioned_retrieval_metrics(images, captions, [0, 0, 1, 1, 2], ks=(1, 2, 5))
+    # image -> text (any of its captions counts):
+    #   image 0: its caption 0 scores 1, nothing else reaches 1      -> rank 0
+    #   image 1: its caption 2 scores 1, tied with image 0's caption 1 -> rank 1 (a tie counts against)
+    #   image 2: its caption 4 scores 1.4a, tied with caption 3       -> rank 1
+    assert metrics["i2t_R@1"] == pytest.approx(1 / 3)
+    assert metrics["i2t_R@2"] == metrics["i2t_R@5"] == 1.0
+    # text -> image (one query per caption):
+    #   0: image 0 first; 1: image 0 scores 0, images 1 and 2 above -> rank 2;
+    #   2: image 1 first; 3: image 2 (1.4a) above image 1 (0.8) -> rank 1; 4: image 2 first
+    assert metrics["t2i_R@1"] == pytest.approx(3 / 5)
+    assert metrics["t2i_R@2"] == pytest.approx(4 / 5)
+    assert metrics["t2i_R@5"] == 1.0
+    assert (metrics["num_images"], metrics["num_captions"], metrics["num_pairs"]) == (3, 5, 5)
+    # Chance: images 0 and 1 have 2 of 5 captions, image 2 has 1; every caption 1 of 3 images.
+    assert metrics["i2t_R@1_chance"] == pytest.approx((2 / 5 + 2 / 5 + 1 / 5) / 3)
+    assert metrics["t2i_R@1_chance"] == pytest.approx(1 / 3)
+    with pytest.raises(ValueError, match="at least one caption"):
+        karpathy.captioned_retrieval_metrics(images, captions[:2], [0, 0])
+
+
+def test_identical_captions_of_different_images_are_separate_queries_in_the_karpathy_protocol():
+    from trainer.evaluators import karpathy
+
+    images = np.eye(2, dtype=np.float32)
+    same = np.array([[1, 0], [1, 0]], np.float32)  # image 1's caption reads like image 0's
+    metrics = karpathy.captioned_retrieval_metrics(images, same, [0, 1], ks=(1,))
+    assert metrics["num_captions"] == 2           # not merged into one candidate
+    assert metrics["t2i_R@1"] == 0.5              # caption 1 retrieves image 0
+    assert metrics["i2t_R@1"] == 0.0              # image 0: tie between its caption and caption 1
+
+
+def test_topk_accuracy_ties_count_against_the_image():
+    scores = np.array([[1.0, 1.0, 0.0], [0.2, 0.5, 0.5], [0.3, 0.3, 0.3]])
+    labels = np.array([0, 2, 1])
+    # Row 0: class 1 ties its label; row 1: class 1 ties its label; row 2: all alike.
+    assert zeroshot.topk_accuracy(scores, labels, 1) == 0.0
+    assert zeroshot.topk_accuracy(scores, labels, 2) == pytest.approx(2 / 3)
+    assert zeroshot.topk_accuracy(scores, labels, 3) == 1.0
+
+
+def test_knn_nearest_neighbour_ties_go_to_the_lowest_index():
+    train = np.array([[0.0, 1.0], [1.0, 0.0], [1.0, 0.0]])
+    test = np.array([[1.0, 0.0], [0.0, 1.0]])
+    np.testing.assert_array_equal(knn.nearest_neighbours(train, test), [1, 0])
+
+
+def test_zeroshot_uses_the_class_name_file(tiny_eval_folder, tokenizer, tmp_path):
+    names = tmp_path / "names.json"
+    names.write_text('{"circle": "square", "square": "triangle", "triangle": "circle"}')
+    evaluator = evaluators.get("zeroshot")(
+        image_dir=os.path.join(tiny_eval_folder, "test"), image_size=IMAGE_SIZE, tokenizer=tokenizer,
+        batch_size=BATCH, class_names=str(names))
+    # Every class is prompted with another shape's name: the right images, the wrong words.
+    assert evaluator.run(encode_shapes, shape_text_encoder(tokenizer))["top1"] == 0.0
+
+
+def test_karpathy_evaluator_with_a_shape_recognising_encoder(tiny_karpathy, tokenizer):
+    captions_file, image_dir = tiny_karpathy
+    evaluator = evaluators.get("karpathy")(
+        captions_file=captions_file, image_dir=image_dir, image_size=IMAGE_SIZE, tokenizer=tokenizer,
+        batch_size=BATCH)
+    metrics = evaluator.run(fixed_batch(encode_shapes, BATCH), fixed_batch(shape_text_encoder(tokenizer), BATCH))
+    # The test split: 3 images of different shapes, 2 captions each naming the shape.
+    assert (metrics["num_images"], metrics["num_captions"]) == (3, 6)
+    assert all(metrics[f"{d}_R@{k}"] == 1.0 for d in ("i2t", "t2i") for k in (1, 5, 10))
+    assert metrics["t2i_R@1_chance"] == pytest.approx(1 / 3)
+    rotated = shape_text_encoder(tokenizer, order=SHAPES[1:] + SHAPES[:1])
+    wrong = evaluator.run(encode_shapes, rotated)
+    assert wrong["i2t_R@1"] == wrong["t2i_R@1"] == 0.0

@@ -55,6 +55,15 @@ def compute_dtype(config):
     return jnp.dtype(config.get("compute_dtype", "float32"))
 
 
+def cpu_fast_compile_options() -> dict:
+    """XLA options for LLVM's cheap passes on CPU (``xla_cpu_fast_compile``); {} elsewhere."""
+    import jax  # here: a config file loads without JAX
+
+    if jax.default_backend() != "cpu":
+        return {}
+    return {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+
+
 def base_config(*, image_variant: str, text_size: str, embed_dim: int, image_size: int,
                 max_text_len: int, batch_size: int, total_steps: int, peak_lr: float,
                 warmup_steps: int, eval_every: int, log_every: int, checkpoint_every: int,

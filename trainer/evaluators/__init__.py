@@ -9,15 +9,16 @@ output), so a jitted or mesh-sharded encoder compiles once. ``run`` returns
 
 Adding an evaluator is one module plus one line in ``_EVALUATORS``. Modules
 are imported on first use, so asking for one does not import the others.
-This module also holds the two helpers the evaluators share: batched
-encoding and reading a labelled image folder.
+This module also holds the helpers the evaluators share: batched encoding,
+reading a labelled image folder, and ``build``, which turns a config's
+``evals`` into evaluators (the trainer and ``trainer.evaluate`` both use it).
 """
 
 from __future__ import annotations
 
 import importlib
 import os
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
 
@@ -26,6 +27,7 @@ _EVALUATORS = {
     "zeroshot": "trainer.evaluators.zeroshot:ZeroShotEvaluator",
     "knn": "trainer.evaluators.knn:KnnEvaluator",
     "gallery": "trainer.evaluators.gallery:GalleryEvaluator",
+    "karpathy": "trainer.evaluators.karpathy:KarpathyRetrievalEvaluator",
 }
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
@@ -41,6 +43,35 @@ def get(name: str):
         raise KeyError(f"unknown evaluator {name!r}; known: {names()}")
     module, attribute = _EVALUATORS[name].split(":")
     return getattr(importlib.import_module(module), attribute)
+
+
+def build(evals: dict, *, context: dict, data_dir: str, eval_dir: Optional[str]) -> list:
+    """``[(name, every, evaluator)]`` from a config's ``evals`` (see ``trainer.configs``).
+
+    Each entry is the evaluator's kwargs plus ``type`` (registry name,
+    default: the entry's name) and ``every``. String values may use
+    ``{data_dir}`` and ``{eval_dir}``; an entry that needs ``eval_dir`` when
+    there is none is skipped. ``context`` (tokenizer, image_size, ...) fills
+    the constructor parameters the entry does not set.
+    """
+    import inspect
+
+    from absl import logging
+
+    built = []
+    for name, entry in (evals or {}).items():
+        entry = dict(entry)
+        kind, every = entry.pop("type", name), entry.pop("every", None)
+        if any("{eval_dir}" in v for v in entry.values() if isinstance(v, str)) and not eval_dir:
+            logging.info("evaluator %s skipped: it needs config.eval_dir", name)
+            continue
+        kwargs = {k: v.format(data_dir=data_dir, eval_dir=eval_dir) if isinstance(v, str) else v
+                  for k, v in entry.items()}
+        cls = get(kind)
+        accepted = inspect.signature(cls.__init__).parameters
+        kwargs = {**{k: v for k, v in context.items() if k in accepted}, **kwargs}
+        built.append((name, every, cls(**kwargs)))
+    return built
 
 
 def l2_normalize(x: np.ndarray) -> np.ndarray:

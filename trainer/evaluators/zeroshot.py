@@ -15,7 +15,7 @@ from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 
-from trainer.evaluators import chunks, encode_image_files, encode_in_batches, image_folder, l2_normalize
+from trainer.evaluators import chunks, encode_image_files, encode_in_batches, l2_normalize
 
 #: The prompt ensembles, by name (``prompt_templates.json`` next to this module).
 TEMPLATES_FILE = os.path.join(os.path.dirname(__file__), "prompt_templates.json")
@@ -45,17 +45,25 @@ def class_embeddings(encode_texts: Callable, tokenizer, class_names, templates, 
 
 
 def topk_accuracy(scores: np.ndarray, labels: np.ndarray, k: int) -> float:
-    """Fraction of rows whose label is among the ``k`` highest scores."""
-    k = min(k, scores.shape[1])
-    top = np.argpartition(-scores, k - 1, axis=1)[:, :k]
-    return float(np.mean((top == labels[:, None]).any(axis=1)))
+    """Fraction of rows whose label is among the ``k`` highest scores.
+
+    A tie counts against the image (as in ``retrieval``): the label is in the
+    top ``k`` when fewer than ``k`` other classes score at least as high, so
+    a model that scores every class alike gets 0, not an arbitrary pick.
+    """
+    scores = np.asarray(scores)
+    own = np.take_along_axis(scores, labels[:, None], axis=1)
+    others_at_least = (scores >= own).sum(axis=1) - 1
+    return float(np.mean(others_at_least < k))
 
 
 class ZeroShotEvaluator:
     """kwargs: ``image_dir``, ``image_size``, ``tokenizer``, ``batch_size``; optional
     ``resize_size``, ``templates``: ensemble name(s) of ``prompt_templates.json``
     (default: CLIP's short ImageNet ensemble plus the drawing prompts) or a
-    list of ``str.format`` templates with one ``{}``.
+    list of ``str.format`` templates with one ``{}``; ``class_names``: a
+    class-name file (``trainer.eval_data.read_class_names``) when the
+    directory names are ids (ImageNet's ``n01440764``), not words.
 
     Reports ``top1``, ``top5`` (top-k with k capped at the number of classes),
     ``top1_chance``, ``num_images``, ``num_classes``.
@@ -70,6 +78,7 @@ class ZeroShotEvaluator:
         batch_size: int = 64,
         resize_size: Optional[int] = None,
         templates: Union[str, Sequence[str]] = "default",
+        class_names: Optional[str] = None,
     ):
         self.image_dir = image_dir
         self.image_size = image_size
@@ -79,9 +88,12 @@ class ZeroShotEvaluator:
         if isinstance(templates, str) or all("{}" not in t for t in templates):
             templates = prompt_templates(templates)
         self.templates = tuple(templates)
+        self.class_names_file = class_names
 
     def run(self, encode_images: Callable, encode_texts: Callable) -> dict:
-        paths, labels, class_names = image_folder(self.image_dir)
+        from trainer.eval_data import labelled_folder
+
+        paths, labels, _, class_names = labelled_folder(self.image_dir, self.class_names_file)
         classes = class_embeddings(encode_texts, self.tokenizer, class_names, self.templates, self.batch_size)
         images = encode_image_files(
             encode_images, paths, image_size=self.image_size, resize_size=self.resize_size,

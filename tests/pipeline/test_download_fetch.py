@@ -18,10 +18,10 @@ from pipeline.download.fetch import (
 )
 
 OPTIONS = FetchOptions(
-    connect_timeout=1.0, read_timeout=0.5, deadline=1.5, max_bytes=256 * 1024, retries=2, backoff=0.05,
+    connect_timeout=1.0, read_timeout=1.0, deadline=3.0, max_bytes=256 * 1024, retries=2, backoff=0.05,
     max_retry_wait=1.0, max_redirects=5, allow_loopback=True,
 )
-BOUND_S = 6.0  # far above OPTIONS.deadline: only a hang crosses it
+BOUND_S = 12.0  # far above OPTIONS.deadline: only a hang crosses it
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +97,7 @@ def test_drip_is_cut_by_the_deadline_not_by_the_read_timeout(server):
     options = FetchOptions(connect_timeout=1, read_timeout=5.0, deadline=1.0, allow_loopback=True, max_bytes=1 << 21)
     start = time.monotonic()
     got = fetch(server.url("/drip"), options)
-    assert got.reason == "timeout" and time.monotonic() - start < 3.0
+    assert got.reason == "timeout" and time.monotonic() - start < 4.5
 
 
 @pytest.mark.parametrize("path", ["/endless", "/huge", "/huge-chunked"])

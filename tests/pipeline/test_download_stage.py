@@ -24,8 +24,10 @@ from pipeline.readers.rows import Rejection
 
 NAME = "downloaded"
 LIMITS = [
-    "--download-allow-loopback", "--download-connect-timeout", "1", "--download-read-timeout", "0.5",
-    "--download-deadline", "1.5", "--download-max-bytes", "300000", "--download-retries", "1",
+    # Generous for a loaded machine (the endless body must hit max-bytes before the deadline);
+    # the drip still needs ~5000 s to finish, so it always ends at the deadline.
+    "--download-allow-loopback", "--download-connect-timeout", "2", "--download-read-timeout", "2",
+    "--download-deadline", "4", "--download-max-bytes", "300000", "--download-retries", "1",
     "--download-threads", "16", "--download-per-host", "8", "--set", "min_ngram_count=0",
 ]
 IMAGES = {"a.jpg": jpeg(400, 300, seed=1), "b.png": jpeg(320, 480, seed=2, fmt="PNG"), "good.jpg": jpeg(360, 360, seed=3)}

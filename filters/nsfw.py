@@ -13,9 +13,12 @@ confidence of any box whose class is in ``PORNOGRAPHIC_CLASSES`` (exposed
 genitalia, female breasts, buttocks, anus). Faces, feet, bellies, armpits
 and covered parts never raise the score.
 
-When the extra is absent the stage does not quietly pass everything: each
+Whether the scorer is there is decided where the scoring happens, on each
+worker (a Dataflow worker may lack the extra that the launcher has). When it
+is absent the stage does not quietly pass everything: with the preset's
+``nsfw_unscored="fail"`` the worker fails the job; with ``"pass"`` each
 record that goes through unscored is counted in ``nsfw/scorer_unavailable``,
-and the funnel shows that count.
+and the workers' counts make the funnel's note (``stage_note``).
 
 Run ``python -m filters.nsfw IMAGE...`` to print the scores of local images
 and the time per image.
@@ -77,6 +80,9 @@ PORNOGRAPHIC_CLASSES = (
 REJECT_REASON = stages.reason("nsfw", "pornographic")
 UNDECODABLE_REASON = stages.reason("nsfw", "undecodable")
 REJECTED_TAG = "rejected"
+#: Tagged output of ``ScoreNsfw``: per bundle ``((scored, status), records)``.
+STATUS_TAG = "status"
+UNSCORED_CHOICES = ("pass", "fail")
 #: Beam Metrics namespace of the stage's counters (names are "nsfw/...").
 METRICS_NAMESPACE = "nsfw"
 
@@ -128,6 +134,28 @@ def load_scorer(name: str = "nudenet", **kwargs) -> Tuple[Optional[NsfwScorer], 
     if name not in SCORERS:
         raise ValueError(f"unknown NSFW scorer {name!r}; known: {', '.join(sorted(SCORERS))}")
     return SCORERS[name](**kwargs)
+
+
+def stage_note(threshold: float, scorer_name: str, outcomes) -> str:
+    """The funnel's note from what the workers did: ``outcomes`` ``{(scored, status): records}``.
+
+    ``scored`` is True for records a scorer judged; ``status`` is the
+    loader's text (why it was missing, for the unscored ones).
+    """
+    scored = sum(n for (was_scored, _), n in outcomes.items() if was_scored)
+    unscored = {status: n for (was_scored, status), n in sorted(outcomes.items()) if not was_scored}
+    rule = f"rejected if score >= {threshold}"
+    if not unscored:
+        return f"scored by {scorer_name}, {rule}"
+    why = "; ".join(sorted(unscored))
+    total = sum(unscored.values())
+    if not scored:
+        return f"{total:,} records passed UNSCORED: {why}"
+    return f"{total:,} records passed UNSCORED ({why}), {scored:,} scored by {scorer_name}, {rule}"
+
+
+class ScorerUnavailable(RuntimeError):
+    """A worker has no NSFW scorer and the preset says ``nsfw_unscored=fail``."""
 
 
 def _version(package: str) -> str:
@@ -289,7 +317,10 @@ if beam is not None:
 
         Counters (namespace ``METRICS_NAMESPACE``): ``nsfw/scored``, ``nsfw/pornographic``
         and, when the scorer's extra is absent, ``nsfw/scorer_unavailable``:
-        every record that passed unscored.
+        every record that passed unscored. ``unscored="fail"`` makes a worker
+        without the scorer raise ``ScorerUnavailable`` in ``setup`` instead.
+        The ``"status"`` output says per bundle how many records were scored
+        or passed and why (``((scored, status), records)``), for the funnel.
 
         ``scorer_factory`` (tests, custom scorers) is a picklable callable
         returning ``(scorer or None, status)`` like ``load_scorer``.
@@ -301,9 +332,13 @@ if beam is not None:
             scorer_name: str = "nudenet",
             batch_size: int = 16,
             scorer_factory: Optional[Callable[[], Tuple[Optional[NsfwScorer], str]]] = None,
+            unscored: str = "pass",
         ):
             if scorer_factory is None and scorer_name not in SCORERS:
                 raise ValueError(f"unknown NSFW scorer {scorer_name!r}; known: {', '.join(sorted(SCORERS))}")
+            if unscored not in UNSCORED_CHOICES:
+                raise ValueError(f"unscored must be one of {UNSCORED_CHOICES}, got {unscored!r}")
+            self.unscored = unscored
             self.threshold = float(threshold)
             self.scorer_name = scorer_name
             self.batch_size = int(batch_size)
@@ -323,10 +358,19 @@ if beam is not None:
             else:
                 self._scorer, self.status = load_scorer(self.scorer_name)
             if self._scorer is None:
+                if self.unscored == "fail":
+                    raise ScorerUnavailable(
+                        f"no NSFW scorer on this worker ({self.status}) and the preset says nsfw_unscored=fail: "
+                        "install the extra on the workers, or --set nsfw_unscored=pass")
                 logging.warning("NSFW stage passes records UNSCORED: %s", self.status)
 
         def start_bundle(self):
             self._pending = []  # (key, image, timestamp, windows)
+            self._outcomes = {}  # (scored, status) -> records, this bundle
+
+        def _count(self, scored: bool, n: int = 1) -> None:
+            outcome = (scored, getattr(self._scorer, "name", self.scorer_name) if scored else self.status)
+            self._outcomes[outcome] = self._outcomes.get(outcome, 0) + n
 
         def process(self, element, timestamp=beam.DoFn.TimestampParam, window=beam.DoFn.WindowParam):
             key, data = element
@@ -335,6 +379,7 @@ if beam is not None:
                 return
             if self._scorer is None:
                 self.unavailable.inc()
+                self._count(False)
                 yield key
                 return
             try:
@@ -348,7 +393,13 @@ if beam is not None:
                 yield from self._flush()
 
         def finish_bundle(self):
+            from apache_beam.transforms.window import GlobalWindow
+            from apache_beam.utils.timestamp import MIN_TIMESTAMP
+
             yield from self._flush()
+            for outcome, n in sorted(self._outcomes.items()):
+                status = WindowedValue((outcome, n), MIN_TIMESTAMP, (GlobalWindow(),))
+                yield beam.pvalue.TaggedOutput(STATUS_TAG, status)
 
         def _flush(self) -> List[object]:
             """Score the buffered images; outputs as explicit WindowedValues.
@@ -364,6 +415,7 @@ if beam is not None:
             if scores.shape != (len(pending),):
                 raise ValueError(f"scorer {self._scorer.name!r} returned shape {scores.shape} for {len(pending)} images")
             results = []
+            self._count(True, len(pending))
             for (key, _, ts, windows), score in zip(pending, scores):
                 self.scored.inc()
                 if is_pornographic(float(score), self.threshold):

@@ -88,6 +88,10 @@ PARAMS = [
           measure="1 - distinct words/words", keep="<=", off=1.0),
     Param("nsfw_threshold", float, "pornographic-content score a record must stay below", 0.8, low=0.0, high=1.0,
           measure="pornographic score", keep="<", off=1.0),
+    Param("nsfw_unscored", str,
+          "what a worker without the NSFW scorer (nudenet, the optional '[nsfw]' extra) does: 'pass' the records "
+          "unscored (counted in nsfw/scorer_unavailable and said in the funnel) or 'fail' the job",
+          "pass", ("pass", "fail")),
     Param("counting_base", str,
           "rows every corpus-wide count (texts per image, images per text, n-grams) is taken over: "
           "'raw' = every row with a readable image header and text, before the quality thresholds "

@@ -173,9 +173,11 @@ def build_pipeline(
     judged = light
     images = survivors | "KeyImages" >> beam.Map(lambda r: (r.key, r.image))
 
+    job_notes = []  # (stage, text) made on the workers
     if nsfw.stage_enabled(preset.nsfw_threshold):
-        scored = images | "ScorePornography" >> ran(ScorePornography(preset.nsfw_threshold))
+        scored = images | "ScorePornography" >> ran(ScorePornography(preset.nsfw_threshold, preset.nsfw_unscored))
         verdicts.append(scored[REJECTED])
+        job_notes.append(scored["notes"])
         light = (light, scored[REJECTED]) | "DropPornographic" >> DropKeys(row_key)
 
     if preset.counting_base == "survivors":
@@ -203,7 +205,9 @@ def build_pipeline(
     written_counts = shard_lengths | "WrittenPerSplit" >> beam.FlatMap(lambda d: [(s, sum(c)) for s, c in d.items()])
     histograms = records[MEASURES] | "Distributions" >> stats_lib.HistogramPerKey()
     meta = {"ran": ran.names, "notes": ran.notes, "dataset": opts.name, "preset": preset, "extras": tuple(extras)}
-    _ = (input_count, rejections, written_counts, histograms, corpus["stats"]) | "WriteStats" >> WriteStats(opts.output, meta)
+    worker_notes = job_notes | "StageNotes" >> beam.Flatten(pipeline=p)
+    _ = (input_count, rejections, written_counts, histograms, corpus["stats"], worker_notes) | "WriteStats" >> WriteStats(
+        opts.output, meta)
     return ran
 
 
@@ -234,22 +238,19 @@ def corpus_directory(output: str, layout: str, name: str, version: str) -> str:
 
 
 def stage_notes(preset) -> dict:
-    """What the funnel should say about stages that run degraded or not at all.
+    """What the funnel should say about stages that run degraded or not at all, before the job.
 
-    Judged from the launcher's environment without loading any model; on a
-    remote runner the ``nsfw/scorer_unavailable`` counter is the worker's word.
+    No environment is judged here: whether NSFW scored is the workers' word
+    (``ScorePornography``'s note replaces this one as soon as a record
+    reached the stage; ``nsfw/scorer_unavailable`` counts the unscored).
     """
-    import importlib.util
-
     from filters import nsfw
 
     notes = {}
     if not nsfw.stage_enabled(preset.nsfw_threshold):
         notes["nsfw"] = "disabled: nsfw_threshold >= 1.0"
-    elif importlib.util.find_spec("nudenet") is None:
-        notes["nsfw"] = f"records passed UNSCORED: {nsfw.NUDENET_MISSING}"
     else:
-        notes["nsfw"] = f"scored by nudenet, rejected if score >= {preset.nsfw_threshold}"
+        notes["nsfw"] = f"no record reached the stage (rejected if score >= {preset.nsfw_threshold})"
     return notes
 
 

@@ -71,19 +71,34 @@ class ApplyRecordFilters(beam.PTransform):
 
 
 class ScorePornography(beam.PTransform):
-    """``(key, image bytes)`` -> ``{"survivors": key, "rejected": (key, reason)}``.
+    """``(key, image bytes)`` -> ``{"survivors": key, "rejected": (key, reason), "notes": ("nsfw", text)}``.
 
     Applied only when the preset enables the stage (``nsfw.stage_enabled``).
+    Whether the scorer is installed is the workers' word: ``notes`` holds
+    one note made from what they did (``nsfw.stage_note``; nothing if no
+    record reached the stage), and ``unscored="fail"`` (the preset's
+    ``nsfw_unscored``) fails the job on a worker without the scorer.
     """
 
     decides = ("nsfw",)
 
-    def __init__(self, threshold: float):
+    def __init__(self, threshold: float, unscored: str = "pass", scorer_name: str = "nudenet"):
         super().__init__()
         self.threshold = threshold
+        self.unscored = unscored
+        self.scorer_name = scorer_name
 
     def expand(self, images):
-        outputs = images | "Score" >> beam.ParDo(nsfw.ScoreNsfw(self.threshold)).with_outputs(
-            nsfw.REJECTED_TAG, main=SURVIVORS
+        outputs = images | "Score" >> beam.ParDo(
+            nsfw.ScoreNsfw(self.threshold, self.scorer_name, unscored=self.unscored)).with_outputs(
+            nsfw.REJECTED_TAG, nsfw.STATUS_TAG, main=SURVIVORS
         )
-        return {SURVIVORS: outputs[SURVIVORS], REJECTED: outputs[nsfw.REJECTED_TAG]}
+        threshold, scorer_name = self.threshold, self.scorer_name
+        notes = (
+            outputs[nsfw.STATUS_TAG]
+            | "RecordsPerOutcome" >> beam.CombinePerKey(sum)
+            | "Outcomes" >> beam.combiners.ToDict()
+            | "Note" >> beam.FlatMap(
+                lambda outcomes: [("nsfw", nsfw.stage_note(threshold, scorer_name, outcomes))] if outcomes else [])
+        )
+        return {SURVIVORS: outputs[SURVIVORS], REJECTED: outputs[nsfw.REJECTED_TAG], "notes": notes}

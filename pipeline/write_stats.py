@@ -37,9 +37,11 @@ def sample_row(rejection: Rejection) -> dict:
     }
 
 
-def _write_stats_files(_, output_dir, input_count, rejected, written, histograms, extra, samples, meta):
+def _write_stats_files(_, output_dir, input_count, rejected, written, histograms, extra, samples, meta, notes=None):
+    # The stages' own notes, made on the workers (e.g. whether NSFW scored), win over the launcher's.
+    notes = dict(meta["notes"], **(notes or {}))
     funnel = stats_lib.build_funnel(
-        input_count, rejected, written, meta["ran"], meta["notes"], meta["dataset"], meta["preset"],
+        input_count, rejected, written, meta["ran"], notes, meta["dataset"], meta["preset"],
         meta["extras"],
     )
     stats_dir = FileSystems.join(output_dir, "stats")
@@ -57,7 +59,10 @@ def _write_stats_files(_, output_dir, input_count, rejected, written, histograms
 
 
 class WriteStats(beam.PTransform):
-    """``(input count, rejections, written per split, histograms, extra stats)`` -> the funnel, once written.
+    """``(input count, rejections, written per split, histograms, extra stats[, stage notes])`` -> the funnel, once written.
+
+    ``stage notes`` (optional) are ``(stage, text)`` made in the job; they
+    replace the launcher's note of that stage.
 
     ``meta``: ``ran`` (the stage names that ran), ``notes`` ({stage: text}),
     ``dataset``, ``preset`` and ``extras`` (the extra stages), as
@@ -70,7 +75,8 @@ class WriteStats(beam.PTransform):
         self.meta = meta
 
     def expand(self, inputs):
-        input_count, rejections, written_counts, histograms, extra = inputs
+        input_count, rejections, written_counts, histograms, extra = inputs[:5]
+        notes = inputs[5] if len(inputs) > 5 else None
         reason_counts = rejections | "ReasonOnly" >> beam.Map(lambda r: r.reason) | "CountReasons" >> beam.combiners.Count.PerElement()
         samples = (
             rejections
@@ -92,5 +98,6 @@ class WriteStats(beam.PTransform):
                 beam.pvalue.AsDict(extra),
                 beam.pvalue.AsList(samples),
                 self.meta,
+                beam.pvalue.AsDict(notes) if notes is not None else None,
             )
         )

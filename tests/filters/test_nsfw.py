@@ -307,3 +307,33 @@ def test_score_nsfw_with_real_nudenet_keeps_benign_images():
     result = pipeline.run()
     result.wait_until_finish()
     assert _counters(result)["nsfw/scored"] == len(elements)
+
+
+def test_score_nsfw_without_scorer_fails_the_job_when_the_preset_says_fail():
+    elements = [(f"k{i}", _png(150 + i)) for i in range(3)]
+    pipeline, _ = _run(nsfw.ScoreNsfw(0.5, scorer_factory=absent_scorer_factory, unscored="fail"), elements)
+    with pytest.raises(Exception, match="nsfw_unscored=fail"):
+        pipeline.run().wait_until_finish()
+    assert get_preset("align").nsfw_unscored == "pass"
+    assert get_preset("align", ["nsfw_unscored=fail"]).nsfw_unscored == "fail"
+
+
+def test_score_nsfw_reports_what_it_did_per_bundle():
+    elements = [(f"k{i}", _png(101 + 20 * i)) for i in range(5)]
+    for factory, expected in ((width_scorer_factory, {(True, "width"): 5}),
+                              (absent_scorer_factory, {(False, "fake scorer not installed"): 5})):
+        pipeline = beam.Pipeline(runner=FnApiRunner())
+        outputs = (pipeline | beam.Create(elements, reshuffle=False)
+                   | beam.ParDo(nsfw.ScoreNsfw(0.5, batch_size=2, scorer_factory=factory)).with_outputs(
+                       nsfw.REJECTED_TAG, nsfw.STATUS_TAG, main="kept"))
+        totals = outputs[nsfw.STATUS_TAG] | beam.CombinePerKey(sum)
+        assert_that(totals, equal_to(list(expected.items())))
+        pipeline.run().wait_until_finish()
+
+
+def test_stage_note_says_what_the_workers_did():
+    assert nsfw.stage_note(0.8, "nudenet", {(True, "nudenet"): 7}) == "scored by nudenet, rejected if score >= 0.8"
+    assert nsfw.stage_note(0.8, "nudenet", {(False, nsfw.NUDENET_MISSING): 1234}) == (
+        f"1,234 records passed UNSCORED: {nsfw.NUDENET_MISSING}")
+    assert nsfw.stage_note(0.8, "nudenet", {(True, "nudenet"): 5, (False, "gone"): 2}) == (
+        "2 records passed UNSCORED (gone), 5 scored by nudenet, rejected if score >= 0.8")

@@ -1,0 +1,40 @@
+"""The NSFW stage's note is the workers' word, not the launcher's environment (issue 14, item 8)."""
+
+import importlib.util
+import json
+
+import pytest
+
+from pipeline import build
+from tests.pipeline.test_build_safety import write_candidates
+
+QUICK = ["--set", "vocab_size=0", "--set", "min_shorter_side=0"]
+
+
+@pytest.fixture
+def launcher_has_nudenet(monkeypatch):
+    """The launcher's environment claims nudenet; the workers (this process's FnApiRunner) have none."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a, **k: (
+        object() if name == "nudenet" else real(name, *a, **k)))
+    try:
+        import nudenet  # noqa: F401
+    except ImportError:
+        return
+    pytest.skip("nudenet is installed here: the workers would score")
+
+
+def test_funnel_note_counts_the_records_the_workers_passed_unscored(tmp_path, launcher_has_nudenet):
+    pattern = write_candidates(tmp_path / "in", rows=6)
+    funnel = build.run(["--input", str(pattern), "--output", str(tmp_path / "out"), *QUICK])
+    row = next(r for r in funnel["stages"] if r["stage"] == "nsfw")
+    assert row["note"].startswith("6 records passed UNSCORED: nudenet not installed")
+    on_disk = json.loads((tmp_path / "out" / "stats" / "funnel.json").read_text())
+    assert next(r for r in on_disk["stages"] if r["stage"] == "nsfw")["note"] == row["note"]
+
+
+def test_preset_can_fail_rather_than_pass_unscored(tmp_path):
+    pattern = write_candidates(tmp_path / "in", rows=4)
+    with pytest.raises(Exception, match="nsfw_unscored=fail"):
+        build.run(["--input", str(pattern), "--output", str(tmp_path / "out"), *QUICK, "--set", "nsfw_unscored=fail"])
+    assert not (tmp_path / "out" / "COMPLETED").exists()

@@ -39,9 +39,13 @@ once, with the reason of the earliest stage that rejected any of its rows.
 
 Scale. Distinct counts are ``CombinePerKey`` with sets capped at
 threshold + 1 (the rule only needs "more than the threshold", so a state is
-never bigger than that, however hot the image or alt-text); the verdict is
-joined back to the judged rows with ``CoGroupByKey``. The histograms are
-over those capped counts, so their last bin reads "more than the threshold".
+never bigger than that, however hot the image or alt-text); the groups over
+the limit are joined back to the judged rows by ``common.hot_keys.
+JoinDecisions``: a group with more than ``max_group_rows`` judged rows (the
+placeholder image, the boilerplate caption) gets its verdict by a side
+input, the others by ``CoGroupByKey``, so no group's rows are ever one list.
+The histograms are over the capped counts, so their last bin reads "more
+than the threshold".
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 from common.histogram import HistogramFn, close_last_bin
+from common.hot_keys import DEFAULT_MAX_ROWS, JoinDecisions
 from filters import extra_stages, stages
 from filters.ngram_vocab import METRICS_NAMESPACE, RARE_NGRAM, DropRareNgrams
 from filters.presets import keeps, rule_enabled
@@ -153,20 +158,25 @@ class CappedDistinctCountFn(beam.CombineFn):
 # ---------------------------------------------------------------------------
 
 
-class _RejectGroupsOverLimit(beam.DoFn):
+class _GroupsOverLimit(beam.DoFn):
+    """``(group, capped count)`` -> ``(group, reason)`` for the groups the rule rejects; records the counts."""
+
     def __init__(self, keep, metric: str, reason: str):
         self.keep = keep
         self.reason = reason
         self.distribution = Metrics.distribution(METRICS_NAMESPACE, metric)
 
-    def process(self, joined):
-        _, sides = joined
-        count = next(iter(sides["count"]), 0)
-        if sides["count"]:
-            self.distribution.update(count)
+    def process(self, group_count):
+        group, count = group_count
+        self.distribution.update(count)
         if not self.keep(count):
-            for row in sides["rows"]:
-                yield row[0], self.reason
+            yield group, self.reason
+
+
+def _rejected_row(row_decision):
+    row, reason = row_decision
+    if reason is not None:
+        yield row[0], reason
 
 
 class DropSharedGroups(beam.PTransform):
@@ -179,16 +189,20 @@ class DropSharedGroups(beam.PTransform):
     (``max_texts_per_image``/``max_images_per_text``) whose ``keep`` side
     decides, or an extra stage's name with its own ``keep(count) -> bool``.
     Returns ``{"rejected": (key, reason), "histogram": one dict}``; the
-    histogram is over the groups of the pool.
+    histogram is over the groups of the pool. ``max_group_rows``: judged
+    rows of one group that may meet in one list (``common.hot_keys``); it
+    never changes the result.
     """
 
-    def __init__(self, group_and_member, param: str, limit: int, reason: str, label=None, keep=None):
+    def __init__(self, group_and_member, param: str, limit: int, reason: str, label=None, keep=None,
+                 max_group_rows: int = DEFAULT_MAX_ROWS):
         super().__init__(label)
         self.group_and_member = group_and_member
         self.keep = keep or functools.partial(keeps, {param: limit}, param)
         self.metric = param.replace("max_", "")
         self.limit = limit
         self.reason = reason
+        self.max_group_rows = max_group_rows
 
     def expand(self, inputs):
         counts = (
@@ -202,10 +216,11 @@ class DropSharedGroups(beam.PTransform):
             | "JudgedByGroup" >> beam.Map(self.group_and_member)
             | "JudgedInGroups" >> beam.Filter(_in_a_group)
             | "Rows" >> beam.MapTuple(lambda group, member_row: (group, member_row[1])))
+        over_limit = counts | "OverLimit" >> beam.ParDo(_GroupsOverLimit(self.keep, self.metric, self.reason))
         rejected = (
-            {"rows": judged, "count": counts}
-            | "JoinCounts" >> beam.CoGroupByKey()
-            | "OverLimit" >> beam.ParDo(_RejectGroupsOverLimit(self.keep, self.metric, self.reason)))
+            {"rows": judged, "decisions": over_limit}
+            | "JoinCounts" >> JoinDecisions(self.max_group_rows, label=self.metric)
+            | "RejectedRows" >> beam.FlatMap(_rejected_row))
         edges = log2_edges(self.limit)
         histogram = (
             counts
@@ -279,11 +294,13 @@ class ApplyCorpusFilters(beam.PTransform):
 
     ``hot_key_fanout`` (unigram counts; off, see ``filters.ngram_vocab``) and
     ``frequent_ngrams`` (size of the known-frequent side input; 0 sends every
-    pair through the join) tune ``DropRareNgrams``; they never change the result.
+    pair through the join) tune ``DropRareNgrams``; ``max_group_rows`` the
+    verdict joins of the sharing rules (``DropSharedGroups``). They never
+    change the result.
     """
 
     def __init__(self, preset, label_prefix: str = "", *, hot_key_fanout: int = 0, frequent_ngrams: int = 10_000,
-                 extras=()):
+                 extras=(), max_group_rows: int = DEFAULT_MAX_ROWS):
         super().__init__()
         if preset.image_identity not in IMAGE_IDENTITIES:
             raise ValueError(f"image_identity must be one of {IMAGE_IDENTITIES}, got {preset.image_identity!r}")
@@ -294,6 +311,7 @@ class ApplyCorpusFilters(beam.PTransform):
         self.label_prefix = label_prefix
         self.hot_key_fanout = hot_key_fanout
         self.frequent_ngrams = frequent_ngrams
+        self.max_group_rows = max_group_rows
 
     def expand(self, pcolls):
         preset, p = self.preset, self.label_prefix
@@ -308,13 +326,15 @@ class ApplyCorpusFilters(beam.PTransform):
             if stage not in run:
                 continue
             shared = {"judged": survivors, "counted": pool} | f"{p}{label}" >> DropSharedGroups(
-                functools.partial(order, preset.image_identity), param, getattr(preset, param), reason)
+                functools.partial(order, preset.image_identity), param, getattr(preset, param), reason,
+                max_group_rows=self.max_group_rows)
             rejected.append(shared["rejected"])
             stats.append(shared["histogram"] | f"{p}Name{label}" >> beam.Map(lambda h, name: (name, h), stage))
         for extra in self.extras:
             shared = {"judged": survivors, "counted": pool} | f"{p}Extra_{extra.name}" >> DropSharedGroups(
                 functools.partial(_extra_group_then_member, extra, preset.image_identity), extra.name,
-                extra.max_count, extra.rejection, keep=functools.partial(operator.ge, extra.max_count))
+                extra.max_count, extra.rejection, keep=functools.partial(operator.ge, extra.max_count),
+                max_group_rows=self.max_group_rows)
             rejected.append(shared["rejected"])
             stats.append(shared["histogram"] | f"{p}NameExtra_{extra.name}" >> beam.Map(
                 lambda h, name: (name, h), extra.name))

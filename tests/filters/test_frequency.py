@@ -411,3 +411,17 @@ def test_bad_corpus_stage_definitions_are_refused_in_one_line():
     odd = extra_stages.CorpusStage("odd", after="rare_ngrams", group=lambda view: 7, counts="texts", max_count=1, reason="r")
     with pytest.raises(ValueError, match="group returned int"):
         odd.group_of(extra_stages.CorpusView("k", "a text", "img"))
+
+
+@pytest.mark.parametrize("max_group_rows", [2, 1000])
+def test_hot_groups_get_their_verdict_without_being_one_list(max_group_rows):
+    """A caption on 40 images and an image under 30 captions: the same verdicts, groups of at most max_group_rows rows."""
+    survivors = [row(f"t{i:02d}", "click here to enlarge", image=f"img{i}") for i in range(40)]
+    survivors += [row(f"p{i:02d}", f"placeholder number {i} here", image="placeholder") for i in range(30)]
+    survivors += [row("ok1", "a red bicycle"), row("ok2", "a red bicycle")]
+    expected = [(f"t{i:02d}", SHARED_TEXT) for i in range(40)] + [(f"p{i:02d}", TOO_MANY_TEXTS) for i in range(30)]
+    result = assert_rejected(survivors, [], preset(max_texts_per_image=5, max_images_per_text=5),
+                             expected, max_group_rows=max_group_rows)
+    grouped = {d.key.metric.name: d.committed for d in result.metrics().query(
+        MetricsFilter().with_namespace("hot_keys"))["distributions"]}
+    assert max(d.max for d in grouped.values()) <= max_group_rows

@@ -1,0 +1,216 @@
+"""Build throughput against the image-decode floor, on the same files in one run.
+
+    python -m benchmarks.build_throughput --input sample='out/s20k/candidates/*.parquet' \
+        [--input photos='...'] [--workers 1,2] [--repeats 1] [--json PATH]
+
+Every candidate's image has to be decoded once, so no build can beat
+reading the Parquet files and fully decoding each image with PIL: that is
+the *floor*, timed here with the same number of worker processes as the
+build. For each input it reports:
+
+- the floor and ``pipeline.build --preset align`` (no evaluation set), in
+  candidates per wall second, and their ratio (the build's share of the floor);
+- CPU-ms per candidate of the build (user + system of the build process and
+  its workers) and of the floor;
+- peak resident memory of the largest build process;
+- CPU-ms per candidate of the per-record steps (header parse, full decode,
+  pHash, sha256, re-encode or resize of the stored image, text rules and
+  n-gram keys), measured in this process on the same images with
+  ``time.process_time``; what the build spends beyond their sum is Beam's:
+  element overhead, coders, shuffles, the corpus stages and the writers.
+
+The machine is shared: record the load (``benchmarks.record`` does) and
+compare CPU-ms, which a busy machine inflates less than wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import io
+import multiprocessing
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+
+import pyarrow.parquet as pq
+from PIL import Image
+
+from benchmarks import record
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+IMAGE_COLUMNS = ("jpg", "image", "img", "png", "webp")
+
+
+def _image_column(path: str) -> str:
+    names = pq.ParquetFile(path).schema_arrow.names
+    for name in IMAGE_COLUMNS:
+        if name in names:
+            return name
+    raise SystemExit(f"error: {path} has no image column ({', '.join(IMAGE_COLUMNS)})")
+
+
+def _decode_file(path: str) -> int:
+    """The floor's work for one file: read its images, fully decode each; returns the row count."""
+    warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+    table = pq.read_table(path, columns=[_image_column(path)])
+    rows = 0
+    for data in table.column(0).to_pylist():
+        rows += 1
+        if not data:
+            continue
+        try:
+            with Image.open(io.BytesIO(data)) as img:
+                img.load()
+        except Exception:
+            pass
+    return rows
+
+
+def time_floor(files, workers: int) -> dict:
+    start_wall, start_cpu = time.perf_counter(), _children_cpu()
+    if workers == 1:
+        self_cpu = time.process_time()
+        rows = sum(_decode_file(f) for f in files)
+        cpu = time.process_time() - self_cpu
+    else:
+        # one file per task: the build also splits by file (and row group)
+        with multiprocessing.get_context("spawn").Pool(workers) as pool:
+            rows = sum(pool.map(_decode_file, files, chunksize=1))
+        cpu = _children_cpu() - start_cpu
+    wall = time.perf_counter() - start_wall
+    return {"candidates": rows, "wall_s": wall, "per_s": rows / wall, "cpu_ms_per_candidate": 1000 * cpu / rows}
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def time_build(pattern: str, workers: int, candidates: int) -> dict:
+    out = tempfile.mkdtemp(prefix="build-throughput-")
+    argv = [sys.executable, "-m", "pipeline.build", "--input", pattern, "--output", os.path.join(out, "corpus"),
+            "--preset", "align"]
+    if workers > 1:
+        argv += ["--direct_running_mode=multi_processing", f"--direct_num_workers={workers}"]
+    # ru_maxrss of RUSAGE_CHILDREN is the largest waited-for descendant: measure in a
+    # fresh child so earlier runs do not count.
+    probe = ("import resource,subprocess,sys,time;t=time.perf_counter();"
+             "r=subprocess.run(sys.argv[1:],stdout=subprocess.DEVNULL,stderr=subprocess.PIPE);"
+             "w=time.perf_counter()-t;u=resource.getrusage(resource.RUSAGE_CHILDREN);"
+             "print(r.returncode,w,u.ru_utime+u.ru_stime,u.ru_maxrss);"
+             "sys.stderr.write(r.stderr.decode()[-2000:] if r.returncode else '')")
+    try:
+        done = subprocess.run([sys.executable, "-c", probe, *argv], cwd=REPO, capture_output=True, text=True,
+                              env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+        code, wall, cpu, maxrss = done.stdout.split()
+        if int(code) != 0:
+            raise SystemExit(f"error: the build failed ({code}): {done.stderr.strip().splitlines()[-1:]}")
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    wall, cpu = float(wall), float(cpu)
+    return {"wall_s": wall, "per_s": candidates / wall, "cpu_ms_per_candidate": 1000 * cpu / candidates,
+            "peak_rss_mb": int(maxrss) / 1024}
+
+
+def per_record_steps(files, limit: int = 1500) -> dict:
+    """CPU-ms per candidate of each per-record step, on the first ``limit`` images."""
+    import hashlib
+
+    from common.images import orient
+    from filters import image as image_rules
+    from filters import text as text_rules
+    from filters.presets import get_preset
+
+    preset = get_preset("align")
+    rows = []
+    for path in files:
+        table = pq.read_table(path)
+        caption = "caption" if "caption" in table.column_names else table.column_names[0]
+        images, captions = table.column(_image_column(path)).to_pylist(), table.column(caption).to_pylist()
+        rows += [(i, c) for i, c in zip(images, captions) if i]
+        if len(rows) >= limit:
+            break
+    rows = rows[:limit]
+    decoded = []
+    steps = {}
+
+    def timed(name, fn, items):
+        start = time.process_time()
+        result = [fn(x) for x in items]
+        steps[name] = 1000 * (time.process_time() - start) / len(rows)
+        return result
+
+    headers = timed("header", lambda r: image_rules.read_header(r[0], preset)[0], rows)
+    for (data, _), header in zip(rows, headers):
+        if header is not None:
+            decoded.append((data, header))
+
+    def decode(item):
+        data, header = item
+        with Image.open(io.BytesIO(data)) as img:
+            img.load()
+            return image_rules.to_rgb(orient(img, header.orientation))
+
+    rgbs = timed("decode", lambda item: _safe(decode, item), decoded)
+    rgbs = [r for r in rgbs if r is not None]
+    timed("phash", image_rules.perceptual_hash, rgbs)
+    timed("sha256", lambda item: hashlib.sha256(item[0]).hexdigest(), decoded)
+    timed("decode_image (all of the above but the header, + re-encode)",
+          lambda item: image_rules.decode_image(item[0], item[1], preset), decoded)
+    texts = timed("text rules", lambda r: text_rules.normalize_text(r[1] or ""), rows)
+    timed("n-gram keys", lambda t: text_rules.ngrams(t, 2), texts)
+    return steps
+
+
+def _safe(fn, arg):
+    try:
+        return fn(arg)
+    except Exception:
+        return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--input", action="append", required=True, metavar="NAME=GLOB",
+                        help="Parquet candidates (repeatable)")
+    parser.add_argument("--workers", default="1,2", help="comma-separated worker process counts")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    run = record.Run()
+    figures = {}
+    for spec in args.input:
+        name, _, pattern = spec.partition("=")
+        files = sorted(glob.glob(pattern))
+        if not files:
+            raise SystemExit(f"error: --input {spec}: no files match")
+        candidates = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+        entry = {"files": len(files), "candidates": candidates, "runs": {}}
+        for workers in [int(w) for w in args.workers.split(",")]:
+            floors, builds = [], []
+            for _ in range(args.repeats):
+                floors.append(time_floor(files, workers))
+                builds.append(time_build(pattern, workers, candidates))
+            floor = {k: statistics.median(f[k] for f in floors) for k in floors[0]}
+            build = {k: statistics.median(b[k] for b in builds) for k in builds[0]}
+            entry["runs"][str(workers)] = {"floor": floor, "build": build, "share_of_floor": build["per_s"] / floor["per_s"]}
+            print(f"{name}: {workers} worker(s): floor {floor['per_s']:,.0f}/s, build {build['per_s']:,.0f}/s "
+                  f"(share {build['per_s'] / floor['per_s']:.2f}); CPU-ms/candidate floor "
+                  f"{floor['cpu_ms_per_candidate']:.2f}, build {build['cpu_ms_per_candidate']:.2f}; "
+                  f"peak RSS {build['peak_rss_mb']:,.0f} MB", flush=True)
+        entry["per_record_cpu_ms"] = per_record_steps(files)
+        print(f"{name}: per-record CPU-ms/candidate: "
+              + ", ".join(f"{k} {v:.3f}" for k, v in entry["per_record_cpu_ms"].items()), flush=True)
+        figures[name] = entry
+    run.write("build_throughput", figures, args.json)
+
+
+if __name__ == "__main__":
+    main()

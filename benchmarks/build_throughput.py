@@ -17,7 +17,11 @@ build. For each input it reports:
   pHash, sha256, re-encode or resize of the stored image, text rules and
   n-gram keys), measured in this process on the same images with
   ``time.process_time``; what the build spends beyond their sum is Beam's:
-  element overhead, coders, shuffles, the corpus stages and the writers.
+  element overhead, coders, shuffles, the corpus stages and the writers;
+- what a DCT-scaled decode (libjpeg at 1/2..1/8 scale, at least 64 px a
+  side: ``Image.draft``) would cost for the pHash, and how many pHashes it
+  would change (Hamming distance to the full-size pHash). The build does not
+  do this: the pHash is written to the shards.
 
 The machine is shared: record the load (``benchmarks.record`` does) and
 compare CPU-ms, which a busy machine inflates less than wall time.
@@ -160,10 +164,23 @@ def per_record_steps(files, limit: int = 1500) -> dict:
 
     rgbs = timed("decode", lambda item: _safe(decode, item), decoded)
     rgbs = [r for r in rgbs if r is not None]
-    timed("phash", image_rules.perceptual_hash, rgbs)
+    exact = timed("phash", image_rules.perceptual_hash, rgbs)
     timed("sha256", lambda item: hashlib.sha256(item[0]).hexdigest(), decoded)
     timed("decode_image (all of the above but the header, + re-encode)",
           lambda item: image_rules.decode_image(item[0], item[1], preset), decoded)
+    def drafted_phash(item):
+        data, header = item
+        with Image.open(io.BytesIO(data)) as img:
+            if img.format == "JPEG":
+                img.draft("RGB", (64, 64))
+            img.load()
+            return image_rules.perceptual_hash(image_rules.to_rgb(orient(img, header.orientation)))
+
+    drafted = timed("DCT-scaled decode + pHash (not used by the build)", lambda item: _safe(drafted_phash, item),
+                    decoded)
+    distances = [bin(int(a, 16) ^ int(b, 16)).count("1") for a, b in zip(exact, [d for d in drafted if d])]
+    steps["pHash Hamming distance, DCT-scaled vs full decode"] = {
+        str(d): distances.count(d) for d in sorted(set(distances))}
     texts = timed("text rules", lambda r: text_rules.normalize_text(r[1] or ""), rows)
     timed("n-gram keys", lambda t: text_rules.ngrams(t, 2), texts)
     return steps
@@ -182,6 +199,7 @@ def main() -> None:
                         help="Parquet candidates (repeatable)")
     parser.add_argument("--workers", default="1,2", help="comma-separated worker process counts")
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--per-record-only", action="store_true", help="only the per-record step costs")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     run = record.Run()
@@ -193,7 +211,7 @@ def main() -> None:
             raise SystemExit(f"error: --input {spec}: no files match")
         candidates = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
         entry = {"files": len(files), "candidates": candidates, "runs": {}}
-        for workers in [int(w) for w in args.workers.split(",")]:
+        for workers in [] if args.per_record_only else [int(w) for w in args.workers.split(",")]:
             floors, builds = [], []
             for _ in range(args.repeats):
                 floors.append(time_floor(files, workers))
@@ -206,8 +224,9 @@ def main() -> None:
                   f"{floor['cpu_ms_per_candidate']:.2f}, build {build['cpu_ms_per_candidate']:.2f}; "
                   f"peak RSS {build['peak_rss_mb']:,.0f} MB", flush=True)
         entry["per_record_cpu_ms"] = per_record_steps(files)
-        print(f"{name}: per-record CPU-ms/candidate: "
-              + ", ".join(f"{k} {v:.3f}" for k, v in entry["per_record_cpu_ms"].items()), flush=True)
+        print(f"{name}: per-record CPU-ms/candidate: " + ", ".join(
+            f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in entry["per_record_cpu_ms"].items()),
+            flush=True)
         figures[name] = entry
     run.write("build_throughput", figures, args.json)
 

@@ -1,0 +1,277 @@
+"""Download throughput: ``pipeline.build --download`` against img2dataset, same URL list, same loopback server.
+
+    python -m benchmarks.download_vs_img2dataset [--images 4000] [--workers 2] [--threads 32] [--repeats 1]
+
+The server runs in its own process and is not the bottleneck: every image
+is a distinct JPEG generated before the clock starts and served from
+memory by a threaded server on 127.0.0.1 (its CPU time is reported beside
+each run). The URL list is written as ``--shards`` TSV files, as URL lists
+usually come (img2dataset shards its input the same way).
+
+- **This project**: the real build, ``python -m pipeline.build --input
+  'urls/*.tsv' --download --download-allow-loopback`` on FnApiRunner with
+  ``--direct_running_mode=multi_processing --direct_num_workers=WORKERS``:
+  download, every ALIGN filter (header, format, size, aspect, text rules,
+  full decode, sha256 and pHash, the frequency filters), TFRecord shards and
+  the stats. ``min_ngram_count=0`` so the synthetic captions are not rare.
+- **img2dataset 1.47** (its own venv): ``--processes_count WORKERS
+  --thread_count THREADS``, its default resize (``border`` to 256x256,
+  re-encode to JPEG), Parquet output, ``--retries 0``.
+
+A second pair isolates the download itself: this project's
+``ReadCandidates -> DownloadImages`` (the build's first two stages, same
+runner and workers, survivors counted) against img2dataset with
+``--resize_mode no --disable_all_reencoding True`` (download and write the
+bytes as they came).
+
+Figures per tool: wall seconds, images written, images/s (wall), CPU
+seconds of the tool's processes (``RUSAGE_CHILDREN``) and images per
+CPU-second; the ratio is ours/img2dataset for both. The machine is shared,
+so the load (``os.getloadavg``) is recorded before and after each run.
+Writes ``benchmarks/results/download_vs_img2dataset.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.server
+import io
+import json
+import multiprocessing
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+from PIL import Image
+
+from benchmarks import record
+
+REPO = record.REPO
+IMG2DATASET = os.environ.get("IMG2DATASET") or os.path.join(REPO, ".venv-img2dataset", "bin", "img2dataset")
+WORDS = ("red", "blue", "green", "old", "small", "tall", "quiet", "bright", "wooden", "stone", "river", "garden",
+         "bridge", "house", "mountain", "street", "market", "harbour", "forest", "field")
+
+
+def make_images(count: int, seed: int = 0) -> list:
+    """Distinct JPEGs of web-typical sizes (400-800 px wide, aspect 0.6-1.6) with smooth content."""
+    rng = np.random.default_rng(seed)
+    images = []
+    for _ in range(count):
+        width = int(rng.integers(400, 801))
+        height = int(width / rng.uniform(0.6, 1.6))
+        small = rng.integers(0, 256, (6, 8, 3), dtype=np.uint8)  # a smooth picture, not noise
+        out = io.BytesIO()
+        Image.fromarray(small).resize((width, height), Image.BICUBIC).save(out, format="JPEG", quality=88)
+        images.append(out.getvalue())
+    return images
+
+
+def caption(i: int) -> str:
+    words = [WORDS[(i >> (2 * k)) % len(WORDS)] for k in range(5)]
+    return f"a photo of the {words[0]} {words[1]} {words[2]} near the {words[3]} {words[4]} number {i}"
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    images: list = []
+
+    def do_GET(self):  # noqa: N802
+        try:
+            body = self.images[int(self.path.strip("/").split(".")[0])]
+        except (ValueError, IndexError):
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "image/jpeg")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def serve(images, ready):
+    _Handler.images = images
+    http.server.ThreadingHTTPServer.request_queue_size = 1024
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    server.daemon_threads = True
+    ready.put(server.server_address[1])
+    server.serve_forever()
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU of one process so far (``/proc/<pid>/stat``)."""
+    with open(f"/proc/{pid}/stat") as handle:
+        fields = handle.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def write_url_lists(directory: str, port: int, count: int, shards: int) -> str:
+    os.makedirs(directory)
+    for shard in range(shards):
+        with open(os.path.join(directory, f"urls-{shard:03d}.tsv"), "w") as handle:
+            handle.write("url\tcaption\n")
+            for i in range(shard, count, shards):
+                handle.write(f"http://127.0.0.1:{port}/{i}.jpg\t{caption(i)}\n")
+    return directory
+
+
+def timed(command, env=None) -> dict:
+    """Run ``command``; wall seconds and the CPU seconds of its processes."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    load_before = record.load()
+    start = time.perf_counter()
+    done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=REPO)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode != 0:
+        sys.exit(f"failed: {' '.join(command)}\n{done.stderr[-3000:]}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    figures = {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "load_before": load_before, "load_after": record.load()}
+    for line in done.stdout.splitlines():  # a job may report its own count as one JSON line
+        if line.startswith("{") and "downloaded" in line:
+            figures.update(json.loads(line))
+    return figures
+
+
+def run_ours(urls: str, out: str, workers: int, threads: int) -> dict:
+    command = [
+        sys.executable, "-m", "pipeline.build", "--input", os.path.join(urls, "*.tsv"), "--output", out,
+        "--download", "--download-allow-loopback", "--download-threads", str(threads),
+        "--download-per-host", "0", "--set", "min_ngram_count=0",
+        "--direct_running_mode=multi_processing", f"--direct_num_workers={workers}",
+        "--log-file", os.path.join(os.path.dirname(out), "build.log"),
+    ]
+    figures = timed(command, dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    with open(os.path.join(out, "stats", "funnel.json")) as handle:
+        funnel = json.load(handle)
+    figures["images"] = sum(funnel["written"].values())
+    figures["rejected"] = funnel["rejected_total"]
+    return figures
+
+
+def run_img2dataset(urls: str, out: str, workers: int, threads: int, extra=()) -> dict:
+    command = [
+        IMG2DATASET, "--url_list", urls, "--input_format", "tsv", "--url_col", "url", "--caption_col", "caption",
+        "--output_folder", out, "--output_format", "parquet", "--processes_count", str(workers),
+        "--thread_count", str(threads), "--retries", "0", "--timeout", "10", *extra,
+    ]
+    figures = timed(command, dict(os.environ, NO_ALBUMENTATIONS_UPDATE="1", WANDB_MODE="disabled"))
+    successes = 0
+    for name in os.listdir(out):
+        if name.endswith("_stats.json"):
+            with open(os.path.join(out, name)) as handle:
+                successes += json.load(handle)["successes"]
+    figures["images"] = successes
+    return figures
+
+
+def download_job(pattern: str, threads: int, workers: int) -> None:
+    """The build's first two stages only (run in a subprocess by ``run_ours_download_only``)."""
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from pipeline.download import stage
+    from pipeline.download.fetch import FetchOptions
+    from pipeline.read import ReadCandidates
+    from pipeline.readers.rows import Columns
+
+    options = stage.DownloadOptions(FetchOptions(allow_loopback=True), threads=threads, per_host=0)
+    beam_options = PipelineOptions(["--runner=FnApiRunner", "--direct_running_mode=multi_processing",
+                                    f"--direct_num_workers={workers}"])
+    with beam.Pipeline(options=beam_options) as p:
+        read = p | ReadCandidates(pattern, None, Columns(download=True))
+        fetched = read["survivors"] | stage.DownloadImages(options)
+        _ = (fetched["survivors"] | beam.combiners.Count.Globally()
+             | beam.Map(lambda n: print(json.dumps({"downloaded": n}), flush=True)))
+
+
+def run_ours_download_only(urls: str, out: str, workers: int, threads: int) -> dict:
+    command = [sys.executable, "-m", "benchmarks.download_vs_img2dataset", "--download-job", os.path.join(urls, "*.tsv"),
+               "--workers", str(workers), "--threads", str(threads)]
+    figures = timed(command, dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    figures["images"] = figures.pop("downloaded")
+    return figures
+
+
+def run_img2dataset_download_only(urls: str, out: str, workers: int, threads: int) -> dict:
+    return run_img2dataset(urls, out, workers, threads, ["--resize_mode", "no", "--disable_all_reencoding", "True"])
+
+
+def per_second(figures: dict) -> dict:
+    return dict(figures, images_per_s=round(figures["images"] / figures["wall_s"], 1),
+                images_per_cpu_s=round(figures["images"] / figures["cpu_s"], 1))
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--images", type=int, default=4000)
+    parser.add_argument("--workers", type=int, default=2, help="worker processes of each tool")
+    parser.add_argument("--threads", type=int, default=32, help="download threads per worker process")
+    parser.add_argument("--shards", type=int, default=4, help="TSV files the URL list is split into")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--json", default="")
+    parser.add_argument("--download-job", default="", help=argparse.SUPPRESS)  # internal: the download-only job
+    args = parser.parse_args(argv)
+    if args.download_job:
+        download_job(args.download_job, args.threads, args.workers)
+        return
+    if not os.path.exists(IMG2DATASET):
+        sys.exit(f"img2dataset not installed at {IMG2DATASET} (scripts/setup_env.sh creates it)")
+
+    run = record.Run()
+    print(f"generating {args.images:,} JPEGs", flush=True)
+    images = make_images(args.images)
+    ready = multiprocessing.get_context("fork").Queue()
+    server = multiprocessing.get_context("fork").Process(target=serve, args=(images, ready), daemon=True)
+    server.start()
+    port = ready.get(timeout=30)
+    work = tempfile.mkdtemp(prefix="download_bench_")
+    runs = {"ours": [], "img2dataset": [], "ours_download_only": [], "img2dataset_download_only": []}
+    try:
+        urls = write_url_lists(os.path.join(work, "urls"), port, args.images, args.shards)
+        for repeat in range(args.repeats):
+            for name, runner, source in (
+                ("img2dataset", run_img2dataset, urls),
+                ("ours", run_ours, urls),
+                ("img2dataset_download_only", run_img2dataset_download_only, urls),
+                ("ours_download_only", run_ours_download_only, urls),
+            ):
+                out = os.path.join(work, f"{name}-{repeat}", "out")
+                os.makedirs(os.path.dirname(out))
+                server_cpu = process_cpu_seconds(server.pid)
+                figures = per_second(runner(source, out, args.workers, args.threads))
+                figures["server_cpu_s"] = round(process_cpu_seconds(server.pid) - server_cpu, 2)
+                runs[name].append(figures)
+                print(f"{name:26s} {figures['images']:,} images in {figures['wall_s']} s: "
+                      f"{figures['images_per_s']} images/s, {figures['images_per_cpu_s']} per CPU-s "
+                      f"(server {figures['server_cpu_s']} CPU-s; load {figures['load_before'][0]})", flush=True)
+                shutil.rmtree(os.path.dirname(out))
+    finally:
+        server.terminate()
+        shutil.rmtree(work, ignore_errors=True)
+
+    def median(name, field):
+        return statistics.median(r[field] for r in runs[name])
+
+    summary = {
+        "images": args.images, "workers": args.workers, "threads": args.threads, "shards": args.shards,
+        "mean_image_bytes": round(sum(map(len, images)) / len(images)),
+    }
+    for ours, theirs, label in (("ours", "img2dataset", "build"), ("ours_download_only", "img2dataset_download_only", "download_only")):
+        for field in ("images_per_s", "images_per_cpu_s"):
+            summary[f"{label}_ours_{field}"] = median(ours, field)
+            summary[f"{label}_img2dataset_{field}"] = median(theirs, field)
+            summary[f"{label}_ratio_{field}"] = round(median(ours, field) / median(theirs, field), 2)
+    print(json.dumps(summary, indent=1))
+    run.write("download_vs_img2dataset", {"summary": summary, "runs": runs}, args.json)
+
+
+if __name__ == "__main__":
+    main()

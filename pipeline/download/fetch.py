@@ -29,7 +29,7 @@ Reasons are stable words for the funnel (``download/<reason>``): ``bad_url``,
 ``scheme_not_allowed``, ``dns_error``, ``forbidden_address``,
 ``connection_error``, ``tls_error``, ``timeout``, ``protocol_error``,
 ``http_<status>``, ``too_many_redirects``, ``opted_out``, ``not_an_image``,
-``too_large``, ``incomplete_body``, ``empty_body``.
+``too_large``, ``incomplete_body``, ``empty_body``, ``client_error``.
 """
 
 from __future__ import annotations
@@ -38,13 +38,14 @@ import dataclasses
 import email.utils
 import http.client
 import ipaddress
+import logging
 import math
 import socket
 import ssl
 import threading
 import time
 from typing import Callable, Optional, Tuple
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import quote, urljoin, urlsplit
 
 from pipeline.download.addresses import Resolver, refusal, system_resolver
 
@@ -55,6 +56,9 @@ IMAGE_TYPES_BESIDES_IMAGE = ("application/octet-stream", "binary/octet-stream")
 #: img2dataset's default ``disallowed_header_directives``.
 DISALLOWED_DIRECTIVES = ("noai", "noimageai", "noindex", "noimageindex")
 CHUNK = 64 * 1024
+#: Printable ASCII stays as written; spaces and non-ASCII characters in a path
+#: are percent-encoded (UTF-8), as browsers send them.
+_KEEP_IN_TARGET = "".join(chr(c) for c in range(0x21, 0x7F))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,6 +244,7 @@ def _target(url: str):
     target = parts.path or "/"
     if parts.query:
         target += "?" + parts.query
+    target = quote(target, safe=_KEEP_IN_TARGET)
     return scheme, host, port or (443 if scheme == "https" else 80), target
 
 
@@ -386,12 +391,20 @@ def fetch(
     context: Optional[ssl.SSLContext] = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> Fetched:
-    """Download ``url`` under ``options``; never raises for anything the network or server does."""
+    """Download ``url`` under ``options``; never raises for anything the network or server does.
+
+    An unexpected error of this client itself is ``client_error`` (traceback
+    in the log), so one odd URL cannot fail a job of millions.
+    """
     slots = slots if slots is not None else HostSlots(0)
     context = context if context is not None else tls_context()
     retry = 0
     while True:
-        fetched = _attempt(url, options, resolver, slots, context)
+        try:
+            fetched = _attempt(url, options, resolver, slots, context)
+        except Exception:  # noqa: BLE001 (a bug here must cost one URL, not the job)
+            logging.getLogger(__name__).exception("download client error on %r", url)
+            return Fetched(url, url, 0, None, "client_error", attempts=retry + 1)
         wait = retry_wait(fetched, retry, options)
         if wait is None:
             return dataclasses.replace(fetched, url=url, attempts=retry + 1)

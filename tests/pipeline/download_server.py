@@ -162,6 +162,33 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
 
 
+def self_signed(directory, host: str):
+    """A certificate for ``host`` (and its key) in ``directory``: ``(cert file, key file)``."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+        .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(host)]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_file, key_file = directory / f"{host}.pem", directory / f"{host}.key"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return str(cert_file), str(key_file)
+
+
 def _dripping(data: bytes):
     for i in range(len(data)):
         time.sleep(DRIP_SECONDS)
@@ -171,8 +198,9 @@ def _dripping(data: bytes):
 class MisbehavingServer:
     """``with MisbehavingServer() as server: server.url("/drip")``."""
 
-    def __init__(self, images=None):
+    def __init__(self, images=None, tls=None):
         self.images = images or {"good.jpg": jpeg(320, 240)}
+        self.tls = tls  # (certificate file, key file): serve HTTPS
         self.hits = collections.Counter()
         self.hosts = []
         self.in_flight = self.max_in_flight = 0
@@ -182,6 +210,12 @@ class MisbehavingServer:
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
         self.server.daemon_threads = True
         self.server.owner = self
+        if self.tls:
+            import ssl
+
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*self.tls)
+            self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
         return self
@@ -191,7 +225,7 @@ class MisbehavingServer:
         return self.server.server_address[1]
 
     def url(self, path: str, host: str = "127.0.0.1") -> str:
-        return f"http://{host}:{self.port}{path}"
+        return f"{'https' if self.tls else 'http'}://{host}:{self.port}{path}"
 
     def __exit__(self, *exc):
         self.server.shutdown()

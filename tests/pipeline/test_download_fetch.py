@@ -11,10 +11,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from download_server import MisbehavingServer, jpeg
+from download_server import MisbehavingServer, jpeg, self_signed
 from pipeline.download import addresses
 from pipeline.download.fetch import (
-    FetchOptions, HostSlots, fetch, is_image_type, is_opted_out, retry_after_seconds,
+    FetchOptions, HostSlots, _target, fetch, is_image_type, is_opted_out, retry_after_seconds, tls_context,
 )
 
 OPTIONS = FetchOptions(
@@ -254,3 +254,31 @@ def test_concurrent_fetches_share_one_tls_context_and_slots(server):
         with ThreadPoolExecutor(8) as pool:
             got = dict(pool.map(lambda name: (name, fetch(own.url(f"/img/{name}"), OPTIONS, slots=slots).body), images))
         assert got == images and lock is not None
+
+
+def test_https_verifies_the_certificate_for_the_name_while_connecting_to_the_checked_address(tmp_path):
+    """TLS over the socket to the checked IP still verifies the certificate against the URL's host name."""
+    cert, key = self_signed(tmp_path, "images.test")
+    resolver = lambda host, port: [(socket.AF_INET, "127.0.0.1")]  # noqa: E731
+    trusting = tls_context()
+    trusting.load_verify_locations(cert)
+    with MisbehavingServer(tls=(cert, key)) as server:
+        url = server.url("/img/good.jpg", host="images.test")
+        got = timed(url, resolver=resolver, context=trusting)
+        assert got.ok and got.body == server.images["good.jpg"] and got.final_url.startswith("https://")
+        assert timed(url, resolver=resolver).reason == "tls_error"  # the system's CAs do not know it
+        other = server.url("/img/good.jpg", host="other.test")  # right certificate, wrong name
+        assert timed(other, resolver=resolver, context=trusting).reason == "tls_error"
+
+
+def test_non_ascii_and_spaces_in_paths_are_percent_encoded():
+    assert _target("http://例え.jp/a b/ü.jpg?q=ä&x=1") == ("http", "xn--r8jz45g.jp", 80, "/a%20b/%C3%BC.jpg?q=%C3%A4&x=1")
+    assert _target("https://x.org/%C3%BC.jpg")[3] == "/%C3%BC.jpg"  # already encoded: unchanged
+
+
+def test_a_client_bug_costs_one_url_not_the_job(server):
+    def broken(host, port):
+        raise RuntimeError("resolver bug")
+
+    got = fetch(f"http://broken.test:{server.port}/img/good.jpg", OPTIONS, resolver=broken)
+    assert (got.reason, got.body) == ("client_error", None)

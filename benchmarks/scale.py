@@ -1,0 +1,206 @@
+"""Hot keys at scale: per-worker peak memory as one key grows (issue 14's worst cases).
+
+    python -m benchmarks.scale --cases text,image,pair --rows 100000,1000000
+    python -m benchmarks.scale --cases kmeans --rows 1000000
+
+Each case runs the build's own composite on FnApiRunner with
+``--direct_running_mode=multi_processing --direct_num_workers=2`` over a
+generated input whose worst case grows with ``--rows``; the rows are made on
+the workers (the job graph stays small), images are tiny:
+
+- ``text``: one alt-text on N rows, each its own image, plus 10,000
+  ordinary rows -> ``filters.frequency.ApplyCorpusFilters`` (align; the
+  caption is rejected by ``images_per_text``);
+- ``image``: one image (sha256 and pHash) on N rows, each its own alt-text
+  -> ``ApplyCorpusFilters`` (``texts_per_image``);
+- ``pair``: one (url, alt-text) pair repeated N times with 16-byte images
+  -> ``pipeline.verdicts.DropKeys`` (light rows) and ``JoinVerdicts``
+  (one record written, N - 1 ``duplicate_pair/repeat``);
+- ``kmeans``: N embedded rows (64 dimensions), ``kmeans_sample_size``
+  250,000 -> ``dedup.transforms.TrainCentroids`` (the sample by hash bound).
+
+Per run: wall and CPU seconds (driver plus reaped workers), the peak
+resident size (``VmHWM``) of each SDK worker process and of the driver (the
+runner's in-memory shuffle lives there), and the outcome counted in the job.
+``--tree DIR`` runs the same harness against another checkout (e.g. the
+commit before issue 14) for comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import sys
+import time
+import typing
+
+CASES = ("text", "image", "pair", "kmeans")
+ORDINARY = 10_000
+CHUNK = 10_000
+
+
+def _chunks(n: int):
+    return [(start, min(n, start + CHUNK)) for start in range(0, n, CHUNK)]
+
+
+def _text_rows(span):
+    start, end = span
+    for i in range(start, end):
+        yield (f"hot{i:08d}", f"sha-{i}", f"ph{i:014x}", "click here to enlarge")
+
+
+def _image_rows(span):
+    start, end = span
+    for i in range(start, end):
+        yield (f"img{i:08d}", "sha-placeholder", "ph-placeholder00", f"product photo number {i}")
+
+
+def _ordinary_rows(span):
+    start, end = span
+    for i in range(start, end):
+        yield (f"ord{i:08d}", f"sha-o{i}", f"pho{i:013x}", f"an ordinary caption number {i}")
+
+
+def _pair_records(span):
+    from common.schema import Candidate, make_key
+
+    url, text = "https://example.com/logo.png", "company logo"
+    key = make_key(url, text)
+    start, end = span
+    for i in range(start, end):
+        image = bytes([i % 16]) * 16
+        yield Candidate(key=key, url=url, alt_text=text, image=image, sha256=f"sha{i % 16}", width=32, height=32,
+                        format="PNG", text=text, source=(("page", str(i)),))
+
+
+def _embedded_rows(span):
+    import numpy as np
+
+    start, end = span
+    rng = np.random.default_rng(start)
+    vectors = rng.standard_normal((end - start, 64)).astype(np.float32)
+    for i, vector in zip(range(start, end), vectors):
+        yield f"e{i:08d}", vector
+
+
+def _light(record):
+    from pipeline.stage_rows import light_row
+
+    return light_row(record)
+
+
+def build_case(p, case: str, rows: int):
+    """Adds the case to ``p``; returns a PCollection of (outcome, count)."""
+    import apache_beam as beam
+
+    spans = p | "Spans" >> beam.Create(_chunks(rows))
+    if case in ("text", "image"):
+        from filters.frequency import ApplyCorpusFilters
+        from filters.presets import get_preset
+
+        hot = spans | "HotRows" >> beam.FlatMap(_text_rows if case == "text" else _image_rows)
+        ordinary = p | "OrdinarySpans" >> beam.Create(_chunks(ORDINARY)) | "Ordinary" >> beam.FlatMap(_ordinary_rows)
+        survivors = (hot, ordinary) | "Survivors" >> beam.Flatten()
+        empty = p | "NoCountedOnly" >> beam.Create([])
+        out = {"survivors": survivors, "counted_only": empty} | ApplyCorpusFilters(get_preset("align", ["vocab_size=0"]))
+        return out["rejected"] | "Reasons" >> beam.Values() | "Count" >> beam.combiners.Count.PerElement()
+    if case == "pair":
+        from pipeline.verdicts import DropKeys, JoinVerdicts
+
+        records = spans | "Repeats" >> beam.FlatMap(_pair_records).with_output_types(typing.Any)
+        no_verdicts = p | "NoVerdicts" >> beam.Create([])
+        light = (records | "Light" >> beam.Map(_light), no_verdicts) | "DropKeys" >> DropKeys(lambda row: row.key)
+        joined = (records, no_verdicts) | "JoinVerdicts" >> JoinVerdicts()
+        return (
+            (light | "LightKept" >> beam.Map(lambda _: "light_kept"),
+             joined["survivors"] | "Written" >> beam.Map(lambda _: "written"),
+             joined["rejected"] | "Why" >> beam.Map(lambda r: r.reason))
+            | "Outcomes" >> beam.Flatten()
+            | "Count" >> beam.combiners.Count.PerElement()
+        )
+    if case == "kmeans":
+        from dedup.transforms import TrainCentroids
+
+        embedded = spans | "Embedded" >> beam.FlatMap(_embedded_rows).with_output_types(typing.Any)
+        centroids = embedded | TrainCentroids(64, sample_size=250_000, niter=5)
+        return centroids | "Shape" >> beam.Map(lambda c: (f"centroids {c.shape[0]}x{c.shape[1]}", 1))
+    raise ValueError(case)
+
+
+def run_case(case: str, rows: int) -> dict:
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from benchmarks.keyed_joins import WorkerMemory
+
+    options = PipelineOptions(["--runner=FnApiRunner", "--direct_running_mode=multi_processing",
+                               "--direct_num_workers=2"])
+    outcomes = {}
+    memory = WorkerMemory()
+    start_wall, start_cpu = time.time(), time.process_time()
+    children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    memory.start()
+    p = beam.Pipeline(options=options)
+    counted = build_case(p, case, rows)
+    import tempfile
+
+    out_dir = tempfile.mkdtemp(prefix="scale_bench_")
+    _ = counted | "Format" >> beam.MapTuple(lambda k, v: f"{k}\t{v}") | "Write" >> beam.io.WriteToText(
+        os.path.join(out_dir, "outcomes"), shard_name_template="")
+    p.run().wait_until_finish()
+    memory.stop()
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    with open(os.path.join(out_dir, "outcomes")) as handle:
+        for line in handle:
+            name, value = line.rstrip("\n").split("\t")
+            outcomes[name] = int(value)
+    return {
+        "case": case,
+        "rows": rows,
+        "wall_s": round(time.time() - start_wall, 1),
+        "cpu_s": round(time.process_time() - start_cpu + children.ru_utime + children.ru_stime
+                       - children_before.ru_utime - children_before.ru_stime, 1),
+        "worker_peak_rss_mb": sorted(round(kb / 1024, 1) for kb in memory.peak_kb.values()),
+        "driver_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "outcomes": dict(sorted(outcomes.items())),
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", default="text,image,pair")
+    parser.add_argument("--rows", default="100000,1000000", help="comma-separated sizes of the hot key")
+    parser.add_argument("--json", default="", help="where to write the figures (default benchmarks/results/scale.json)")
+    parser.add_argument("--label", default="", help="a name for this tree in the JSON (e.g. before)")
+    args = parser.parse_args(argv)
+    from benchmarks import record
+
+    started = record.Run()
+    runs = []
+    for case in args.cases.split(","):
+        if case not in CASES:
+            parser.error(f"unknown case {case!r}: {', '.join(CASES)}")
+        for rows in (int(r) for r in args.rows.split(",")):
+            # Each run in its own process: the driver's peak is per run.
+            import json
+            import subprocess
+
+            code = ("import json, sys; from benchmarks.scale import run_case; "
+                    f"print(json.dumps(run_case({case!r}, {rows})))")
+            done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                  env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+            if done.returncode:
+                print(done.stderr[-2000:], file=sys.stderr)
+                return 1
+            figures = json.loads(done.stdout.strip().splitlines()[-1])
+            figures["load_after"] = record.load()
+            figures["label"] = args.label
+            print(json.dumps(figures), flush=True)
+            runs.append(figures)
+    started.write("scale", {"runs": runs}, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

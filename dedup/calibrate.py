@@ -421,16 +421,10 @@ def format_report(report: dict) -> str:
 
 
 def _parse_embedder_args(items: Sequence[str]) -> dict:
-    kwargs = {}
-    for item in items:
-        if "=" not in item:
-            raise SystemExit(f"--embedder-arg expects KEY=VALUE, got {item!r}")
-        key, text = item.split("=", 1)
-        try:
-            kwargs[key] = json.loads(text)
-        except json.JSONDecodeError:
-            kwargs[key] = text
-    return kwargs
+    try:
+        return embedders_lib.parse_args(items)
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -90,6 +90,24 @@ def names() -> Tuple[str, ...]:
     return tuple(sorted(_REGISTRY))
 
 
+def parse_args(items: Sequence[str]) -> Dict[str, object]:
+    """``["workdir=W", "step=100"]`` -> constructor arguments (JSON values, else text).
+
+    The form of ``--embedder-arg KEY=VALUE`` (``pipeline.build``,
+    ``dedup.calibrate``); raises ``ValueError`` on an item without ``=``.
+    """
+    kwargs: Dict[str, object] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--embedder-arg expects KEY=VALUE, got {item!r}")
+        try:
+            kwargs[key] = json.loads(text)
+        except json.JSONDecodeError:
+            kwargs[key] = text
+    return kwargs
+
+
 def get(name: str = "dct", **kwargs) -> "ImageEmbedder":
     """Build a registered embedder: ``get("dct")``, ``get("onnx", model_path=...)``,
     ``get("checkpoint", workdir=...)``. Keyword arguments go to its constructor."""

@@ -131,6 +131,10 @@ class BuildOptions(PipelineOptions):
         )
         parser.add_argument("--embedder", default="dct",
                             help="image embedder for near-duplicate search: dct (default, no model) or checkpoint")
+        parser.add_argument(
+            "--embedder-arg", "--embedder_arg", dest="embedder_args", action="append", default=[], metavar="KEY=VALUE",
+            help="constructor argument of the embedder (JSON values; repeatable), e.g. workdir=gs://b/run for "
+                 "checkpoint, whose workers need the 'train' extra (README 'Dataflow')")
         parser.add_argument("--overwrite", action="store_true",
                             help="replace the corpus a previous build wrote in --output (deletes only its files)")
         download_stage.add_arguments(parser)
@@ -190,7 +194,7 @@ def build_pipeline(
     if eval_index is not None or preset.dedup_in_corpus:
         earlier = verdicts | "EarlierVerdicts" >> beam.Flatten()
         near_dups = {"images": images, "light": light, "earlier": earlier} | "RemoveNearDuplicates" >> ran(
-            RemoveNearDuplicates(opts.embedder, preset, eval_index))
+            RemoveNearDuplicates(opts.embedder, preset, eval_index, embedder_args(opts)))
         verdicts.append(near_dups[REJECTED])
         pairs = near_dups.get(PAIRS)
 
@@ -228,6 +232,13 @@ def input_columns(opts) -> Columns:
         carry + list(download_stage.CARRIED if download else ()), getattr(opts, "tsv_columns", ""),
     )
     return columns._replace(download=download)
+
+
+def embedder_args(opts) -> tuple:
+    """``--embedder-arg KEY=VALUE`` as sorted ``(key, value)`` pairs (picklable, part of the graph)."""
+    from dedup import embedders
+
+    return tuple(sorted(embedders.parse_args(getattr(opts, "embedder_args", []) or []).items()))
 
 
 def corpus_directory(output: str, layout: str, name: str, version: str) -> str:
@@ -375,6 +386,10 @@ def validate(args) -> tuple:
             raise UsageError(str(error)) from None
     if args.embedder not in embedders.names():
         raise UsageError(f"--embedder {args.embedder!r}: known embedders are {', '.join(embedders.names())}")
+    try:
+        embedders.get(args.embedder, **dict(embedder_args(args)))  # e.g. checkpoint without workdir=
+    except (TypeError, ValueError) as error:
+        raise UsageError(f"--embedder {args.embedder}: {error}") from None
     eval_paths = []
     for spec in args.eval_images:
         name, sep, path = spec.partition("=")
@@ -473,7 +488,7 @@ def run(argv: Optional[List[str]] = None) -> dict:
     loaded = None
     if args.eval_images:
         say(f"embedding evaluation images: {', '.join(args.eval_images)}")
-        loaded = embed_eval_sets(args.eval_images, args.embedder, preset)
+        loaded = embed_eval_sets(args.eval_images, args.embedder, preset, embedder_args(args))
     # Everything is checked: from here on the output is touched.
     lock.acquire()
     try:

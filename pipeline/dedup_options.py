@@ -8,11 +8,12 @@ translates between them, for both near-duplicate stages.
 from __future__ import annotations
 
 
-def embedder(name: str):
-    """The image embedder called ``name`` (``dedup.embedders``; imported only when asked for)."""
+def embedder(name: str, args=()):
+    """The image embedder called ``name`` with constructor ``args`` (``(key, value)`` pairs,
+    ``--embedder-arg``; ``dedup.embedders``, imported only when asked for)."""
     from dedup import embedders
 
-    return embedders.get(name)
+    return embedders.get(name, **dict(args))
 
 
 def resolve_threshold(preset, embedder) -> float:

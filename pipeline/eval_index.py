@@ -42,14 +42,14 @@ class EvalIndex(NamedTuple):
     note: str
 
 
-def embed_eval_sets(specs: Sequence[str], embedder_name: str, preset):
+def embed_eval_sets(specs: Sequence[str], embedder_name: str, preset, embedder_args=()):
     """The evaluation sets read and embedded in memory, in the launcher (the output is not touched yet).
 
     Returns ``(index, threshold, note)`` for ``write_eval_index``.
     """
     from dedup.index_sets import load_index_sets
 
-    embedder = dedup_options.embedder(embedder_name)
+    embedder = dedup_options.embedder(embedder_name, embedder_args)
     index = load_index_sets(specs, embedder)
     threshold = dedup_options.resolve_threshold(preset, embedder)
     note = (

@@ -46,14 +46,15 @@ PAIRS_PER_FILE = 2_000
 
 
 class _EmbedBatches(beam.DoFn):
-    def __init__(self, embedder_name: str):
+    def __init__(self, embedder_name: str, embedder_args=()):
         self.embedder_name = embedder_name
+        self.embedder_args = tuple(embedder_args)
         self.embedded = Metrics.counter(NS, "embedded")
 
     def setup(self):
         from dedup import embedders
 
-        self.embedder = embedders.get(self.embedder_name)
+        self.embedder = embedders.get(self.embedder_name, **dict(self.embedder_args))
 
     def process(self, batch):
         keys = [key for key, _ in batch]
@@ -64,11 +65,17 @@ class _EmbedBatches(beam.DoFn):
 
 
 class EmbedImages(beam.PTransform):
-    """``(key, image bytes)`` -> ``(key, unit vector)``, one row per distinct key."""
+    """``(key, image bytes)`` -> ``(key, unit vector)``, one row per distinct key.
 
-    def __init__(self, embedder_name: str, batch_size: int = 64):
+    ``embedder_args``: the embedder's constructor arguments as ``(key, value)``
+    pairs (``--embedder-arg``), e.g. ``(("workdir", "gs://b/run"),)`` for
+    ``checkpoint``, whose workers then need the ``train`` extra (JAX).
+    """
+
+    def __init__(self, embedder_name: str, batch_size: int = 64, embedder_args=()):
         super().__init__()
         self.embedder_name = embedder_name
+        self.embedder_args = tuple(embedder_args)
         self.batch_size = batch_size
 
     def expand(self, images):
@@ -78,7 +85,7 @@ class EmbedImages(beam.PTransform):
             # chosen by content so that runs agree.
             | "OnePerKey" >> beam.CombinePerKey(min)
             | "Batch" >> beam.BatchElements(min_batch_size=8, max_batch_size=self.batch_size)
-            | "Embed" >> beam.ParDo(_EmbedBatches(self.embedder_name))
+            | "Embed" >> beam.ParDo(_EmbedBatches(self.embedder_name, self.embedder_args))
         )
 
 
@@ -156,11 +163,12 @@ class RemoveNearDuplicates(beam.PTransform):
     evaluation index): the matched pairs for ``WritePairsReport``.
     """
 
-    def __init__(self, embedder_name: str, preset, eval_index=None):
+    def __init__(self, embedder_name: str, preset, eval_index=None, embedder_args=()):
         super().__init__()
         if eval_index is None and not preset.dedup_in_corpus:
             raise ValueError("neither an evaluation index nor dedup_in_corpus: nothing to remove")
         self.embedder_name = embedder_name
+        self.embedder_args = tuple(embedder_args)
         self.preset = preset
         self.eval_index = eval_index
         self.decides = (("near_duplicate_eval",) if eval_index is not None else ()) + (
@@ -170,7 +178,7 @@ class RemoveNearDuplicates(beam.PTransform):
         if preset.dedup_in_corpus:
             self.corpus_threshold = (
                 eval_index.threshold if eval_index is not None
-                else dedup_options.resolve_threshold(preset, dedup_options.embedder(embedder_name))
+                else dedup_options.resolve_threshold(preset, dedup_options.embedder(embedder_name, self.embedder_args))
             )
             self.notes["near_duplicate_corpus"] = (
                 f"same sha256, same pHash, or embedding cosine > {self.corpus_threshold} "
@@ -179,7 +187,7 @@ class RemoveNearDuplicates(beam.PTransform):
 
     def expand(self, inputs):
         preset, eval_index = self.preset, self.eval_index
-        embedded = inputs["images"] | "EmbedImages" >> EmbedImages(self.embedder_name)
+        embedded = inputs["images"] | "EmbedImages" >> EmbedImages(self.embedder_name, embedder_args=self.embedder_args)
         earlier = inputs["earlier"]
         verdicts, outputs = [], {}
         if eval_index is not None:

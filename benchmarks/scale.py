@@ -1,23 +1,30 @@
 """Hot keys at scale: per-worker peak memory as one key grows (issue 14's worst cases).
 
-    python -m benchmarks.scale --cases text,image,pair --rows 100000,1000000
-    python -m benchmarks.scale --cases kmeans --rows 1000000
+    python -m benchmarks.scale --cases pair,text,image --total 1000000 --rows 100000,1000000
+    python -m benchmarks.scale --cases kmeans --total 1000000 --rows 1000000
 
 Each case runs the build's own composite on FnApiRunner with
-``--direct_running_mode=multi_processing --direct_num_workers=2`` over a
-generated input whose worst case grows with ``--rows``; the rows are made on
-the workers (the job graph stays small), images are tiny:
+``--direct_running_mode=multi_processing --direct_num_workers=2`` over
+``--total`` generated rows of which ``--rows`` share one hot key and the
+rest have keys of their own: the input size stays the same while the hot key
+grows, so a step that holds a key's values in one list shows up as growth
+(this runner hands each worker half of a stage's input as one bundle and
+buffers it, so worker memory also follows the total, whatever the keys).
+The rows are made on the workers (the job graph stays small); images are
+16 bytes:
 
-- ``text``: one alt-text on N rows, each its own image, plus 10,000
-  ordinary rows -> ``filters.frequency.ApplyCorpusFilters`` (align; the
-  caption is rejected by ``images_per_text``);
-- ``image``: one image (sha256 and pHash) on N rows, each its own alt-text
-  -> ``ApplyCorpusFilters`` (``texts_per_image``);
-- ``pair``: one (url, alt-text) pair repeated N times with 16-byte images
-  -> ``pipeline.verdicts.DropKeys`` (light rows) and ``JoinVerdicts``
-  (one record written, N - 1 ``duplicate_pair/repeat``);
-- ``kmeans``: N embedded rows (64 dimensions), ``kmeans_sample_size``
-  250,000 -> ``dedup.transforms.TrainCentroids`` (the sample by hash bound).
+- ``text``: one alt-text on the hot rows, each its own image; the other rows
+  each their own alt-text and image -> ``filters.frequency.ApplyCorpusFilters``
+  (align; the hot caption is rejected by ``images_per_text``);
+- ``image``: one image (sha256 and pHash) on the hot rows, each its own
+  alt-text -> ``ApplyCorpusFilters`` (``texts_per_image``);
+- ``pair``: one (url, alt-text) pair repeated on the hot rows, distinct pairs
+  otherwise -> ``pipeline.verdicts.DropKeys`` (light rows) and
+  ``JoinVerdicts`` (one record per key written, the repeats
+  ``duplicate_pair/repeat``);
+- ``kmeans``: ``--total`` embedded rows (64 dimensions),
+  ``kmeans_sample_size`` 250,000 -> ``dedup.transforms.TrainCentroids``
+  (the sample by hash bound; ``--rows`` unused).
 
 Per run: wall and CPU seconds (driver plus reaped workers), the peak
 resident size (``VmHWM``) of each SDK worker process and of the driver (the
@@ -36,12 +43,11 @@ import time
 import typing
 
 CASES = ("text", "image", "pair", "kmeans")
-ORDINARY = 10_000
 CHUNK = 10_000
 
 
-def _chunks(n: int):
-    return [(start, min(n, start + CHUNK)) for start in range(0, n, CHUNK)]
+def _chunks(n: int, offset: int = 0):
+    return [(offset + start, offset + min(n, start + CHUNK)) for start in range(0, n, CHUNK)]
 
 
 def _text_rows(span):
@@ -62,16 +68,15 @@ def _ordinary_rows(span):
         yield (f"ord{i:08d}", f"sha-o{i}", f"pho{i:013x}", f"an ordinary caption number {i}")
 
 
-def _pair_records(span):
+def _pair_records(span, hot: bool = True):
     from common.schema import Candidate, make_key
 
-    url, text = "https://example.com/logo.png", "company logo"
-    key = make_key(url, text)
     start, end = span
     for i in range(start, end):
+        url, text = ("https://example.com/logo.png", "company logo") if hot else (f"https://e.x/{i}.png", f"pair {i}")
         image = bytes([i % 16]) * 16
-        yield Candidate(key=key, url=url, alt_text=text, image=image, sha256=f"sha{i % 16}", width=32, height=32,
-                        format="PNG", text=text, source=(("page", str(i)),))
+        yield Candidate(key=make_key(url, text), url=url, alt_text=text, image=image, sha256=f"sha{i % 16}",
+                        width=32, height=32, format="PNG", text=text, source=(("page", str(i)),))
 
 
 def _embedded_rows(span):
@@ -90,17 +95,19 @@ def _light(record):
     return light_row(record)
 
 
-def build_case(p, case: str, rows: int):
+def build_case(p, case: str, rows: int, total: int):
     """Adds the case to ``p``; returns a PCollection of (outcome, count)."""
     import apache_beam as beam
 
+    rows = min(rows, total)
     spans = p | "Spans" >> beam.Create(_chunks(rows))
+    others = p | "OtherSpans" >> beam.Create(_chunks(total - rows, offset=rows))
     if case in ("text", "image"):
         from filters.frequency import ApplyCorpusFilters
         from filters.presets import get_preset
 
         hot = spans | "HotRows" >> beam.FlatMap(_text_rows if case == "text" else _image_rows)
-        ordinary = p | "OrdinarySpans" >> beam.Create(_chunks(ORDINARY)) | "Ordinary" >> beam.FlatMap(_ordinary_rows)
+        ordinary = others | "Ordinary" >> beam.FlatMap(_ordinary_rows)
         survivors = (hot, ordinary) | "Survivors" >> beam.Flatten()
         empty = p | "NoCountedOnly" >> beam.Create([])
         out = {"survivors": survivors, "counted_only": empty} | ApplyCorpusFilters(get_preset("align", ["vocab_size=0"]))
@@ -108,7 +115,10 @@ def build_case(p, case: str, rows: int):
     if case == "pair":
         from pipeline.verdicts import DropKeys, JoinVerdicts
 
-        records = spans | "Repeats" >> beam.FlatMap(_pair_records).with_output_types(typing.Any)
+        records = (
+            spans | "Repeats" >> beam.FlatMap(_pair_records).with_output_types(typing.Any),
+            others | "Distinct" >> beam.FlatMap(_pair_records, hot=False).with_output_types(typing.Any),
+        ) | "Records" >> beam.Flatten()
         no_verdicts = p | "NoVerdicts" >> beam.Create([])
         light = (records | "Light" >> beam.Map(_light), no_verdicts) | "DropKeys" >> DropKeys(lambda row: row.key)
         joined = (records, no_verdicts) | "JoinVerdicts" >> JoinVerdicts()
@@ -122,13 +132,14 @@ def build_case(p, case: str, rows: int):
     if case == "kmeans":
         from dedup.transforms import TrainCentroids
 
-        embedded = spans | "Embedded" >> beam.FlatMap(_embedded_rows).with_output_types(typing.Any)
+        everything = (spans, others) | "AllSpans" >> beam.Flatten()
+        embedded = everything | "Embedded" >> beam.FlatMap(_embedded_rows).with_output_types(typing.Any)
         centroids = embedded | TrainCentroids(64, sample_size=250_000, niter=5)
         return centroids | "Shape" >> beam.Map(lambda c: (f"centroids {c.shape[0]}x{c.shape[1]}", 1))
     raise ValueError(case)
 
 
-def run_case(case: str, rows: int) -> dict:
+def run_case(case: str, rows: int, total: int) -> dict:
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
 
@@ -142,7 +153,7 @@ def run_case(case: str, rows: int) -> dict:
     children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     memory.start()
     p = beam.Pipeline(options=options)
-    counted = build_case(p, case, rows)
+    counted = build_case(p, case, rows, total)
     import tempfile
 
     out_dir = tempfile.mkdtemp(prefix="scale_bench_")
@@ -157,7 +168,8 @@ def run_case(case: str, rows: int) -> dict:
             outcomes[name] = int(value)
     return {
         "case": case,
-        "rows": rows,
+        "hot_rows": rows,
+        "total_rows": total,
         "wall_s": round(time.time() - start_wall, 1),
         "cpu_s": round(time.process_time() - start_cpu + children.ru_utime + children.ru_stime
                        - children_before.ru_utime - children_before.ru_stime, 1),
@@ -171,6 +183,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default="text,image,pair")
     parser.add_argument("--rows", default="100000,1000000", help="comma-separated sizes of the hot key")
+    parser.add_argument("--total", type=int, default=1_000_000, help="rows in the input, hot key included")
     parser.add_argument("--json", default="", help="where to write the figures (default benchmarks/results/scale.json)")
     parser.add_argument("--label", default="", help="a name for this tree in the JSON (e.g. before)")
     args = parser.parse_args(argv)
@@ -187,7 +200,7 @@ def main(argv=None) -> int:
             import subprocess
 
             code = ("import json, sys; from benchmarks.scale import run_case; "
-                    f"print(json.dumps(run_case({case!r}, {rows})))")
+                    f"print(json.dumps(run_case({case!r}, {rows}, {args.total})))")
             done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                   env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
             if done.returncode:

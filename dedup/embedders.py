@@ -25,6 +25,11 @@ fully decoded, so in practice zero rows are the flat images.
 Embedders are picklable (Beam ships them to workers); heavy runtime state
 (an ONNX session, a restored checkpoint) is created on first use and is not
 pickled.
+
+Over 500 lines because the registry, its argument parsing
+(``--embedder-arg``), the shared decoding and the calibration-file reading
+serve all three embedders (dct, checkpoint, onnx) here; a fourth embedder
+should move them to their own modules.
 """
 
 from __future__ import annotations

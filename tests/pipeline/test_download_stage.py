@@ -30,7 +30,8 @@ LIMITS = [
     "--download-deadline", "4", "--download-max-bytes", "300000", "--download-retries", "1",
     "--download-threads", "16", "--download-per-host", "8", "--set", "min_ngram_count=0",
 ]
-IMAGES = {"a.jpg": jpeg(400, 300, seed=1), "b.png": jpeg(320, 480, seed=2, fmt="PNG"), "good.jpg": jpeg(360, 360, seed=3)}
+IMAGES = {"a.jpg": jpeg(400, 300, seed=1), "b.png": jpeg(320, 480, seed=2, fmt="PNG"), "good.jpg": jpeg(360, 360, seed=3),
+          "wide.jpg": jpeg(900, 600, seed=4)}
 
 
 def cases(server):
@@ -39,6 +40,7 @@ def cases(server):
     return [
         (u("/img/a.jpg"), "a red barn in a wide green field", "written"),
         (u("/img/b.png"), "a tall lighthouse on a rocky coast", "written"),
+        (u("/img/wide.jpg"), "a wide view over the old harbour", "written"),  # stored resized to 512
         (u("/redirect/2"), "a blue kite above the sandy dunes", "written"),
         (u("/flaky/t1?fail=1&status=429&after=0"), "a small boat on a calm lake", "written"),
         (u("/status/404"), "a photo that is no longer there", "download/http_404"),
@@ -120,6 +122,9 @@ def test_build_downloads_a_url_list_and_accounts_for_every_url(tmp_path, server)
     assert a["image"] == IMAGES["a.jpg"]  # a JPEG is stored as it came
     assert (a["original_width"], a["original_height"]) == (400, 300)
     assert (shards[server.url("/img/b.png")]["original_width"], shards[server.url("/img/b.png")]["original_height"]) == (320, 480)
+    wide = shards[server.url("/img/wide.jpg")]
+    assert (wide["original_width"], wide["original_height"]) == (900, 600)  # the source size, before the resize
+    assert (wide["width"], wide["height"]) == (512, 341)
 
     metrics = json.loads((corpus / "stats" / "metrics.json").read_text())
     assert metrics["download/http_404"] == 1 and metrics["download/timeout"] == 1

@@ -67,6 +67,10 @@ class Candidate:
     stored_height: int = 0
     sha256: str = ""
     phash: str = ""                   # 16 hex digits (64-bit perceptual hash)
+    # Filled by the optional TOnICS tagging stage (filters.concepts): the
+    # ontology classes the alt-text names; None when the stage is off (the
+    # shards then have no ``concepts`` feature).
+    concepts: Optional[tuple] = None
 
     def replace(self, **changes) -> "Candidate":
         return dataclasses.replace(self, **changes)
@@ -113,6 +117,21 @@ def carried_features(columns) -> dict:
         CARRIED_PREFIX + column: ("text", "string", f"the input's column {column!r}, as text (empty if absent)")
         for column in columns
     }
+
+
+#: The optional TOnICS feature (``--concepts``): class names separated by spaces.
+CONCEPTS_FEATURE = "concepts"
+
+
+def concepts_features() -> dict:
+    """The ``concepts`` feature, declared in ``features.json`` only when the build tagged."""
+    return {CONCEPTS_FEATURE: ("text", "string", "ontology classes the alt-text names, separated by spaces (TOnICS)")}
+
+
+#: Per-shard record positions of each class, written beside the shards by a
+#: build with ``--concepts``: ``concepts/<shard file name>.json`` holds
+#: ``{"shard", "records", "offsets": {class: [byte offset of each record]}}``.
+CONCEPTS_DIR = "concepts"
 
 
 def shard_filename(name: str, split: str, index: int, num_shards: int) -> str:

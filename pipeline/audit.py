@@ -135,6 +135,9 @@ def load_stats(data_dir: str) -> dict:
     loaded["distributions"] = read_json(DISTRIBUTIONS_FILE)
     loaded["samples"] = read_jsonl(SAMPLES_FILE)
     loaded["near_duplicates"] = read_pairs()
+    # Only a build with --concepts (TOnICS) writes it: absent is not "missing".
+    concepts_text = _read_text(files.join(stats_dir, CONCEPTS_FILE))
+    loaded["concepts"] = json.loads(concepts_text) if concepts_text is not None else None
     return loaded
 
 
@@ -363,6 +366,26 @@ def _section_near_duplicates(pairs: List[dict], missing: bool, preset: dict) -> 
     )
 
 
+CONCEPTS_FILE = "concepts.json"
+
+
+def _section_concepts(concepts: Optional[dict]) -> str:
+    """Pairs per ontology class and split (TOnICS, ``pipeline.concepts``); empty without ``--concepts``."""
+    if not concepts:
+        return ""
+    splits = concepts["splits"]
+    header = "".join(f"<th>{_e(s)}</th>" for s in splits)
+    rows = [f"<tr><td><i>all pairs</i></td>" + "".join(f'<td class="num">{as_int(v["pairs"]):,}</td>' for v in splits.values()) + "</tr>",
+            f"<tr><td><i>naming a class</i></td>" + "".join(f'<td class="num">{as_int(v["tagged"]):,}</td>' for v in splits.values()) + "</tr>"]
+    for name in concepts["classes"]:
+        rows.append(f"<tr><td>{_e(name)}</td>" + "".join(
+            f'<td class="num">{as_int(v["per_class"].get(name, 0)):,}</td>' for v in splits.values()) + "</tr>")
+    return (f'<h2 id="concepts">TOnICS classes</h2><p class="muted">ontology <code>{_e(concepts.get("ontology"))}</code>, '
+            f'root <code>{_e(concepts.get("root"))}</code>, evidence: {_e(concepts.get("evidence"))}. A pair counts '
+            f'once per class it names; the trainer draws class minibatches from these pairs.</p>'
+            f"<table><tr><th>class</th>{header}</tr>{''.join(rows)}</table>")
+
+
 def build_html(loaded: dict) -> str:
     funnel = loaded.get("funnel")
     preset = (funnel or {}).get("preset") or {}
@@ -392,6 +415,8 @@ def build_html(loaded: dict) -> str:
         _section_near_duplicates(loaded.get("near_duplicates") or [], NEAR_DUPLICATES_FILE in loaded.get("missing", []), preset),
         _section_preset(funnel),
     ]
+    if loaded.get("concepts"):
+        body.insert(-1, _section_concepts(loaded["concepts"]))
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
         f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'

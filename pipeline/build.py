@@ -65,6 +65,7 @@ from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions, 
 from filters import extra_stages, nsfw
 from filters.frequency import ApplyCorpusFilters
 from filters.presets import PresetError, format_preset, get_preset
+from pipeline import concepts as concepts_lib
 from pipeline import stats as stats_lib
 from pipeline.download import stage as download_stage
 from pipeline import write as write_lib
@@ -135,6 +136,14 @@ class BuildOptions(PipelineOptions):
             "--embedder-arg", "--embedder_arg", dest="embedder_args", action="append", default=[], metavar="KEY=VALUE",
             help="constructor argument of the embedder (JSON values; repeatable), e.g. workdir=gs://b/run for "
                  "checkpoint, whose workers need the 'train' extra (README 'Dataflow')")
+        parser.add_argument(
+            "--concepts", default="", metavar="ONTOLOGY",
+            help="TOnICS: tag written pairs with the classes their alt-text names: 'default' (built-in English "
+                 "ontology) or a JSON ontology file; writes the concepts feature and concepts/ index (README 'TOnICS')")
+        parser.add_argument(
+            "--concept_labels_column", "--concept-labels-column", dest="concept_labels_column", default="",
+            help="with --concepts: a carried column of detector labels per image; a class is tagged only if "
+                 "the text names it and the labels contain it")
         parser.add_argument("--overwrite", action="store_true",
                             help="replace the corpus a previous build wrote in --output (deletes only its files)")
         download_stage.add_arguments(parser)
@@ -146,7 +155,8 @@ class BuildOptions(PipelineOptions):
 
 
 def build_pipeline(
-    p: beam.Pipeline, opts: BuildOptions, preset, notes: dict, eval_index: Optional[EvalIndex] = None, extras=()
+    p: beam.Pipeline, opts: BuildOptions, preset, notes: dict, eval_index: Optional[EvalIndex] = None, extras=(),
+    ontology=None,
 ) -> StagesRun:
     """Adds the whole build to ``p``; returns the stages applied.
 
@@ -154,6 +164,7 @@ def build_pipeline(
     stages' own notes; ``extras`` are extra stages (``filters.extra_stages``):
     per-record ones run with the record filters, corpus ones with the
     corpus filters.
+    ``ontology`` (``common.ontology``) turns on the TOnICS tagging (``pipeline.concepts``).
     """
     ran = StagesRun(notes)
     verdicts = []  # (key, reason) of the key stages, in stage order
@@ -202,7 +213,13 @@ def build_pipeline(
     joined = (survivors, all_verdicts) | "JoinVerdicts" >> ran(JoinVerdicts(extra_stages.stage_rank(extras)))
     rejections = (*early_rejections, records[REJECTED], joined[REJECTED]) | "FlattenRejections" >> beam.Flatten()
 
-    shard_lengths = joined[SURVIVORS] | "WriteShards" >> write_lib.WriteShards(opts.output, opts.name, preset, columns.carry)
+    to_write = joined[SURVIVORS]
+    if ontology is not None:  # TOnICS tagging (optional): adds the concepts feature, rejects nothing
+        labels_column = getattr(opts, "concept_labels_column", "")
+        to_write = to_write | "TagConcepts" >> ran(concepts_lib.TagConcepts(ontology, labels_column))
+        _ = to_write | "ConceptStats" >> concepts_lib.WriteConceptStats(
+            opts.output, ontology, preset.validation_fraction, labels_column)
+    shard_lengths = to_write | "WriteShards" >> write_lib.WriteShards(opts.output, opts.name, preset, columns.carry)
     _ = (rejections, input_count) | "WriteRejectionLedger" >> write_lib.WriteRejectionLedger(opts.output)
     if pairs is not None:
         _ = (pairs, joined[REJECTED]) | "WritePairsReport" >> WritePairsReport(eval_index.directory, opts.output)
@@ -354,6 +371,16 @@ def load_extra_stages(specs) -> tuple:
         raise UsageError(str(error)) from None
 
 
+def load_ontology(spec: str):
+    """The TOnICS ontology of ``--concepts`` (``UsageError`` before any work)."""
+    from common.ontology import OntologyError, load
+
+    try:
+        return load(spec)
+    except OntologyError as error:
+        raise UsageError(f"--concepts: {error}") from None
+
+
 def validate(args) -> tuple:
     """Every check that needs no output: returns ``(preset, input files)`` or raises ``UsageError``."""
     from pipeline import output as output_lib
@@ -384,6 +411,10 @@ def validate(args) -> tuple:
             download_stage.from_args(args)
         except ValueError as error:
             raise UsageError(str(error)) from None
+    if args.concept_labels_column and not args.concepts:
+        raise UsageError("--concept_labels_column needs --concepts")
+    if args.concept_labels_column and args.concept_labels_column not in input_columns(args).carry:
+        raise UsageError(f"--concept_labels_column {args.concept_labels_column!r}: also name it in --carry_columns")
     if args.embedder not in embedders.names():
         raise UsageError(f"--embedder {args.embedder!r}: known embedders are {', '.join(embedders.names())}")
     try:
@@ -413,12 +444,12 @@ def say(message: str) -> None:
     print(message, flush=True)
 
 
-def _finalize(output: str, name: str, preset, carried=(), version: str = "1.0.0") -> dict:
+def _finalize(output: str, name: str, preset, carried=(), version: str = "1.0.0", concepts: bool = False) -> dict:
     """TFDS metadata for the published shards; returns the funnel."""
     with FileSystems.open(FileSystems.join(output, write_lib.SHARDS_FILE)) as handle:
         shard_lengths = json.loads(handle.read())
     description = f"Alt-text corpus built with preset {preset.name!r} by pipeline.build"
-    write_lib.write_tfds_metadata(output, name, shard_lengths, description, carried, version)
+    write_lib.write_tfds_metadata(output, name, shard_lengths, description, carried, version, concepts)
     with FileSystems.open(FileSystems.join(output, "stats", "funnel.json")) as handle:
         funnel = json.loads(handle.read())
     return funnel
@@ -475,6 +506,7 @@ def run(argv: Optional[List[str]] = None) -> dict:
     options = beam_options(beam_args)
     preset, files = validate(args)
     extras = load_extra_stages(tuple(preset.extra_stages) + tuple(args.extra_stages))
+    ontology = load_ontology(args.concepts) if args.concepts else None
     args.output = corpus_directory(args.output, args.layout, args.name, args.version)
     plan = output_lib.plan_output(args.output, args.overwrite)
     run_id = uuid.uuid4().hex[:12]
@@ -500,19 +532,22 @@ def run(argv: Optional[List[str]] = None) -> dict:
         staging = output_lib.staging_dir(args.output, run_id)
         job_args = argparse.Namespace(**dict(vars(args), output=staging))
         p = beam.Pipeline(options=options)
-        build_pipeline(p, job_args, preset, notes, eval_index, extras)
+        build_pipeline(p, job_args, preset, notes, eval_index, extras, ontology)
         say(f"running the job on {options.view_as(StandardOptions).runner}")
         result = p.run()
         result.wait_until_finish()
         lock.check()
         output_lib.publish(staging, args.output)
-        funnel = _finalize(args.output, args.name, preset, input_columns(args).carry, args.version)
+        funnel = _finalize(args.output, args.name, preset, input_columns(args).carry, args.version,
+                           concepts=ontology is not None)
         funnel_counters = counters(result)
         if funnel_counters is not None:
             stats_lib.write_text(
                 FileSystems.join(args.output, "stats", "metrics.json"), stats_lib.to_json(funnel_counters, sort_keys=True)
             )
         say(format_funnel(funnel))
+        if ontology is not None:
+            say(concepts_lib.summary_line(args.output))
         problems = accounting_problems(funnel, counters(result, READ_NAMESPACE))
         if problems:
             raise AccountingError("; ".join(problems))

@@ -9,7 +9,7 @@
   before the marker existed, ``COMPLETED`` and ``dataset_info.json``).
 - Without ``--overwrite`` an existing non-empty output is refused. With it,
   the output must be such a corpus holding nothing but the files a build
-  writes (``owned_by_build``: its shards, metadata, ``stats/``,
+  writes (``owned_by_build``: its shards, metadata, ``stats/``, ``concepts/``,
   ``near_duplicates/``, the vocabulary, leftovers of a killed run); those
   files, one by one, are deleted, never a directory tree or a pattern. Any
   other file is reported and nothing is deleted.
@@ -46,7 +46,7 @@ _TOP_LEVEL_FILES = {COMPLETED, MARKER, "dataset_info.json", "features.json", "vo
 _STATS_FILES = re.compile(
     r"^stats/(funnel\.json|distributions\.json|rejected_samples\.jsonl|near_duplicates\.jsonl|report\.html"
     r"|near_duplicates-\d{5}-of-\d{5}\.jsonl"
-    r"|metrics\.json|_shards\.json|rejected/rejected-\d{5}-of-\d{5}\.jsonl)$"
+    r"|metrics\.json|_shards\.json|concepts\.json|rejected/rejected-\d{5}-of-\d{5}\.jsonl)$"
 )
 _INDEX_FILES = re.compile(r"^near_duplicates/index/(vectors\.npy|rows\.jsonl|thumbnails\.jsonl)$")
 
@@ -108,6 +108,9 @@ def owned_by_build(relative: str, name: str) -> bool:
     if relative in _TOP_LEVEL_FILES:
         return True
     if re.match(rf"^{re.escape(name)}-(train|validation)\.tfrecord-\d{{5}}-of-\d{{5}}$", relative):
+        return True
+    # The TOnICS class index beside each shard (pipeline.concepts).
+    if re.match(rf"^concepts/{re.escape(name)}-(train|validation)\.tfrecord-\d{{5}}-of-\d{{5}}\.json$", relative):
         return True
     if relative.startswith(STAGING + "/"):
         return True

@@ -22,7 +22,7 @@ from typing import Dict, List, Mapping, Sequence
 
 from apache_beam.io.filesystems import FileSystems
 
-from common.schema import FEATURES, SPLITS, carried_features
+from common.schema import FEATURES, SPLITS, carried_features, concepts_features
 
 FILE_TEMPLATE = "{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}"
 _TFDS = "tensorflow_datasets.core.features."
@@ -40,9 +40,11 @@ def _feature(kind: str, dtype: str, doc: str) -> dict:
     return entry
 
 
-def features_json(carried: Sequence[str] = ()) -> str:
-    """``features.json`` of the shards' features (``FEATURES``) plus ``source_<column>`` for ``carried``."""
-    features = {name: _feature(*spec) for name, spec in {**FEATURES, **carried_features(carried)}.items()}
+def features_json(carried: Sequence[str] = (), concepts: bool = False) -> str:
+    """``features.json`` of the shards' features (``FEATURES``) plus ``source_<column>`` for ``carried``
+    and, for a build with ``--concepts``, ``concepts``."""
+    extra = {**carried_features(carried), **(concepts_features() if concepts else {})}
+    features = {name: _feature(*spec) for name, spec in {**FEATURES, **extra}.items()}
     document = {"featuresDict": {"features": features}, "pythonClassName": _TFDS + "features_dict.FeaturesDict"}
     return json.dumps(document, indent=4, sort_keys=True)
 
@@ -107,10 +109,10 @@ def _write(path: str, text: str) -> None:
 
 def write_metadata(
     output_dir: str, name: str, shard_lengths: Mapping[str, List[int]], description: str,
-    carried: Sequence[str] = (), version: str = "1.0.0",
+    carried: Sequence[str] = (), version: str = "1.0.0", concepts: bool = False,
 ) -> None:
     """``dataset_info.json`` + ``features.json`` for the shards in ``output_dir``."""
     sizes = split_bytes(output_dir, name, shard_lengths)
-    _write(FileSystems.join(output_dir, "features.json"), features_json(carried))
+    _write(FileSystems.join(output_dir, "features.json"), features_json(carried, concepts))
     _write(FileSystems.join(output_dir, "dataset_info.json"),
            dataset_info_json(name, shard_lengths, sizes, description, version))

@@ -22,7 +22,10 @@ from apache_beam.io.filesystems import FileSystems
 
 from apache_beam.metrics import Metrics
 
-from common.schema import CARRIED_PREFIX, FEATURES, SPLITS, Candidate, carried_features, key_fraction, shard_filename
+from common.schema import (
+    CARRIED_PREFIX, CONCEPTS_DIR, CONCEPTS_FEATURE, FEATURES, SPLITS, Candidate, carried_features, key_fraction,
+    shard_filename,
+)
 from pipeline import tfrecord
 from pipeline.stats import METRICS_NAMESPACE, write_text
 
@@ -43,7 +46,8 @@ def shard_of(key: str, num_shards: int) -> int:
 
 
 def to_example(record: Candidate, carried: Sequence[str] = ()) -> bytes:
-    """The record's Example: ``FEATURES`` in order, then ``source_<column>`` for each carried column."""
+    """The record's Example: ``FEATURES`` in order, ``source_<column>`` for each carried column, then
+    ``concepts`` when the record was tagged (``--concepts``)."""
     values = {
         "image": record.image,
         "texts": record.text,
@@ -60,7 +64,25 @@ def to_example(record: Candidate, carried: Sequence[str] = ()) -> bytes:
     have = dict(record.carried)
     for column in carried:
         values[CARRIED_PREFIX + column] = have.get(column, "")
+    if record.concepts is not None:
+        values[CONCEPTS_FEATURE] = " ".join(record.concepts)
     return tfrecord.encode_example(values)
+
+
+def concept_offsets(payloads: Sequence[bytes], concepts: Sequence[tuple]) -> Dict[str, List[int]]:
+    """``{class: [byte offset of each record of that class]}`` in a shard of these payloads, in order.
+
+    A TFRecord frame is 8 bytes of length, 4 of its CRC, the payload and 4 of
+    the payload's CRC: record ``i`` starts at ``sum(len(p) + 16 for p before it)``.
+    The trainer seeks there to read one class's records (``trainer.concept_batches``).
+    """
+    offsets: Dict[str, List[int]] = {}
+    position = 0
+    for payload, classes in zip(payloads, concepts):
+        for name in classes or ():
+            offsets.setdefault(name, []).append(position)
+        position += len(payload) + 16
+    return offsets
 
 
 def write_contiguous_shards(output_dir: str, name: str, split: str, examples: List[bytes], num_shards: int) -> List[int]:
@@ -88,10 +110,16 @@ class _WriteShard(beam.DoFn):
     def process(self, element, shard_counts):
         (split, index), examples = element
         num_shards = shard_counts[split]
-        ordered = sorted(examples)  # (key, bytes): deterministic order
-        path = FileSystems.join(self.output_dir, shard_filename(self.name, split, index, num_shards))
+        ordered = sorted(examples, key=lambda e: e[0])  # (key, bytes, concepts): deterministic order
+        filename = shard_filename(self.name, split, index, num_shards)
+        path = FileSystems.join(self.output_dir, filename)
         with FileSystems.create(path) as handle:
-            tfrecord.write_records(handle, (payload for _, payload in ordered))
+            tfrecord.write_records(handle, (payload for _, payload, _ in ordered))
+        if ordered and ordered[0][2] is not None:  # a tagged build: the shard's class index beside it
+            offsets = concept_offsets([p for _, p, _ in ordered], [c for _, _, c in ordered])
+            index_path = FileSystems.join(self.output_dir, CONCEPTS_DIR, filename + ".json")
+            write_text(index_path, json.dumps({"shard": filename, "records": len(ordered), "offsets": offsets},
+                                              sort_keys=True))
         Metrics.counter(METRICS_NAMESPACE, f"written/{split}").inc(len(ordered))
         yield split, index, num_shards, len(ordered)
 
@@ -139,7 +167,7 @@ class WriteShards(beam.PTransform):
         bound = self.preset.max_records_per_shard
         carried = self.carried
         by_split = records | "AssignSplit" >> beam.Map(
-            lambda r: (split_of(r.key, fraction), (r.key, to_example(r, carried)))
+            lambda r: (split_of(r.key, fraction), (r.key, to_example(r, carried), r.concepts))
         )
         counts = (
             by_split
@@ -216,9 +244,12 @@ class WriteRejectionLedger(beam.PTransform):
 
 def write_tfds_metadata(
     output_dir: str, name: str, shard_lengths: Dict[str, List[int]], description: str, carried: Sequence[str] = (),
-    version: str = "1.0.0",
+    version: str = "1.0.0", concepts: bool = False,
 ) -> None:
-    """dataset_info.json + features.json, so tfds.builder_from_directory loads the dir (no TFDS needed here)."""
+    """dataset_info.json + features.json, so tfds.builder_from_directory loads the dir (no TFDS needed here).
+
+    ``concepts``: the build tagged its records (``--concepts``): declare that feature too.
+    """
     from pipeline import tfds_metadata
 
-    tfds_metadata.write_metadata(output_dir, name, shard_lengths, description, carried, version)
+    tfds_metadata.write_metadata(output_dir, name, shard_lengths, description, carried, version, concepts)

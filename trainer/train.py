@@ -173,6 +173,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     step_compile = fast_compile if config.get("xla_cpu_fast_compile") else {}
     variables = jax.jit(init, out_shardings=replicated).lower(init_rng).compile(
         compiler_options=fast_compile)(init_rng)
+    if config.get("init_from"):
+        variables = _init_from(config.init_from, variables, replicated)
+        _say(f"towers initialised from {config.init_from}")
+    frozen = _frozen_towers(config)
     tx, schedule = optim.make(config, variables["params"])
     state = {
         **variables,
@@ -189,9 +193,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     ckpt = checkpoint.Checkpointer(workdir, every=config.checkpoint_every,
                                    keep=config.keep_checkpoints)
     batches_consumed = 0
+    tonics = None
+    if config.get("tonics") and config.tonics.enabled:   # curriculum batches (trainer.tonics)
+        from trainer import tonics as tonics_lib
+
+        tonics = tonics_lib.Tonics(config, tokenizer, process_index=jax.process_index(),
+                                   process_count=jax.process_count(), say=_say)
     if (latest := ckpt.latest_step()) is not None:
         state, meta = ckpt.restore(latest, state)
         batches_consumed = meta["batches_consumed"]
+        if tonics is not None and "tonics" in meta:
+            tonics.restore(meta["tonics"])
         _say(f"resumed from step {latest} ({batches_consumed} batches consumed)")
     start_step = int(state["step"])
 
@@ -214,11 +226,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                 rngs={"dropout": rng})
             value, metrics = contrastive_loss(zimg, ztxt, out["temperature"],
                                               label_smoothing=config.loss.label_smoothing)
+            if config.loss.get("directions", "both") == "image_retrieval":
+                value = metrics["loss_t2i"]   # TOnICS's L_IR: each text retrieves its image
             return value, (new_model_state.get("batch_stats", {}), metrics, out["temperature"])
 
         (value, (batch_stats, metrics, temperature)), grads = jax.value_and_grad(
             loss_fn, has_aux=True)(state["params"])
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+        # A frozen tower (config.freeze) never moves: zero updates, old BatchNorm statistics.
+        updates = {k: jax.tree.map(jnp.zeros_like, v) if k in frozen else v for k, v in updates.items()}
+        if "image_tower" in frozen:
+            batch_stats = state["batch_stats"]
         params = optax.apply_updates(state["params"], updates)
 
         # NaN guard: a step with a non-finite loss or gradient changes nothing
@@ -300,8 +318,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     try:
         with _StopOnSigterm() as stop:
             for step in range(start_step + 1, config.total_steps + 1):
-                state, metrics = train_step(state, next(data))
-                batches_consumed += 1
+                node = "root" if tonics is None else tonics.choose(step)
+                if node == "root":
+                    batch = next(data)
+                    batches_consumed += 1
+                else:   # TOnICS object node: a minibatch of that class only
+                    batch = input_pipeline.to_global_array(tonics.class_batch(node, step), mesh)
+                state, metrics = train_step(state, batch)
                 pending.append((step, metrics))
                 if step == start_step + 1:     # the first step compiles; time the others
                     jax.block_until_ready(state)
@@ -322,12 +345,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                     pending = []
                     if log:
                         train_metrics.update(timer.measure(step))
-                        writer.write(step, {f"train/{k}": v for k, v in train_metrics.items()})
+                        writer.write(step, {f"train/{k}": v for k, v in train_metrics.items()}
+                                     | (tonics.log_metrics() if tonics is not None else {}))
                         _say(timer.line(step, train_metrics))
                     final.update({f"train/{k}": v for k, v in train_metrics.items()}, step=step)
+                if tonics is not None and tonics.due(step) and not stop_now:
+                    # Before the save: the checkpoint of this step holds P_S after its refresh.
+                    writer.write(step, tonics.refresh(step, encode_images, encode_texts))
                 if save:
-                    ckpt.save(step, state, {"step": step, "batches_consumed": batches_consumed},
-                              force=True)
+                    meta = {"step": step, "batches_consumed": batches_consumed}
+                    if tonics is not None:
+                        meta["tonics"] = tonics.to_json()
+                    ckpt.save(step, state, meta, force=True)
                 if stop_now:
                     _say(f"SIGTERM: saved a checkpoint at step {step}, stopping (exit status "
                          f"{EXIT_PREEMPTED}: resume by running the same command again)")
@@ -344,7 +373,35 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
         ckpt.close()
         writer.close()
         data.close()  # stops tf.data's background threads now, not at garbage collection
+        if tonics is not None:
+            tonics.close()
     return final
+
+
+def _frozen_towers(config) -> set:
+    """``config.freeze`` ("", "image", "text" or "image,text") as parameter collection names."""
+    names = {part.strip() for part in (config.get("freeze") or "").split(",") if part.strip()}
+    unknown = names - {"image", "text"}
+    if unknown:
+        raise ValueError(f"config.freeze: unknown tower(s) {sorted(unknown)}; use image and/or text")
+    return {f"{name}_tower" for name in names}
+
+
+def _init_from(source_workdir: str, variables: dict, sharding) -> dict:
+    """``variables`` with the params and BatchNorm statistics of ``source_workdir``'s latest checkpoint.
+
+    TOnICS aligns pre-trained towers: this starts a run from another run's
+    towers (and temperature); the optimizer, step and data position start fresh.
+    """
+    loaded = dict(checkpoint.load_model(source_workdir)[1])
+    shapes = lambda tree: {jax.tree_util.keystr(path): np.shape(x)  # noqa: E731
+                           for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+    mine, theirs = shapes(variables), shapes(loaded)
+    mismatched = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+    if mismatched:
+        raise ValueError(f"config.init_from {source_workdir}: the model differs ({len(mismatched)} parameters, "
+                         f"e.g. {mismatched[0]}): same model config and vocabulary needed")
+    return jax.tree.map(lambda x: jax.device_put(np.asarray(x), sharding), dict(loaded))
 
 
 def _check_and_average(pending: list, last_checkpoint: Optional[int]) -> dict:

@@ -24,7 +24,14 @@ Fields:
                  depth multipliers overriding the variant's, bn_momentum),
                  text (BERT: size, dropout), temperature_init, learn_temperature.
   loss.*         impl ("plain": jit inserts the all-gathers; "shard_map"),
-                 label_smoothing (ALIGN: 0.1).
+                 label_smoothing (ALIGN: 0.1), directions ("both": L_i2t + L_t2i,
+                 ALIGN's; "image_retrieval": L_t2i only, TOnICS's L_IR).
+  init_from      workdir of a trained run: start from its towers (same model
+                 config and vocabulary); optimizer and data start fresh.
+  freeze         "image", "text" or "image,text": those towers never update.
+  tonics.*       TOnICS curriculum (``trainer.tonics``): enabled, refresh_every,
+                 refresh_instances, refresh_threshold, alpha, beta, refresh_split.
+                 Needs a corpus built with ``--concepts``.
   optim.*        name ("lamb", ALIGN's; or "adam"), peak_lr, warmup_steps, weight_decay, b1, b2, eps,
                  grad_clip_norm (optional).
   evals.<name>   evaluator kwargs plus ``type`` (registry name, default: the
@@ -101,7 +108,14 @@ def base_config(*, image_variant: str, text_size: str, embed_dim: int, image_siz
     c.model.temperature_init = 1.0          # ALIGN: learned, initialised at 1.0
     c.model.learn_temperature = True
 
-    c.loss = ml_collections.ConfigDict({"impl": "plain", "label_smoothing": 0.1})
+    c.loss = ml_collections.ConfigDict({"impl": "plain", "label_smoothing": 0.1, "directions": "both"})
+    # Start from another run's towers, optionally freezing one (TOnICS aligns pre-trained towers).
+    c.init_from = ""
+    c.freeze = ""
+    # TOnICS curriculum batches (trainer.tonics); the paper's refresh parameters.
+    c.tonics = ml_collections.ConfigDict({
+        "enabled": False, "refresh_every": 5000, "refresh_instances": 100, "refresh_threshold": 0.9,
+        "alpha": 0.9, "beta": 0.2, "refresh_split": "validation"})
 
     c.optim = ml_collections.ConfigDict()
     c.optim.name = "lamb"

@@ -1,0 +1,139 @@
+"""The optional TOnICS stage of the build: tag written pairs with ontology classes, count them.
+
+    python -m pipeline.build ... --concepts default          # the built-in English ontology
+    python -m pipeline.build ... --concepts my_ontology.json [--carry_columns labels --concept_labels_column labels]
+
+``TagConcepts`` runs on the records about to be written (after
+``JoinVerdicts``): it never rejects, it sets ``Candidate.concepts``
+(``filters.concepts.Tagger``), which the writer turns into the shards'
+``concepts`` feature and, per shard, into ``concepts/<shard>.json``: the byte
+offset of every record of each class, so that the trainer draws a whole
+minibatch of one class by seeking, without scanning the corpus
+(``trainer.concept_batches``). ``WriteConceptStats`` counts pairs per class
+and split into ``stats/concepts.json``, which the console summary and the
+audit report show. Without ``--concepts`` none of this runs and the build's
+files are byte-identical to a build without the stage.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
+
+from common.ontology import Ontology
+from common.schema import SPLITS, Candidate
+from filters.concepts import Tagger, parse_labels
+from pipeline.stats import write_text
+from pipeline.write import split_of
+
+STATS_FILE = "stats/concepts.json"
+NAMESPACE = "concepts"
+_PAIRS, _TAGGED = "", "*"  # count keys beside the class names (not valid class names)
+
+
+def tag_record(record: Candidate, tagger: Tagger, labels_column: str = "") -> Candidate:
+    """The record with ``concepts`` set; ``labels_column`` names a carried column of detector labels."""
+    labels = None
+    if labels_column:
+        labels = parse_labels(dict(record.carried).get(labels_column, ""))
+    return record.replace(concepts=tagger.tag(record.text, labels))
+
+
+class _Tag(beam.DoFn):
+    def __init__(self, ontology: Ontology, labels_column: str):
+        self.ontology = ontology
+        self.labels_column = labels_column
+        self.tagger = None
+
+    def setup(self):
+        self.tagger = Tagger(self.ontology)
+
+    def process(self, record: Candidate):
+        tagged = tag_record(record, self.tagger, self.labels_column)
+        Metrics.counter(NAMESPACE, "tagged" if tagged.concepts else "untagged").inc()
+        yield tagged
+
+
+class TagConcepts(beam.PTransform):
+    """Records to write -> the same records with ``concepts`` (never rejects, so it decides no stage)."""
+
+    decides = ()
+
+    def __init__(self, ontology: Ontology, labels_column: str = ""):
+        super().__init__()
+        self.ontology = ontology
+        self.labels_column = labels_column
+
+    def expand(self, records):
+        return records | "Tag" >> beam.ParDo(_Tag(self.ontology, self.labels_column))
+
+
+def concept_stats(counts: dict, ontology: Ontology, labels_column: str = "") -> dict:
+    """``{(split, key): n}`` counts -> the ``stats/concepts.json`` document."""
+    splits = {}
+    for split in SPLITS:
+        splits[split] = {
+            "pairs": counts.get((split, _PAIRS), 0),
+            "tagged": counts.get((split, _TAGGED), 0),
+            "per_class": {name: counts.get((split, name), 0) for name in ontology.class_names},
+        }
+    return {
+        "ontology": ontology.source,
+        "root": ontology.root,
+        "evidence": f"text and image labels (column {labels_column!r})" if labels_column else "text",
+        "classes": list(ontology.class_names),
+        "splits": splits,
+    }
+
+
+class WriteConceptStats(beam.PTransform):
+    """Tagged records -> ``stats/concepts.json``: pairs, tagged pairs and pairs per class, per split."""
+
+    def __init__(self, output_dir: str, ontology: Ontology, validation_fraction: float, labels_column: str = ""):
+        super().__init__()
+        self.output_dir = output_dir
+        self.ontology = ontology
+        self.fraction = validation_fraction
+        self.labels_column = labels_column
+
+    def expand(self, records):
+        fraction = self.fraction
+
+        def keys(record):
+            split = split_of(record.key, fraction)
+            yield split, _PAIRS
+            if record.concepts:
+                yield split, _TAGGED
+            for name in record.concepts:
+                yield split, name
+
+        path = FileSystems.join(self.output_dir, STATS_FILE)
+        ontology, labels_column = self.ontology, self.labels_column
+        return (
+            records
+            | "ClassKeys" >> beam.FlatMap(keys)
+            | "CountPerClass" >> beam.combiners.Count.PerElement()
+            | "CollectCounts" >> beam.combiners.ToDict()
+            | "WriteConceptStats" >> beam.Map(
+                lambda counts: write_text(path, json.dumps(concept_stats(counts, ontology, labels_column),
+                                                           indent=1)))
+        )
+
+
+def summary_line(output_dir: str, top: int = 5) -> Optional[str]:
+    """One console line about ``stats/concepts.json`` (None if the build did not tag)."""
+    path = FileSystems.join(output_dir, STATS_FILE)
+    if not FileSystems.exists(path):
+        return None
+    with FileSystems.open(path) as handle:
+        stats = json.loads(handle.read())
+    train = stats["splits"]["train"]
+    ranked = sorted(train["per_class"].items(), key=lambda kv: (-kv[1], kv[0]))
+    empty = sum(1 for _, n in ranked if n == 0)
+    shown = ", ".join(f"{name} {n:,}" for name, n in ranked[:top] if n)
+    return (f"concepts ({stats['ontology']}, {len(ranked)} classes): {train['tagged']:,} of {train['pairs']:,} "
+            f"train pairs name a class; most: {shown or 'none'}; {empty} classes with no pair")

@@ -1,7 +1,7 @@
 """The TOnICS ontology as data: object classes, each with its noun set, under one root.
 
-TOnICS (Srinivasan et al., "Curriculum Learning for Data-Efficient
-Vision-Language Alignment") samples a node of a two-level ontology at every
+TOnICS ("Curriculum Learning for Data-Efficient Vision-Language
+Alignment") samples a node of a two-level ontology at every
 training step: the root (``entity``: an ordinary random minibatch) or one of
 its object nodes (a minibatch whose pairs all contain that object). An object
 class ``o`` has a noun set ``w(o)`` (``dog: dog, dogs, puppy``); a pair

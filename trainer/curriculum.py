@@ -1,7 +1,7 @@
 """TOnICS: the curriculum's sampling distribution over ontology nodes, its refresh, the per-step choice.
 
-Srinivasan et al. ("Curriculum Learning for Data-Efficient Vision-Language
-Alignment", section 3): node 0 is the root (``entity``: an ordinary random
+"Curriculum Learning for Data-Efficient Vision-Language Alignment" (TOnICS,
+section 3): node 0 is the root (``entity``: an ordinary random
 minibatch), nodes 1..K the object classes (a minibatch whose pairs all name
 that class). ``P_S(root) = 1`` at the start. Every ``refresh_every`` steps
 image retrieval is evaluated on ``refresh_instances`` held-out pairs; if its

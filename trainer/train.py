@@ -349,8 +349,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                                      | (tonics.log_metrics() if tonics is not None else {}))
                         _say(timer.line(step, train_metrics))
                     final.update({f"train/{k}": v for k, v in train_metrics.items()}, step=step)
-                if tonics is not None and tonics.due(step) and not stop_now:
-                    # Before the save: the checkpoint of this step holds P_S after its refresh.
+                if tonics is not None and tonics.due(step):
+                    # Before the save (a preempted step's too): the checkpoint of this step holds
+                    # P_S after its refresh, so a resumed run continues from the same curriculum.
                     writer.write(step, tonics.refresh(step, encode_images, encode_texts))
                 if save:
                     meta = {"step": step, "batches_consumed": batches_consumed}

@@ -283,7 +283,8 @@ def test_image_retrieval_loss_and_frozen_text_tower(uninterrupted, tagged_corpus
 
     source, _ = uninterrupted
     config = tonics_config(tagged_corpus, cache_dir)
-    config.update({"total_steps": 1, "init_from": source, "freeze": "text"})
+    config.update({"total_steps": 2, "init_from": source, "freeze": "text"})
+    config.optim.warmup_steps = 1   # step 0's learning rate is 0 in a warmup; step 1's is the peak
     config.loss.directions = "image_retrieval"
     config.tonics.enabled = False
     workdir = str(tmp_path / "aligned")

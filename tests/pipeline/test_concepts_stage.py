@@ -118,3 +118,17 @@ def test_ontology_mistakes_are_usage_errors(tagged_build, tmp_path):
     with pytest.raises(build.UsageError, match="--concept_labels_column .* --carry_columns"):
         build.run(argv[:-2] + ["--concepts", "default", "--concept_labels_column", "labels"])
     assert not (tmp_path / "never").exists()
+
+
+def test_detector_labels_from_a_carried_column_confirm_text_classes():
+    from common.ontology import from_dict
+    from common.schema import Candidate
+    from filters.concepts import Tagger
+    from pipeline.concepts import tag_record
+
+    tagger = Tagger(from_dict(ONTOLOGY))
+    record = Candidate(key="k", url="u", alt_text="", text="a circle and a star",
+                       carried=(("labels", "star,person"),))
+    assert tag_record(record, tagger).concepts == ("circle", "star")             # text only
+    assert tag_record(record, tagger, "labels").concepts == ("star",)            # text and image
+    assert tag_record(record.replace(carried=()), tagger, "labels").concepts == ()  # no labels: nothing seen

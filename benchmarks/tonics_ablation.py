@@ -32,7 +32,10 @@ import time
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULT = os.path.join(ROOT, "benchmarks", "results", "tonics_ablation.json")
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from benchmarks import record  # noqa: E402
 KEYS = ("retrieval/i2t_R@1", "retrieval/i2t_R@5", "retrieval/t2i_R@1", "retrieval/t2i_R@5")
 
 
@@ -72,7 +75,9 @@ def main(argv=None):
     parser.add_argument("--refresh-every", type=int, default=25)
     parser.add_argument("--threshold", type=float, default=0.1)
     parser.add_argument("--loss-directions", default="both", choices=("both", "image_retrieval"))
+    parser.add_argument("--json", default="", help="where the results go (default benchmarks/results/tonics_ablation.json)")
     args = parser.parse_args(argv)
+    run = record.Run()
     os.makedirs(args.work, exist_ok=True)
     cache = os.path.join(args.work, "jax_cache")
     common = [f"--config.batch_size={args.batch}", f"--config.log_every={args.refresh_every}",
@@ -101,9 +106,7 @@ def main(argv=None):
         summary[arm] = {k: (float(np.mean([r[k] for r in mine])), float(np.std([r[k] for r in mine]))) for k in KEYS}
     out = {"args": vars(args), "runs": runs, "summary": summary, "wall_seconds": time.time() - start,
            "chance_R@1": 1 / 163}
-    os.makedirs(os.path.dirname(RESULT), exist_ok=True)
-    with open(RESULT, "w") as handle:
-        json.dump(out, handle, indent=1)
+    result = run.write("tonics_ablation", out, args.json)
     print("| arm | seed | i2t R@1 | i2t R@5 | t2i R@1 | t2i R@5 | P_S(root) end | refreshes | class steps |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in runs:
@@ -113,7 +116,7 @@ def main(argv=None):
               + f" | {class_steps:.0f} |")
     for arm, values in summary.items():
         print(f"| {arm} | mean±sd | " + " | ".join(f"{m:.3f}±{s:.3f}" for m, s in values.values()) + " | | | |")
-    print(f"results: {RESULT}")
+    print(f"results: {result}")
 
 
 if __name__ == "__main__":

@@ -75,6 +75,20 @@ def test_decode_with_size_uses_the_coarsest_jpeg_scale_that_covers_it():
     assert np.abs(small - reference).mean() < 3.0  # same picture, on the 0..255 scale
 
 
+def test_resize_antialiases_a_downscale():
+    """One-pixel stripes reduced 4x: the antialiased resize averages them to grey;
+    a plain bilinear one samples the stripes and keeps black and white columns."""
+    stripes = np.zeros((64, 64, 3), np.uint8)
+    stripes[:, ::2] = 255
+    stripes[:, 1::4] = 255  # period 4: 3 of 4 columns white
+    data = {"image": tf.constant(stripes)}
+    smooth = preprocess.get_preprocess_fn("resize(16)")(data)["image"].numpy().astype(np.float32)
+    aliased = preprocess.get_preprocess_fn("resize(16, antialias=False)")(data)["image"].numpy()
+    inner = (slice(None), slice(1, -1))  # the border columns see the edge padding
+    assert np.abs(smooth[inner] - 0.75 * 255).max() < 8
+    assert np.abs(aliased[inner].astype(np.float32) - 0.75 * 255).min() > 40
+
+
 def test_value_range_maps_the_endpoints():
     pp = preprocess.get_preprocess_fn("value_range(-1,1)")
     out = pp({"image": tf.constant([[[0, 255, 51]]], tf.uint8)})["image"].numpy()

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from trainer import models
-from trainer.models import bert, efficientnet, two_tower
+from trainer.models import bert, convnet, efficientnet, two_tower
 
 
 KEY = jax.random.key(0, impl="rbg")   # RngBitGenerator: much faster to compile on CPU
@@ -192,3 +192,30 @@ def test_head_dropout_only_in_front_of_a_projection():
         variables = net.init(jax.random.key(1), images)
         train = net.apply(variables, images, train=True, rngs={"dropout": jax.random.key(2)})
         assert np.allclose(train, net.apply(variables, images)) != dropped, embed_dim
+
+
+def test_convnet_tower_strides_where_the_width_changes_and_projects():
+    """ConvNet: stride 2 in the first layer and wherever the filter count changes,
+    so (16, 16, 32, 64) on 32 px ends at 4x4; the pooled 64 features are projected."""
+    tower = convnet.ConvNet(filters=(16, 16, 32, 64), embed_dim=24)
+    images = np.random.default_rng(0).uniform(-1, 1, (3, 32, 32, 3)).astype(np.float32)
+    variables = jax.jit(lambda: tower.init(KEY, images))()
+    out, inner = tower.apply(variables, images, capture_intermediates=True)
+    assert out.shape == (3, 24)
+    sizes = [inner["intermediates"][f"conv{i}"]["__call__"][0].shape[1:] for i in range(4)]
+    assert sizes == [(16, 16, 16), (16, 16, 16), (8, 8, 32), (4, 4, 64)]
+    assert set(variables["batch_stats"]) == {f"norm{i}" for i in range(4)}
+
+
+def test_two_tower_picks_its_image_tower_by_name():
+    images, texts = np.zeros((2, 32, 32, 3), np.float32), np.array([[2, 5, 3], [2, 6, 3]], np.int32)
+    model = two_tower.TwoTower(vocab_size=10, embed_dim=8, text=dict(size="tiny", max_len=4),
+                               image=dict(tower="convnet", filters=(8, 16)))
+    params = jax.eval_shape(lambda: model.init(KEY, images, texts))["params"]["image_tower"]
+    assert set(params) == {"conv0", "norm0", "conv1", "norm1", "projection"}
+    default = two_tower.TwoTower(vocab_size=10, embed_dim=8, text=dict(size="tiny", max_len=4),
+                                 image=dict(variant="tiny"))
+    assert "stem" in jax.eval_shape(lambda: default.init(KEY, images, texts))["params"]["image_tower"]
+    with pytest.raises(KeyError):
+        two_tower.TwoTower(vocab_size=10, embed_dim=8, text=dict(size="tiny", max_len=4),
+                           image=dict(tower="vit")).init(KEY, images, texts)

@@ -23,7 +23,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from trainer.models import bert, efficientnet
+from trainer.models import bert, convnet, efficientnet
+
+#: ``image["tower"]`` -> image tower class (default: ALIGN's EfficientNet).
+IMAGE_TOWERS = {"efficientnet": efficientnet.EfficientNet, "convnet": convnet.ConvNet}
 
 
 def l2_normalize(x, eps: float = 1e-12):
@@ -37,7 +40,9 @@ class TwoTower(nn.Module):
     Attributes:
       vocab_size: text vocabulary size.
       embed_dim: the shared embedding size.
-      image: kwargs of ``EfficientNet`` (variant, norm, dropout, drop_path).
+      image: kwargs of the image tower: ``tower`` (a key of ``IMAGE_TOWERS``,
+        default ``efficientnet``) and the tower's own fields (EfficientNet:
+        variant, norm, dropout, drop_path, ...; ConvNet: filters, norm, ...).
       text: kwargs of ``Bert`` (size, max_len, dropout).
       temperature_init: initial softmax temperature (ALIGN: 1.0).
       learn_temperature: learn it (ALIGN) or keep it fixed.
@@ -53,8 +58,9 @@ class TwoTower(nn.Module):
     dtype: Any = jnp.float32
 
     def setup(self):
-        self.image_tower = efficientnet.EfficientNet(
-            embed_dim=self.embed_dim, dtype=self.dtype, **dict(self.image or {}))
+        image = dict(self.image or {})
+        tower = IMAGE_TOWERS[image.pop("tower", "efficientnet")]
+        self.image_tower = tower(embed_dim=self.embed_dim, dtype=self.dtype, **image)
         self.text_tower = bert.Bert(
             vocab_size=self.vocab_size, embed_dim=self.embed_dim, dtype=self.dtype,
             **dict(self.text or {}))

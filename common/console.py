@@ -52,3 +52,19 @@ def route_library_output(tool: str, path: Optional[str] = None, level: int = log
 def error(message: str) -> None:
     """One line for the person at the terminal."""
     print(f"error: {message}", file=sys.stderr)
+
+
+def failure(error_: BaseException, action: str, log: str, expected=()) -> int:
+    """A command's failure as one line (the traceback goes to the log); returns exit status 1.
+
+    ``expected`` are the exception types whose message is the whole story (a
+    missing file, malformed input): their first line is printed as it is;
+    anything else also names its type and where the details are.
+    """
+    logging.getLogger(__name__).error("%s failed", action, exc_info=error_)
+    first = (str(error_).splitlines() or [""])[0]
+    if isinstance(error_, tuple(expected)):
+        error(first)
+    else:
+        error(f"{type(error_).__name__}: {first} (details: {log})")
+    return 1

@@ -332,15 +332,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         manifest = export(args.workdir, source, args.out, step=args.step, part_size=args.part_size,
                           batch_size=args.batch_size, say=lambda line: print(line, flush=True))
     except Exception as error:
-        import logging
-
         from trainer.eval_data import EvalDataError
 
-        logging.getLogger(__name__).exception("embedding export failed")
-        first = (str(error).splitlines() or [""])[0]
-        known = isinstance(error, (EvalDataError, FileNotFoundError, ValueError))
-        console.error(first if known else f"{type(error).__name__}: {first} (details: {log})")
-        return 1
+        return console.failure(error, "embedding export", log, expected=(EvalDataError, FileNotFoundError, ValueError))
     print(f"{manifest['num_rows']} rows in {manifest['num_parts']} part(s) ({manifest['written']} written, "
           f"{manifest['skipped']} already there) from step {manifest['step']}: {args.out}")
     return 0

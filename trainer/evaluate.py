@@ -184,15 +184,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except UsageError as error:
         parser.exit(2, f"error: {error}\n")
     except Exception as error:  # one line for the person, the traceback in the log
-        import logging
-
         from trainer.eval_data import EvalDataError
 
-        logging.getLogger(__name__).exception("evaluation failed")
-        first = (str(error).splitlines() or [""])[0]
-        known = isinstance(error, (EvalDataError, FileNotFoundError))
-        console.error(first if known else f"{type(error).__name__}: {first} (details: {log})")
-        return 1
+        return console.failure(error, "evaluation", log, expected=(EvalDataError, FileNotFoundError))
     print(format_table(results))
     print(f"results: {results['output']}")
     return 0

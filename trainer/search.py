@@ -288,15 +288,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         results = run(args.embeddings, queries, k=args.k, workdir=args.workdir, step=args.step,
                       html_path=args.html, ivf_threshold=args.ivf_threshold, nprobe=args.nprobe)
     except Exception as error:
-        import logging
-
         from trainer.eval_data import EvalDataError
 
-        logging.getLogger(__name__).exception("search failed")
-        first = (str(error).splitlines() or [""])[0]
-        known = isinstance(error, (EvalDataError, FileNotFoundError, ValueError))
-        console.error(first if known else f"{type(error).__name__}: {first} (details: {log})")
-        return 1
+        return console.failure(error, "search", log, expected=(EvalDataError, FileNotFoundError, ValueError))
     print(format_results(results))
     print(f"page: {args.html}")
     return 0

@@ -20,7 +20,9 @@ or eval point), ``tensorboard/`` event files, ``retrieval.html`` (the
 Run again with the same workdir and it resumes from the latest checkpoint:
 params, optimizer state, step, RNG and the data position. SIGTERM
 (preemption) on any host stops every host at the same step (a sync point
-after each step), saves that step's checkpoint and returns with
+after each step; at most ``MAX_STEPS_IN_FLIGHT`` steps are dispatched ahead
+of the device, so the stop comes within about two steps' time), saves that
+step's checkpoint and returns with
 ``preempted=True``; the command line then exits with status 75
 (``EXIT_PREEMPTED``: "preempted, resume me"), 0 when the run is complete.
 
@@ -61,6 +63,10 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a trainer/con
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where checkpoints and metrics go.")
 
+
+#: Steps dispatched but not finished at any time: enough to overlap the input
+#: pipeline with the device, few enough that SIGTERM stops within ~2 steps.
+MAX_STEPS_IN_FLIGHT = 2
 
 #: Exit status of a command-line run stopped by SIGTERM after saving a
 #: checkpoint: "preempted, resume me" (sysexits' EX_TEMPFAIL: a temporary
@@ -326,6 +332,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                     batch = input_pipeline.to_global_array(tonics.class_batch(node, step), mesh)
                 state, metrics = train_step(state, batch)
                 pending.append((step, metrics))
+                if len(pending) > MAX_STEPS_IN_FLIGHT:
+                    # JAX dispatches asynchronously: unbounded, the loop would run up to
+                    # log_every steps ahead of the device, and a SIGTERM would be seen
+                    # (and the checkpoint saved) only after all of them had been computed.
+                    jax.block_until_ready(pending[-1 - MAX_STEPS_IN_FLIGHT][1])
                 if step == start_step + 1:     # the first step compiles; time the others
                     jax.block_until_ready(state)
                     _say(f"first step (data, tracing, compilation) took {time.time() - loop_start:.0f}s")

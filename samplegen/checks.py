@@ -161,6 +161,17 @@ def settle(plan: Plan, guard: Optional[NearDuplicateGuard], max_rounds: int = 60
     raise PlanError(f"alt-texts still rare or overused after {max_rounds} rounds of re-drawing")
 
 
+def _sharing_problems(rows, stage, limit, group_of, member_of):
+    """Rows reaching ``stage`` whose expected fate disagrees with "group has > limit distinct members"."""
+    members = collections.defaultdict(set)
+    for row in rows:
+        if row.reaches(stage):
+            members[group_of(row)].add(member_of(row))
+    return [f"{row.case}: {stage} expectation does not match the rows ({row.caption!r})"
+            for row in rows
+            if row.reaches(stage) and (len(members[group_of(row)]) > limit) != (row.stage == stage)]
+
+
 def verify_plan(plan: Plan) -> Dict[str, object]:
     """Recompute every whole-corpus expectation from the rows; fail loudly on a mismatch."""
     rows = [r for r in plan.rows if not r.missing_column]
@@ -170,25 +181,11 @@ def verify_plan(plan: Plan) -> Dict[str, object]:
         if row.reaches("text_repetition") and not (3 <= word_count(row.caption) <= 20):
             problems.append(f"{row.case}: {row.caption!r} should pass the length rule")
     # texts per image: per recipe (one image), distinct alt-texts of the rows reaching the stage.
-    texts = collections.defaultdict(set)
-    for row in rows:
-        if row.reaches("texts_per_image"):
-            texts[id(row.recipe)].add(text_identity(row.caption))
-    for row in rows:
-        if row.reaches("texts_per_image"):
-            too_many = len(texts[id(row.recipe)]) > MAX_TEXTS_PER_IMAGE
-            if too_many != (row.stage == "texts_per_image"):
-                problems.append(f"{row.case}: texts_per_image expectation does not match the rows")
+    problems += _sharing_problems(rows, "texts_per_image", MAX_TEXTS_PER_IMAGE,
+                                  lambda row: id(row.recipe), lambda row: text_identity(row.caption))
     # images per text: per alt-text, distinct images among rows reaching the stage.
-    images = collections.defaultdict(set)
-    for row in rows:
-        if row.reaches("images_per_text"):
-            images[text_identity(row.caption)].add(id(row.recipe))
-    for row in rows:
-        if row.reaches("images_per_text"):
-            shared = len(images[text_identity(row.caption)]) > MAX_IMAGES_PER_TEXT
-            if shared != (row.stage == "images_per_text"):
-                problems.append(f"{row.case}: images_per_text expectation does not match ({row.caption!r})")
+    problems += _sharing_problems(rows, "images_per_text", MAX_IMAGES_PER_TEXT,
+                                  lambda row: text_identity(row.caption), lambda row: id(row.recipe))
     # rare n-grams: vocabulary = n-grams with >= MIN_NGRAM_COUNT occurrences over *all* alt-texts
     # (an upper bound for what the pipeline counts); junk must have one n-gram outside it.
     occurrences = collections.Counter()

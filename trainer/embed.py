@@ -88,7 +88,24 @@ class ShardSource(Source):
             yield index, (serialized, paths)
 
 
-class FolderSource(Source):
+class _ListSource(Source):
+    """A source held as a list in memory (``items``), read from one file or folder (``location``)."""
+
+    location = ""
+    items: list = []
+
+    def describe(self):
+        return {"kind": self.kind, "path": os.path.abspath(self.location)}
+
+    def num_rows(self):
+        return len(self.items)
+
+    def parts(self, part_size):
+        for index, start in enumerate(range(0, len(self.items), part_size)):
+            yield index, self.items[start:start + part_size]
+
+
+class FolderSource(_ListSource):
     kind = "folder"
 
     def __init__(self, root: str):
@@ -96,25 +113,15 @@ class FolderSource(Source):
 
         if not os.path.isdir(root):
             raise EvalDataError(f"{root}: no such image folder")
-        self.root = root
-        self.paths = sorted(
+        self.location = root
+        self.items = sorted(
             os.path.join(directory, name) for directory, _, names in os.walk(root)
             for name in names if name.lower().endswith(IMAGE_EXTENSIONS))
-        if not self.paths:
+        if not self.items:
             raise EvalDataError(f"{root}: no {'/'.join(IMAGE_EXTENSIONS)} images in it")
 
-    def describe(self):
-        return {"kind": self.kind, "path": os.path.abspath(self.root)}
 
-    def num_rows(self):
-        return len(self.paths)
-
-    def parts(self, part_size):
-        for index, start in enumerate(range(0, len(self.paths), part_size)):
-            yield index, self.paths[start:start + part_size]
-
-
-class CaptionSource(Source):
+class CaptionSource(_ListSource):
     kind = "captions"
 
     def __init__(self, path: str):
@@ -124,7 +131,7 @@ class CaptionSource(Source):
             raise EvalDataError(f"{path}: no such caption file")
         with open(path, encoding="utf-8") as f:
             lines = [line.rstrip("\r\n") for line in f]
-        self.path, self.rows = path, []
+        self.location, self.items = path, []
         for number, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
@@ -133,19 +140,9 @@ class CaptionSource(Source):
                 key, caption = str(number), line
             if not caption.strip():
                 raise EvalDataError(f"{path}:{number}: key {key!r} has no caption")
-            self.rows.append((key, caption.strip()))
-        if not self.rows:
+            self.items.append((key, caption.strip()))
+        if not self.items:
             raise EvalDataError(f"{path}: no captions in it")
-
-    def describe(self):
-        return {"kind": self.kind, "path": os.path.abspath(self.path)}
-
-    def num_rows(self):
-        return len(self.rows)
-
-    def parts(self, part_size):
-        for index, start in enumerate(range(0, len(self.rows), part_size)):
-            yield index, self.rows[start:start + part_size]
 
 
 def thumbnail(image_bytes: bytes, side: int = THUMBNAIL_SIDE) -> bytes:
@@ -177,11 +174,11 @@ def embed_part(source: Source, raw, encoders, batch_size: int) -> dict:
         n = len(keys)
         return {"key": list(keys), "caption": list(captions), "text_embedding": texts,
                 "image_embedding": [None] * n, "thumbnail": [None] * n, "label": [None] * n,
-                "source": [source.path] * n}
+                "source": [source.location] * n}
     if source.kind == "folder":
         images = encode_image_files(encoders.encode_images, raw, image_size=encoders.image_size,
                                     resize_size=encoders.resize_size, batch_size=batch_size)
-        relative = [os.path.relpath(p, source.root) for p in raw]
+        relative = [os.path.relpath(p, source.location) for p in raw]
         labels = [r.split(os.sep)[0] if os.sep in r else None for r in relative]
         thumbs = []
         for path in raw:

@@ -99,7 +99,7 @@ def test_folder_and_caption_list_exports(tiny_trained, tiny_eval_folder, encoder
     np.testing.assert_allclose(np.stack(table.column("text_embedding").to_pylist()), want, atol=1e-5)
     plain = tmp_path / "plain.txt"
     plain.write_text("first caption\nsecond caption\n")
-    assert [k for k, _ in embed.CaptionSource(str(plain)).rows] == ["1", "2"]
+    assert [k for k, _ in embed.CaptionSource(str(plain)).items] == ["1", "2"]
 
 
 def test_embed_command_line_errors_are_one_line(tiny_trained, tmp_path, capsys):

@@ -26,9 +26,11 @@ step's checkpoint and returns with
 ``preempted=True``; the command line then exits with status 75
 (``EXIT_PREEMPTED``: "preempted, resume me"), 0 when the run is complete.
 
-Several hosts: call ``jax.distributed.initialize(...)`` first, then
-``train_and_evaluate`` in every process (the multi-process path has not yet
-been shown to work end to end; see issue 15). Each reads its share of the data; evaluators see every host's
+Several hosts: run the command line in every process with
+``--coordinator_address=HOST0:PORT --num_processes=N --process_id=I`` (or call
+``jax.distributed.initialize(...)``, then ``train_and_evaluate``, in every
+process; ``tests/trainer/test_multihost.py`` runs 2 CPU processes through
+preemption, resume and every evaluator). Each reads its share of the data; evaluators see every host's
 embeddings (the encoders return replicated arrays); only process 0 writes
 metrics, config and the retrieval page; orbax writes the checkpoint together. A
 non-finite loss or gradient is never applied to the params; the run stops with
@@ -62,6 +64,11 @@ from trainer.configs import compute_dtype, vocab_path
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a trainer/configs/*.py file.",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where checkpoints and metrics go.")
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", None, "host:port of process 0's coordinator: run as one process of a "
+    "multi-process job (jax.distributed.initialize), with --num_processes and --process_id.")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes of a multi-process job.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index in [0, num_processes).")
 
 
 #: Steps dispatched but not finished at any time: enough to overlap the input
@@ -73,16 +80,17 @@ MAX_STEPS_IN_FLIGHT = 2
 #: failure, retry). 0 means the run reached total_steps; 1 is an error.
 EXIT_PREEMPTED = 75
 
-#: Set by ``main``: progress and results also go to stdout (library logging
-#: goes to ``<workdir>/train.log`` only). Library callers get absl logging only.
-_CONSOLE = False
+#: Set by ``main``: the console stream, where progress and results also go
+#: (library logging goes to ``<workdir>/train.log`` only). Library callers
+#: get absl logging only.
+_CONSOLE = None
 
 
 def _say(message: str) -> None:
     """A progress or result line: logged, and printed on the console of a command-line run."""
     logging.info("%s", message)
-    if _CONSOLE and jax.process_index() == 0:
-        print(message, flush=True)
+    if _CONSOLE is not None and jax.process_index() == 0:
+        print(message, file=_CONSOLE, flush=True)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
@@ -542,8 +550,12 @@ def main(argv):
     """Command line: progress and results on stdout, everything else in ``<workdir>/train.log``.
 
     Library chatter (orbax, absl, XLA/TF C++ messages such as CUDA/TPU
-    probing) is written to file descriptor 2, which is pointed at the log file
-    for the run; an error is one line on the real stderr (traceback in the log).
+    probing, gloo's connection lines on several processes) is written to file
+    descriptors 1 and 2, which point at the log file during the run; the
+    console gets progress, results and, on an error, one line on the real
+    stderr (traceback in the log). With ``--coordinator_address`` (or any of
+    the multi-process flags) this is one process of a multi-process job:
+    process ``i > 0`` logs to ``train.process<i>.log``.
     """
     global _CONSOLE
     del argv
@@ -552,32 +564,56 @@ def main(argv):
     from common.corpus_dir import IncompleteCorpus
 
     workdir = _WORKDIR.value
+    process = 0
+    multi_process_flags = (_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+    if any(flag is not None for flag in multi_process_flags) and not jax.distributed.is_initialized():
+        # Before any other JAX call: the backend is created with the job's devices.
+        # Flags left unset are detected where JAX can (Cloud TPU, SLURM, ...).
+        jax.distributed.initialize(coordinator_address=_COORDINATOR.value,
+                                   num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)
+    if jax.distributed.is_initialized():
+        process = jax.process_index()
     local = "://" not in workdir
-    log_path = os.path.join(workdir if local else ".", "train.log")
+    # One log per process (process 0's is train.log): hosts sharing a workdir
+    # must not interleave their lines in one file.
+    log_name = "train.log" if process == 0 else f"train.process{process}.log"
+    log_path = os.path.join(workdir if local else ".", log_name)
     os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
-    stderr = os.fdopen(os.dup(2), "w")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    console, stderr = os.fdopen(os.dup(1), "w"), os.fdopen(os.dup(2), "w")   # the real ones
+    status = 0
     with open(log_path, "a") as log:
-        sys.stderr.flush()
+        os.dup2(log.fileno(), 1)
         os.dup2(log.fileno(), 2)
-        _CONSOLE = True
-        print(f"training {workdir} (log: {log_path})", flush=True)
+        _CONSOLE = console
+        print(f"training {workdir} (log: {log_path})", file=console, flush=True)
         try:
             final = train_and_evaluate(_CONFIG.value, workdir)
+            summary = {k: v for k, v in final.items() if not k.startswith("train/") or k == "train/loss"}
+            logging.info("final: %s", json.dumps(summary, sort_keys=True))
+            print(f"{'preempted' if final['preempted'] else 'done'} at step {final['step']}; "
+                  f"metrics: {os.path.join(workdir, 'metrics.jsonl')}", file=console, flush=True)
+            status = EXIT_PREEMPTED if final["preempted"] else 0
         except IncompleteCorpus as error:  # the build has not finished: its own one-line message
             print(f"error: {error}", file=stderr, flush=True)
-            sys.exit(1)
+            status = 1
         except Exception as error:  # one line on the console, the traceback in the log
             logging.exception("training failed")
             first_line = (str(error).splitlines() or [""])[0]
             print(f"error: {type(error).__name__}: {first_line} (details: {log_path})",
                   file=stderr, flush=True)
-            sys.exit(1)
-    summary = {k: v for k, v in final.items() if not k.startswith("train/") or k == "train/loss"}
-    logging.info("final: %s", json.dumps(summary, sort_keys=True))
-    print(f"{'preempted' if final['preempted'] else 'done'} at step {final['step']}; "
-          f"metrics: {os.path.join(workdir, 'metrics.jsonl')}", flush=True)
-    if final["preempted"]:
-        sys.exit(EXIT_PREEMPTED)
+            status = 1
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(console.fileno(), 1)
+            os.dup2(stderr.fileno(), 2)
+            console.close()
+            stderr.close()
+            _CONSOLE = None
+    if status:
+        sys.exit(status)
 
 
 if __name__ == "__main__":

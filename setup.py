@@ -3,7 +3,7 @@
 Exact versions that are known to co-install on Python 3.11 are pinned in
 requirements/lock.txt (used as a constraints file by scripts/setup_env.sh).
 Dataflow workers install this package with ``--setup_file ./setup.py``; they
-need only the base requirements (Beam, Pillow, imagehash, pyarrow, faiss).
+need only the base requirements (Beam, Pillow, OpenCV, imagehash, pyarrow, faiss).
 """
 
 import setuptools
@@ -15,6 +15,7 @@ BASE = [
     "pyarrow>=15",
     "pillow>=10",
     "imagehash>=4.3",
+    "opencv-python-headless>=4.9",  # the stored picture's downscale (filters.image.downscale)
     "numpy>=1.26",
     "scipy>=1.11",
     "faiss-cpu>=1.8",

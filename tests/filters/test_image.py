@@ -187,3 +187,68 @@ def test_cc12m_size_edges_400_and_401():
     assert verdict(encode((500, 400)), CC12M) == "image_size/too_small"
     assert verdict(encode((401, 500)), CC12M) is None
     assert verdict(encode((401, 401)), CC12M) is None
+
+
+def test_thumbnail_size_is_pils():
+    rng = np.random.default_rng(0)
+    for width, height, side in zip(rng.integers(1, 5000, 3000), rng.integers(1, 5000, 3000),
+                                   rng.choice([1, 64, 333, 512, 1000], 3000)):
+        expected = Image.new("L", (int(width), int(height)))
+        expected.thumbnail((int(side), int(side)))
+        assert image.thumbnail_size((int(width), int(height)), int(side)) == expected.size, (width, height, side)
+
+
+def psnr(a, b):
+    diff = np.asarray(a, np.float64) - np.asarray(b, np.float64)
+    return 10 * np.log10(255 ** 2 / max(np.mean(diff ** 2), 1e-12))
+
+
+def photo_like(size, seed=0):
+    """Smooth colour fields with sharp-edged discs: what a resampler's differences show on."""
+    from PIL import ImageDraw
+
+    rng = np.random.default_rng(seed)
+    width, height = size
+    picture = Image.fromarray(rng.integers(0, 256, (12, 16, 3), dtype=np.uint8)).resize(size, Image.BICUBIC)
+    draw = ImageDraw.Draw(picture)
+    for _ in range(12):
+        x, y, r = int(rng.integers(0, width)), int(rng.integers(0, height)), int(rng.integers(width // 40, width // 8))
+        draw.ellipse((x - r, y - r, x + r, y + r), fill=tuple(int(v) for v in rng.integers(0, 256, 3)))
+    return picture
+
+
+def pil_thumbnail(picture, side=512):
+    reference = picture.copy()
+    reference.thumbnail((side, side), Image.BICUBIC)
+    return reference
+
+
+@pytest.mark.parametrize("size", [(800, 600), (600, 1333), (1600, 1200), (2049, 1024), (4000, 3000)])
+def test_downscale_is_pils_bicubic_thumbnail_within_noise(size):
+    picture = photo_like(size)
+    ours, reference = image.downscale(picture, 512), pil_thumbnail(picture)
+    assert ours.mode == "RGB" and ours.size == reference.size
+    assert psnr(ours, reference) > 40
+
+
+@pytest.mark.parametrize("width, period", [(800, 2), (1000, 3), (2000, 5), (4000, 9)])
+def test_downscale_does_not_alias_fine_stripes(width, period):
+    # Stripes finer than the output's pixels must average out (as PIL's
+    # antialiased resize does), not fold into coarse bands.
+    xx = np.mgrid[0:600, 0:width][1]
+    stripes = (np.sin(2 * np.pi * xx / period) + 1) * 127.5 if period > 2 else xx % 2 * 255
+    picture = Image.fromarray(np.stack([stripes.astype("uint8")] * 3, -1))
+    ours = np.asarray(image.downscale(picture, 512), np.float64)[..., 0]
+    reference = np.asarray(pil_thumbnail(picture), np.float64)[..., 0]
+    assert ours.std() <= max(1.2 * reference.std(), 5)
+
+
+def test_large_jpeg_is_stored_downscaled():
+    data = io.BytesIO()
+    photo_like((1600, 1200)).save(data, format="JPEG", quality=95)
+    data = data.getvalue()
+    header, _ = image.read_header(data, ALIGN)
+    decoded, _ = image.decode_image(data, header, ALIGN)
+    stored = Image.open(io.BytesIO(decoded.image)).convert("RGB")
+    assert stored.size == (decoded.width, decoded.height) == (512, 384)
+    assert psnr(stored, pil_thumbnail(Image.open(io.BytesIO(data)).convert("RGB"))) > 35

@@ -1,6 +1,7 @@
 """Download throughput: ``pipeline.build --download`` against img2dataset, same URL list, same loopback server.
 
-    python -m benchmarks.download_vs_img2dataset [--images 4000] [--workers 2] [--threads 32] [--repeats 1]
+    python -m benchmarks.download_vs_img2dataset [--images 6000] [--baseline-images 1500]
+        [--workers 2] [--our-workers 1,2] [--threads 32] [--repeats 1]
 
 The server runs in its own process and is not the bottleneck: every image
 is a distinct JPEG generated before the clock starts and served from
@@ -9,26 +10,35 @@ each run). The URL list is written as ``--shards`` TSV files, as URL lists
 usually come (img2dataset shards its input the same way).
 
 - **This project**: the real build, ``python -m pipeline.build --input
-  'urls/*.tsv' --download --download-allow-loopback`` on FnApiRunner with
-  ``--direct_running_mode=multi_processing --direct_num_workers=WORKERS``:
-  download, every ALIGN filter (header, format, size, aspect, text rules,
-  full decode, sha256 and pHash, the frequency filters), TFRecord shards and
-  the stats. ``min_ngram_count=0`` so the synthetic captions are not rare.
+  'urls/*.tsv' --download --download-allow-loopback`` on FnApiRunner, once
+  per ``--our-workers`` count: 1 runs in the launcher's process
+  (``in_memory``), more as ``multi_processing`` worker processes. Download,
+  every ALIGN filter (header, format, size, aspect, text rules, full
+  decode, sha256 and pHash, the downscale to 512 px, the frequency
+  filters), TFRecord shards and the stats. ``min_ngram_count=0`` so the
+  synthetic captions are not rare.
 - **img2dataset 1.47** (its own venv): ``--processes_count WORKERS
   --thread_count THREADS``, its default resize (``border`` to 256x256,
   re-encode to JPEG), Parquet output, ``--retries 0``.
 
+Each is run on the full list (``--images``) and on a smaller one
+(``--baseline-images``): the difference in CPU seconds over the difference
+in images is the marginal cost of an image, without start-up costs (a
+Beam job's imports, worker processes and per-stage set-up are several
+CPU-seconds that a long list amortises).
+
 A second pair isolates the download itself: this project's
-``ReadCandidates -> DownloadImages`` (the build's first two stages, same
-runner and workers, survivors counted) against img2dataset with
+``ReadCandidates -> DownloadImages`` (the build's first two stages, WORKERS
+worker processes, survivors counted) against img2dataset with
 ``--resize_mode no --disable_all_reencoding True`` (download and write the
 bytes as they came).
 
-Figures per tool: wall seconds, images written, images/s (wall), CPU
+Figures per run: wall seconds, images written, images/s (wall), CPU
 seconds of the tool's processes (``RUSAGE_CHILDREN``) and images per
-CPU-second; the ratio is ours/img2dataset for both. The machine is shared,
-so the load (``os.getloadavg``) is recorded before and after each run.
-Writes ``benchmarks/results/download_vs_img2dataset.json``.
+CPU-second; the ratios are ours/img2dataset (for the marginal cost:
+img2dataset's CPU-ms per image over ours). The machine is shared, so the
+load (``os.getloadavg``) is recorded before and after each run. Writes
+``benchmarks/results/download_vs_img2dataset.json``.
 """
 
 from __future__ import annotations
@@ -145,7 +155,8 @@ def run_ours(urls: str, out: str, workers: int, threads: int) -> dict:
         sys.executable, "-m", "pipeline.build", "--input", os.path.join(urls, "*.tsv"), "--output", out,
         "--download", "--download-allow-loopback", "--download-threads", str(threads),
         "--download-per-host", "0", "--set", "min_ngram_count=0",
-        "--direct_running_mode=multi_processing", f"--direct_num_workers={workers}",
+        # One worker: the runner in this process (no data plane between processes).
+        f"--direct_running_mode={'multi_processing' if workers > 1 else 'in_memory'}", f"--direct_num_workers={workers}",
         "--log-file", os.path.join(os.path.dirname(out), "build.log"),
     ]
     figures = timed(command, dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
@@ -211,8 +222,11 @@ def per_second(figures: dict) -> dict:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--images", type=int, default=4000)
-    parser.add_argument("--workers", type=int, default=2, help="worker processes of each tool")
+    parser.add_argument("--images", type=int, default=6000)
+    parser.add_argument("--baseline-images", type=int, default=0,
+                        help="a second, smaller list for the marginal cost per image (default: --images / 4)")
+    parser.add_argument("--workers", type=int, default=2, help="img2dataset's processes; the most of ours")
+    parser.add_argument("--our-workers", default="1,2", help="worker counts of this project's build (1 = in process)")
     parser.add_argument("--threads", type=int, default=32, help="download threads per worker process")
     parser.add_argument("--shards", type=int, default=4, help="TSV files the URL list is split into")
     parser.add_argument("--repeats", type=int, default=1)
@@ -224,6 +238,8 @@ def main(argv=None) -> None:
         return
     if not os.path.exists(IMG2DATASET):
         sys.exit(f"img2dataset not installed at {IMG2DATASET} (scripts/setup_env.sh creates it)")
+    small = args.baseline_images or args.images // 4
+    our_workers = [int(w) for w in args.our_workers.split(",")]
 
     run = record.Run()
     print(f"generating {args.images:,} JPEGs", flush=True)
@@ -233,23 +249,24 @@ def main(argv=None) -> None:
     server.start()
     port = ready.get(timeout=30)
     work = tempfile.mkdtemp(prefix="download_bench_")
-    runs = {"ours": [], "img2dataset": [], "ours_download_only": [], "img2dataset_download_only": []}
+    tools = [("img2dataset", run_img2dataset, args.workers)]
+    tools += [(f"ours_{w}w", run_ours, w) for w in our_workers]
+    jobs = [(name, runner, workers, count) for count in (small, args.images) for name, runner, workers in tools]
+    jobs += [("img2dataset_download_only", run_img2dataset_download_only, args.workers, args.images),
+             (f"ours_download_only_{args.workers}w", run_ours_download_only, args.workers, args.images)]
+    runs = {f"{name}@{count}": [] for name, _, _, count in jobs}
     try:
-        urls = write_url_lists(os.path.join(work, "urls"), port, args.images, args.shards)
+        lists = {count: write_url_lists(os.path.join(work, f"urls-{count}"), port, count, args.shards)
+                 for count in (small, args.images)}
         for repeat in range(args.repeats):
-            for name, runner, source in (
-                ("img2dataset", run_img2dataset, urls),
-                ("ours", run_ours, urls),
-                ("img2dataset_download_only", run_img2dataset_download_only, urls),
-                ("ours_download_only", run_ours_download_only, urls),
-            ):
-                out = os.path.join(work, f"{name}-{repeat}", "out")
+            for name, runner, workers, count in jobs:
+                out = os.path.join(work, f"{name}-{count}-{repeat}", "out")
                 os.makedirs(os.path.dirname(out))
                 server_cpu = process_cpu_seconds(server.pid)
-                figures = per_second(runner(source, out, args.workers, args.threads))
+                figures = per_second(runner(lists[count], out, workers, args.threads))
                 figures["server_cpu_s"] = round(process_cpu_seconds(server.pid) - server_cpu, 2)
-                runs[name].append(figures)
-                print(f"{name:26s} {figures['images']:,} images in {figures['wall_s']} s: "
+                runs[f"{name}@{count}"].append(figures)
+                print(f"{name:28s} {figures['images']:,} of {count:,} images in {figures['wall_s']} s: "
                       f"{figures['images_per_s']} images/s, {figures['images_per_cpu_s']} per CPU-s "
                       f"(server {figures['server_cpu_s']} CPU-s; load {figures['load_before'][0]})", flush=True)
                 shutil.rmtree(os.path.dirname(out))
@@ -257,18 +274,32 @@ def main(argv=None) -> None:
         server.terminate()
         shutil.rmtree(work, ignore_errors=True)
 
-    def median(name, field):
-        return statistics.median(r[field] for r in runs[name])
+    def median(key, field):
+        return statistics.median(r[field] for r in runs[key])
 
     summary = {
-        "images": args.images, "workers": args.workers, "threads": args.threads, "shards": args.shards,
-        "mean_image_bytes": round(sum(map(len, images)) / len(images)),
+        "images": args.images, "baseline_images": small, "workers": args.workers, "our_workers": our_workers,
+        "threads": args.threads, "shards": args.shards, "mean_image_bytes": round(sum(map(len, images)) / len(images)),
     }
-    for ours, theirs, label in (("ours", "img2dataset", "build"), ("ours_download_only", "img2dataset_download_only", "download_only")):
-        for field in ("images_per_s", "images_per_cpu_s"):
-            summary[f"{label}_ours_{field}"] = median(ours, field)
-            summary[f"{label}_img2dataset_{field}"] = median(theirs, field)
-            summary[f"{label}_ratio_{field}"] = round(median(ours, field) / median(theirs, field), 2)
+    for name, _, _ in tools:
+        big, little = f"{name}@{args.images}", f"{name}@{small}"
+        summary[name] = {
+            "images_per_s": median(big, "images_per_s"), "images_per_cpu_s": median(big, "images_per_cpu_s"),
+            # The cost of one more image: start-up and per-job costs cancel out.
+            "marginal_cpu_ms_per_image": round(
+                1000 * (median(big, "cpu_s") - median(little, "cpu_s")) / (args.images - small), 2),
+        }
+    theirs = summary["img2dataset"]
+    for name, _, _ in tools[1:]:
+        ours = summary[name]
+        summary[f"{name}_ratio"] = {
+            "images_per_s": round(ours["images_per_s"] / theirs["images_per_s"], 2),
+            "images_per_cpu_s": round(ours["images_per_cpu_s"] / theirs["images_per_cpu_s"], 2),
+            "marginal_per_cpu_s": round(theirs["marginal_cpu_ms_per_image"] / ours["marginal_cpu_ms_per_image"], 2),
+        }
+    for label, key in (("img2dataset", "img2dataset_download_only"), ("ours", f"ours_download_only_{args.workers}w")):
+        summary[f"download_only_{label}"] = {field: median(f"{key}@{args.images}", field)
+                                             for field in ("images_per_s", "images_per_cpu_s")}
     print(json.dumps(summary, indent=1))
     run.write("download_vs_img2dataset", {"summary": summary, "runs": runs}, args.json)
 

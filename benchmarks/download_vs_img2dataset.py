@@ -27,9 +27,9 @@ in images is the marginal cost of an image, without start-up costs (a
 Beam job's imports, worker processes and per-stage set-up are several
 CPU-seconds that a long list amortises).
 
-A second pair isolates the download itself: this project's
-``ReadCandidates -> DownloadImages`` (the build's first two stages, WORKERS
-worker processes, survivors counted) against img2dataset with
+A second set isolates the download itself: this project's
+``ReadCandidates -> DownloadImages`` (the build's first two stages, on the
+same runners, survivors counted) against img2dataset with
 ``--resize_mode no --disable_all_reencoding True`` (download and write the
 bytes as they came).
 
@@ -194,7 +194,8 @@ def download_job(pattern: str, threads: int, workers: int) -> None:
     from pipeline.readers.rows import Columns
 
     options = stage.DownloadOptions(FetchOptions(allow_loopback=True), threads=threads, per_host=0)
-    beam_options = PipelineOptions(["--runner=FnApiRunner", "--direct_running_mode=multi_processing",
+    mode = "multi_processing" if workers > 1 else "in_memory"
+    beam_options = PipelineOptions(["--runner=FnApiRunner", f"--direct_running_mode={mode}",
                                     f"--direct_num_workers={workers}"])
     with beam.Pipeline(options=beam_options) as p:
         read = p | ReadCandidates(pattern, None, Columns(download=True))
@@ -252,8 +253,8 @@ def main(argv=None) -> None:
     tools = [("img2dataset", run_img2dataset, args.workers)]
     tools += [(f"ours_{w}w", run_ours, w) for w in our_workers]
     jobs = [(name, runner, workers, count) for count in (small, args.images) for name, runner, workers in tools]
-    jobs += [("img2dataset_download_only", run_img2dataset_download_only, args.workers, args.images),
-             (f"ours_download_only_{args.workers}w", run_ours_download_only, args.workers, args.images)]
+    jobs += [("img2dataset_download_only", run_img2dataset_download_only, args.workers, args.images)]
+    jobs += [(f"ours_download_only_{w}w", run_ours_download_only, w, args.images) for w in our_workers]
     runs = {f"{name}@{count}": [] for name, _, _, count in jobs}
     try:
         lists = {count: write_url_lists(os.path.join(work, f"urls-{count}"), port, count, args.shards)
@@ -297,7 +298,8 @@ def main(argv=None) -> None:
             "images_per_cpu_s": round(ours["images_per_cpu_s"] / theirs["images_per_cpu_s"], 2),
             "marginal_per_cpu_s": round(theirs["marginal_cpu_ms_per_image"] / ours["marginal_cpu_ms_per_image"], 2),
         }
-    for label, key in (("img2dataset", "img2dataset_download_only"), ("ours", f"ours_download_only_{args.workers}w")):
+    for label, key in [("img2dataset", "img2dataset_download_only")] + [
+            (f"ours_{w}w", f"ours_download_only_{w}w") for w in our_workers]:
         summary[f"download_only_{label}"] = {field: median(f"{key}@{args.images}", field)
                                              for field in ("images_per_s", "images_per_cpu_s")}
     print(json.dumps(summary, indent=1))

@@ -91,7 +91,7 @@ class ClassBatches:
 
     def __init__(self, index: ConceptIndex, *, global_batch_size: int, process_index: int, process_count: int,
                  image_size: int, resize_size: Optional[int], flip_lr: bool, seed: int, tokenizer,
-                 say: Callable[[str], None] = print):
+                 say: Callable[[str], None] = print, colour_augment: str = ""):
         if global_batch_size % process_count:
             raise ValueError(f"global batch {global_batch_size} not divisible by {process_count} hosts")
         self.index = index
@@ -103,7 +103,8 @@ class ClassBatches:
         self.say = say
         self._handles: Dict[int, object] = {}
         self._told = set()
-        spec = input_pipeline.image_preprocess(image_size, resize_size, train=True, flip_lr=flip_lr)
+        spec = input_pipeline.image_preprocess(
+            image_size, resize_size, train=True, flip_lr=flip_lr, colour_augment=colour_augment)
         self._preprocess = preprocess.get_preprocess_fn(spec)
 
     def draw(self, name: str, step: int) -> np.ndarray:

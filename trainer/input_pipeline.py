@@ -134,18 +134,23 @@ def resume_position(records_consumed: int, host_lengths: Sequence[int], shard_or
 
 
 def image_preprocess(image_size: int, resize_size: Optional[int], train: bool,
-                     flip_lr: bool = True) -> str:
+                     flip_lr: bool = True, colour_augment: str = "") -> str:
     """ALIGN's image ops: resize, random crop + flip (train) or central crop (eval).
 
     ``flip_lr=False`` drops the horizontal flip: a flip contradicts captions
     that say "left of" / "right of" (the sample corpus has them).
+    ``colour_augment``: ``trainer.preprocess`` ops (e.g. ``"random_hue(1.0)"``)
+    applied after the crop in training only; ALIGN: none.
 
     ``decode(resize_size)`` lets a large JPEG decode at a reduced DCT scale
     that still covers the resize target (see ``preprocess.decode``).
     """
     resize_size = resize_size or round(image_size * RESIZE_RATIO)
-    crop = f"random_crop({image_size})" + ("|flip_lr" if flip_lr else "") if train else (
-        f"central_crop({image_size})")
+    if train:
+        crop = "|".join(filter(None, (f"random_crop({image_size})", "flip_lr" if flip_lr else "",
+                                      colour_augment)))
+    else:
+        crop = f"central_crop({image_size})"
     return f"decode({resize_size})|resize({resize_size})|{crop}|value_range(-1,1)"
 
 
@@ -163,6 +168,7 @@ def make_dataset(
     process_count: Optional[int] = None,
     resize_size: Optional[int] = None,
     flip_lr: bool = True,
+    colour_augment: str = "",
     shuffle_buffer_size: int = DEFAULT_SHUFFLE_BUFFER,
     preprocess_spec: Optional[str] = None,
     extra_features: Sequence[str] = (),
@@ -187,7 +193,7 @@ def make_dataset(
     if global_batch_size % process_count:
         raise ValueError(f"global batch {global_batch_size} not divisible by {process_count} hosts")
     host_batch = global_batch_size // process_count
-    spec = preprocess_spec or image_preprocess(image_size, resize_size, train, flip_lr)
+    spec = preprocess_spec or image_preprocess(image_size, resize_size, train, flip_lr, colour_augment)
     preprocess_fn = preprocess.get_preprocess_fn(spec)
     outputs = tuple(dict.fromkeys(("image", "texts", "key", *extra_features)))
 

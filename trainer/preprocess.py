@@ -188,6 +188,52 @@ def flip_lr(key="image"):
     return op
 
 
+def _with_probability(p, seed, apply, image):
+    """``apply(image, seed')`` with probability ``p`` (drawn from ``seed``), else ``image``."""
+    coin_seed, op_seed = tf.unstack(tf.random.experimental.stateless_split(seed, num=2))
+    coin = tf.random.stateless_uniform([], seed=coin_seed)
+    return tf.cond(coin < p, lambda: apply(image, op_seed), lambda: image)
+
+
+@register("random_hue")
+def random_hue(p=1.0, key="image"):
+    """With probability ``p``, rotate the hue by a uniform angle of the whole colour circle.
+
+    Greys, black and white stay as they are; saturation and brightness are
+    kept, so shapes and their contrast with the background survive while the
+    image no longer says which hue a caption named. (A colour-invariance
+    augmentation for a corpus whose captions name colours: the image tower
+    cannot match a pair by hue alone and must encode shape and layout.)
+    """
+
+    def rotate(image, seed):
+        delta = tf.random.stateless_uniform([], seed=seed, minval=-0.5, maxval=0.5)
+        return tf.image.adjust_hue(image, delta)
+
+    def op(data):
+        seed = _split_rng(data, "random_hue")
+        data[key] = _with_probability(p, seed, rotate, data[key])
+        return data
+
+    return op
+
+
+@register("random_grayscale")
+def random_grayscale(p=0.5, key="image"):
+    """With probability ``p``, the image's luma (ITU-R 601) in all three channels."""
+
+    def grey(image, seed):
+        del seed
+        return tf.image.grayscale_to_rgb(tf.image.rgb_to_grayscale(image))
+
+    def op(data):
+        seed = _split_rng(data, "random_grayscale")
+        data[key] = _with_probability(p, seed, grey, data[key])
+        return data
+
+    return op
+
+
 @register("value_range")
 def value_range(vmin=-1.0, vmax=1.0, in_min=0.0, in_max=255.0, key="image"):
     """Linearly maps ``[in_min, in_max]`` to float32 ``[vmin, vmax]``."""

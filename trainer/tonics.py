@@ -42,7 +42,8 @@ class Tonics:
         self.batches = ClassBatches(
             index, global_batch_size=config.batch_size, process_index=process_index,
             process_count=process_count, image_size=config.image_size, resize_size=config.get("resize_size"),
-            flip_lr=config.get("flip_lr", True), seed=self.seed, tokenizer=tokenizer, say=say)
+            flip_lr=config.get("flip_lr", True),
+            colour_augment=config.get("colour_augment", ""), seed=self.seed, tokenizer=tokenizer, say=say)
         self.evaluator = RetrievalEvaluator(
             config.data_dir, image_size=config.image_size, resize_size=config.get("resize_size"),
             tokenizer=tokenizer, batch_size=config.eval_batch_size, split=self.cfg.refresh_split,

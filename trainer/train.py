@@ -159,7 +159,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
         dataset = input_pipeline.make_dataset(
             config.data_dir, config.train_split, global_batch_size=config.batch_size,
             image_size=config.image_size, resize_size=config.get("resize_size"), train=True,
-            flip_lr=config.get("flip_lr", True),
+            flip_lr=config.get("flip_lr", True), colour_augment=config.get("colour_augment", ""),
             seed=config.seed, tokenizer=tokenizer, start_batch=start_batch)
         for batch in dataset.as_numpy_iterator():
             yield input_pipeline.to_global_array(

@@ -109,6 +109,59 @@ def test_random_ops_are_a_function_of_the_example_seed():
         pp({"image": image})
 
 
+def colour_scene():
+    """A grey square on a saturated red background, plus a white and a black pixel."""
+    image = np.zeros((8, 8, 3), np.uint8)
+    image[..., 0] = 200
+    image[2:6, 2:6] = 128
+    image[0, 0], image[0, 1] = 255, 0
+    return image
+
+
+def colour_ops_run(spec, image, seeds):
+    pp = preprocess.get_preprocess_fn(spec)
+    return [pp({"image": tf.constant(image), preprocess.RNG_KEY: tf.constant([7, k], tf.int64)})["image"].numpy()
+            for k in seeds]
+
+
+def test_random_hue_rotates_colours_and_keeps_greys_and_brightness():
+    image = colour_scene()
+    outputs = colour_ops_run("random_hue(1.0)", image, range(32))
+    background_hues = set()
+    for out in outputs:
+        assert out.dtype == np.uint8 and out.shape == image.shape
+        np.testing.assert_array_equal(out[2:6, 2:6], image[2:6, 2:6])  # grey: no hue to rotate
+        np.testing.assert_array_equal(out[0, :2], image[0, :2])  # white and black
+        background = out[7, 7].astype(int)
+        assert abs(background.max() - 200) <= 1 and background.min() <= 1  # value, saturation kept
+        assert (out[6:, :] == out[7, 7]).all()  # one rotation for the whole image
+        background_hues.add(tuple(background // 20))
+    assert len(background_hues) > 10  # the whole colour circle, not a small jitter
+    # Seeded: the same example seed gives the same image, on any thread, resumed or not.
+    np.testing.assert_array_equal(outputs[3], colour_ops_run("random_hue(1.0)", image, [3])[0])
+
+
+def test_random_colour_ops_apply_with_probability_p():
+    image = colour_scene()
+    seeds = range(200)
+    for spec, p in (("random_hue(0.5)", 0.5), ("random_grayscale(0.5)", 0.5), ("random_grayscale(0.2)", 0.2),
+                    ("random_hue(0.0)", 0.0), ("random_grayscale(1.0)", 1.0)):
+        changed = [not np.array_equal(out, image) for out in colour_ops_run(spec, image, seeds)]
+        assert abs(np.mean(changed) - p) < 0.1, (spec, np.mean(changed))
+    grey = colour_ops_run("random_grayscale(1.0)", image, [0])[0]
+    assert (grey[..., 0] == grey[..., 1]).all() and (grey[..., 1] == grey[..., 2]).all()
+    assert abs(int(grey[7, 7, 0]) - 0.299 * 200) <= 1  # ITU-R 601 luma of the red background
+    np.testing.assert_array_equal(grey[2:6, 2:6], image[2:6, 2:6])
+
+
+def test_colour_augment_is_training_only_and_follows_the_crop():
+    spec = input_pipeline.image_preprocess(32, 36, train=True, flip_lr=False, colour_augment="random_hue(0.5)")
+    assert spec == "decode(36)|resize(36)|random_crop(32)|random_hue(0.5)|value_range(-1,1)"
+    assert input_pipeline.image_preprocess(32, 36, train=True) == (
+        "decode(36)|resize(36)|random_crop(32)|flip_lr|value_range(-1,1)")
+    assert "hue" not in input_pipeline.image_preprocess(32, 36, train=False, colour_augment="random_hue(1.0)")
+
+
 def test_tokenize_op_needs_a_tokenizer_from_context(tokenizer):
     with pytest.raises(ValueError, match="tokenizer"):
         preprocess.get_preprocess_fn("tokenize")

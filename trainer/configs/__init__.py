@@ -16,6 +16,8 @@ Fields:
   image_size     train/eval crop (ALIGN: 289 from a 346 resize).
   resize_size    resize before the crop; default image_size * 346 / 289.
   flip_lr        random horizontal flip in training (ALIGN: yes).
+  colour_augment training-only colour ops after the crop, ``trainer.preprocess``
+                 syntax (e.g. "random_hue(1.0)"); ALIGN: "" (none).
   max_text_len   tokens incl. [CLS]/[SEP] (ALIGN: 64).
   compute_dtype  "float32" or "bfloat16" (params, optimizer and loss stay f32).
   prng_impl      JAX PRNG ("threefry2x32" default; "rbg" compiles faster on CPU).
@@ -87,6 +89,7 @@ def base_config(*, image_variant: str, text_size: str, embed_dim: int, image_siz
     c.image_size = image_size
     c.resize_size = config_dict.placeholder(int)
     c.flip_lr = True
+    c.colour_augment = ""
     c.max_text_len = max_text_len
     c.batch_size = batch_size
     c.total_steps = total_steps

@@ -130,6 +130,22 @@ def test_text_embedding_ignores_padding_length():
     np.testing.assert_allclose(encode(variables, texts), encode(variables, longer), atol=1e-5)
 
 
+def test_mean_pooled_text_embedding_is_the_mean_of_the_real_tokens_states():
+    texts = np.array([[2, 7, 8, 3, 0, 0], [2, 9, 3, 0, 0, 0]], np.int32)
+    states = bert.Bert(vocab_size=40, size="tiny", max_len=12, pool="mean")
+    variables = jax.jit(lambda: states.init(KEY, texts))()
+    pooled, captured = states.apply(variables, texts, capture_intermediates=True, mutable=["intermediates"])
+    full = captured["intermediates"]["layer1"]["__call__"][0]  # the last layer's token states
+    np.testing.assert_allclose(pooled[0], full[0, :4].mean(0), atol=1e-5)
+    np.testing.assert_allclose(pooled[1], full[1, :3].mean(0), atol=1e-5)
+    cls = bert.Bert(vocab_size=40, size="tiny", max_len=12)
+    np.testing.assert_allclose(cls.apply(variables, texts), full[:, 0], atol=1e-5)
+    longer = np.concatenate([texts, np.zeros((2, 5), np.int32)], axis=1)
+    np.testing.assert_allclose(states.apply(variables, longer), pooled, atol=1e-5)
+    with pytest.raises(ValueError, match="text pooling"):
+        bert.Bert(vocab_size=40, size="tiny", max_len=12, pool="max").apply(variables, texts)
+
+
 def test_batchnorm_statistics_update_in_training_only(tiny_two_tower):
     model, variables, _, images, _ = tiny_two_tower
     _, updated = jax.jit(lambda v, x: model.apply(v, images=x, train=True,

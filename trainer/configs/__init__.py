@@ -24,7 +24,8 @@ Fields:
   model.*        ``trainer.models.two_tower.TwoTower`` fields: embed_dim,
                  image (EfficientNet: variant, norm, dropout, drop_path, width and
                  depth multipliers overriding the variant's, bn_momentum),
-                 text (BERT: size, dropout), temperature_init, learn_temperature.
+                 text (BERT: size, dropout, pool "cls" or "mean"), temperature_init,
+                 learn_temperature.
   loss.*         impl ("plain": jit inserts the all-gathers; "shard_map"),
                  label_smoothing (ALIGN: 0.1), directions ("both": L_i2t + L_t2i,
                  ALIGN's; "image_retrieval": L_t2i only, TOnICS's L_IR).
@@ -108,6 +109,7 @@ def base_config(*, image_variant: str, text_size: str, embed_dim: int, image_siz
     c.model.image.dropout = image_dropout   # None: the EfficientNet table's rate
     c.model.text = ml_collections.ConfigDict({"size": text_size, "dropout": text_dropout})
     c.model.text.max_len = c.get_ref("max_text_len")
+    c.model.text.pool = "cls"               # ALIGN: the [CLS] token's final state
     c.model.temperature_init = 1.0          # ALIGN: learned, initialised at 1.0
     c.model.learn_temperature = True
 

@@ -59,6 +59,9 @@ class Bert(nn.Module):
       embed_dim: output size; ``None`` returns the [CLS] state unprojected.
       max_len: number of position embeddings (ALIGN: 64 tokens).
       dropout: hidden and attention dropout (BERT: 0.1).
+      pool: "cls" (ALIGN's: the [CLS] token's final state) or "mean" (the
+        mean final state over the non-padding tokens: every word reaches the
+        embedding from the first step, where [CLS] must first learn to attend).
       dtype: computation dtype (params stay float32).
     """
 
@@ -67,6 +70,7 @@ class Bert(nn.Module):
     embed_dim: Optional[int] = None
     max_len: int = 64
     dropout: float = 0.1
+    pool: str = "cls"
     dtype: Any = jnp.float32
 
     @nn.compact
@@ -86,8 +90,15 @@ class Bert(nn.Module):
             x = TransformerLayer(hidden, heads, self.dropout, self.dtype,
                                  name=f"layer{i}")(x, attention_mask, train)
 
-        cls = x[:, 0].astype(jnp.float32)
+        if self.pool == "cls":
+            pooled = x[:, 0].astype(jnp.float32)
+        elif self.pool == "mean":
+            weights = valid.astype(jnp.float32)[..., None]
+            pooled = jnp.sum(x.astype(jnp.float32) * weights, axis=1) / jnp.maximum(
+                jnp.sum(weights, axis=1), 1.0)
+        else:
+            raise ValueError(f"unknown text pooling {self.pool!r}: 'cls' or 'mean'")
         if self.embed_dim is not None:
-            cls = nn.Dense(self.embed_dim, kernel_init=_init, dtype=self.dtype,
-                           name="projection")(cls)
-        return cls
+            pooled = nn.Dense(self.embed_dim, kernel_init=_init, dtype=self.dtype,
+                              name="projection")(pooled)
+        return pooled

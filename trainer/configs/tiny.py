@@ -2,24 +2,32 @@ r"""Tiny ALIGN: a CPU demo that visibly learns retrieval on the sample corpus in
 
 A BERT text tower, L2-normalised embeddings, learned temperature and the
 in-batch softmax loss with label smoothing 0.1, as in the paper, scaled to
-2 CPU cores: a 2-layer BERT, 128-d embeddings, batch 128, 24 tokens (the
-sample's captions are at most 22), 400 steps at 64 px.
+2 CPU cores: a 2-layer BERT, 128-d embeddings, batch 64, 24 tokens (the
+sample's captions are at most 22), 800 steps at 64 px.
 
-What a 400-step run needs that a 1.2M-step one does not (the paper configs
+What a short CPU run needs that a 1.2M-step one does not (the paper configs
 keep the paper's values):
   * a plain 6-layer CNN image tower (``trainer.models.convnet``: 3x3 convs,
     32-32-64-64-128-128 channels, BatchNorm, ReLU) instead of EfficientNet:
     EfficientNet at width x0.5 / depth x0.25 (8-24 channels in its early
     layers) had barely started after 50 steps (held-out R@1 0.03 / 0.04;
     the CNN: 0.12 / 0.12) and ended at 0.29 / 0.31 after 400 (the CNN:
-    0.57 / 0.55, for the same ~10 CPU-min). kNN and zero-shot top-1 over
-    the sample's 8 shape classes stay low (0.26 / 0.23 at step 400);
+    0.57 / 0.55, for the same ~10 CPU-min);
+  * the text embedding is the mean of the token states (``text.pool``), not
+    the [CLS] state: every word reaches the loss from the first step (R@1
+    0.64 / 0.60 after 400 steps at batch 128, against 0.57 / 0.55);
+  * batch 64 for 800 steps rather than 128 for 400 (the same pairs seen,
+    twice the updates, ~8 CPU-min) and a random hue rotation of every
+    training image (``colour_augment``; the captions name colours, and
+    without it the model matches pairs by colour and background rather than
+    by shape): zero-shot top-1 0.36 over the sample's 8 shape classes
+    (0.28 without the two); kNN stays near 0.29;
   * temperature initialised at 0.07 (CLIP's init) and learned, not ALIGN's 1.0:
-    from 1.0 the logits span [-1, 1], the softmax over 128 pairs is nearly
+    from 1.0 the logits span [-1, 1], the softmax over the batch is nearly
     flat, and the temperature was still 0.19 after 400 steps;
-  * Adam at peak 2e-3 with 25 warmup steps, linear decay to 0 (``optim.name``):
+  * Adam at peak 2e-3 with 50 warmup steps, linear decay to 0 (``optim.name``):
     LAMB's per-layer trust ratio moved the few-channel layers too slowly
-    (5e-3 with 10 warmup steps learned slower still);
+    (4e-3 learned no better);
   * BatchNorm momentum 0.9: 0.99 averages over ~100 steps, so the eval
     statistics would lag the weights of a short run;
   * no horizontal flip (captions say "left of" / "right of"), and a mild
@@ -41,11 +49,13 @@ def get_config(arg=None):
     del arg
     config = base_config(
         image_variant="tiny", text_size="tiny", embed_dim=128, image_size=64,
-        max_text_len=24, batch_size=128, total_steps=400, peak_lr=2e-3,
-        warmup_steps=25, eval_every=100, log_every=25, checkpoint_every=100,
+        max_text_len=24, batch_size=64, total_steps=800, peak_lr=2e-3,
+        warmup_steps=50, eval_every=100, log_every=50, checkpoint_every=200,
         text_dropout=0.0, eval_batch_size=128)
     config.resize_size = 72
     config.flip_lr = False
+    config.colour_augment = "random_hue(1.0)"
+    config.model.text.pool = "mean"
     config.model.image = ml_collections.ConfigDict(
         {"tower": "convnet", "filters": (32, 32, 64, 64, 128, 128), "norm": "batch",
          "bn_momentum": 0.9})

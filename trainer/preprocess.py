@@ -188,11 +188,20 @@ def flip_lr(key="image"):
     return op
 
 
-def _with_probability(p, seed, apply, image):
-    """``apply(image, seed')`` with probability ``p`` (drawn from ``seed``), else ``image``."""
-    coin_seed, op_seed = tf.unstack(tf.random.experimental.stateless_split(seed, num=2))
-    coin = tf.random.stateless_uniform([], seed=coin_seed)
-    return tf.cond(coin < p, lambda: apply(image, op_seed), lambda: image)
+def _sometimes(name, p, apply, key):
+    """The op that replaces ``data[key]`` by ``apply(image, seed)`` with probability ``p``.
+
+    The coin and ``apply``'s seed both come from the example's seed stream.
+    """
+
+    def op(data):
+        coin_seed, op_seed = tf.unstack(tf.random.experimental.stateless_split(_split_rng(data, name), num=2))
+        coin = tf.random.stateless_uniform([], seed=coin_seed)
+        image = data[key]
+        data[key] = tf.cond(coin < p, lambda: apply(image, op_seed), lambda: image)
+        return data
+
+    return op
 
 
 @register("random_hue")
@@ -210,12 +219,7 @@ def random_hue(p=1.0, key="image"):
         delta = tf.random.stateless_uniform([], seed=seed, minval=-0.5, maxval=0.5)
         return tf.image.adjust_hue(image, delta)
 
-    def op(data):
-        seed = _split_rng(data, "random_hue")
-        data[key] = _with_probability(p, seed, rotate, data[key])
-        return data
-
-    return op
+    return _sometimes("random_hue", p, rotate, key)
 
 
 @register("random_grayscale")
@@ -226,12 +230,7 @@ def random_grayscale(p=0.5, key="image"):
         del seed
         return tf.image.grayscale_to_rgb(tf.image.rgb_to_grayscale(image))
 
-    def op(data):
-        seed = _split_rng(data, "random_grayscale")
-        data[key] = _with_probability(p, seed, grey, data[key])
-        return data
-
-    return op
+    return _sometimes("random_grayscale", p, grey, key)
 
 
 @register("value_range")

@@ -190,10 +190,11 @@ def downscale(rgb: Image.Image, max_side: int) -> Image.Image:
     one output pixel, are dropped so that every block is whole), then PIL's
     antialiased bicubic kernel, applied as a separable filter by OpenCV and
     sampled bilinearly at the output pixels' centres. Why not PIL itself: its
-    resampler is unvectorised, ~5 CPU-ms for an 800x600 picture to 512 px
-    against ~2 ms here, the largest per-record cost of a build; the two
-    differ by 40-50 dB PSNR on photographs (benchmarks/RESULTS.md, "The
-    stored picture's downscale").
+    resampler is unvectorised, 6.3 CPU-ms per 400-800 px picture to 512 px
+    against 1.7 ms here, the largest per-record cost of a build; the two
+    differ by 55 dB PSNR on those pictures and by more than 40 dB on
+    photograph-like ones with sharp edges (benchmarks/RESULTS.md, "The
+    stored picture's downscale"; tests/filters/test_image.py).
     """
     import cv2
 

@@ -1,8 +1,9 @@
 """A content spec (drawn scene or photo crop) -> its pixels and its alt-texts.
 
 Alt-texts are worded from the spec by templates (``describe``), so they say
-what is in the picture ("two red circles above a blue square on a white
-background") in varied phrasing, like alt-texts written by many people.
+what is in the picture ("two circles above a square", now and then "two red
+circles above a blue square on a white background") in varied phrasing, like
+alt-texts written by many people.
 The wording is drawn from its own generator: the same picture can be
 re-worded without being redrawn.
 """
@@ -28,29 +29,45 @@ def render(spec: dict, size: Optional[Tuple[int, int]] = None) -> Image.Image:
     raise ValueError(f"unknown content kind {spec['kind']!r}")
 
 
+# How often an alt-text names each group's colour (first, second group) and
+# the background. Mostly shape and count: with a colour in 88% of them and a
+# background in half, the demo's small model told pairs apart by colour and
+# background and hardly learnt shape (kNN 0.30 over the 8 shapes; 0.69 with
+# these shares; RESULTS "Tiny demo").
+COLOUR_NAMED = (0.15, 0.15)
+BACKGROUND_NAMED = 0.1
+
 SINGLE_TEMPLATES = (
+    "clip art of {g1}",
+    "a drawing of {g1}",
+    "a simple drawing of {g1}",
+    "an illustration of {g1}",
+    "{g1}",
+    "{g1} {pos}",
+    "a drawing of {g1} {pos}",
+    "clip art of {g1} {pos}",
+)
+SINGLE_TEMPLATES_BACKGROUND = (
     "{g1} on a {bg} background",
     "{g1} on a plain {bg} background",
     "{g1} against a {bg} backdrop",
     "a drawing of {g1} on a {bg} background",
     "illustration of {g1} on a {bg} background",
-    "clip art of {g1}",
-    "a drawing of {g1}",
-    "{g1}",
-    "{g1} {pos}",
-    "a drawing of {g1} {pos}",
     "{g1} {pos} on a {bg} background",
 )
 PAIR_TEMPLATES = (
     "{g1} {rel} {g2}",
-    "{g1} {rel} {g2} on a {bg} background",
-    "{g1} {rel} {g2} on a plain {bg} background",
     "a drawing of {g1} {rel} {g2}",
     "illustration of {g1} {rel} {g2}",
-    "{g1} and {g2} on a {bg} background",
     "clip art of {g1} and {g2}",
+    "a drawing of {g1} and {g2}",
     "simple shapes: {g1} {rel} {g2}",
     "flat illustration showing {g1} {rel} {g2}",
+)
+PAIR_TEMPLATES_BACKGROUND = (
+    "{g1} {rel} {g2} on a {bg} background",
+    "{g1} {rel} {g2} on a plain {bg} background",
+    "{g1} and {g2} on a {bg} background",
     "clip art illustration showing {g1} placed just {rel} {g2} on a plain {bg} background",
 )
 
@@ -93,15 +110,16 @@ def describe_scene(spec: dict, rng: np.random.Generator) -> str:
     span = min(spec["size"])
     g1_radius = groups[0]["items"][0][2] / span
     size1 = pick(rng, ["large", "big"]) if g1_radius > 0.2 and rng.random() < 0.3 else None
-    g1 = _group_phrase(rng, groups[0], size1, colour=rng.random() < 0.88)
+    g1 = _group_phrase(rng, groups[0], size1, colour=rng.random() < COLOUR_NAMED[0])
     values = {"g1": g1, "bg": spec["background"], "pos": _position_phrase(spec)}
     if len(groups) > 1:
         size2 = pick(rng, ["small", "little"]) if rng.random() < 0.3 else None
-        values["g2"] = _group_phrase(rng, groups[1], size2, colour=rng.random() < 0.8)
+        values["g2"] = _group_phrase(rng, groups[1], size2, colour=rng.random() < COLOUR_NAMED[1])
         values["rel"] = pick(rng, RELATIONS[spec["relation"]])
-        templates = PAIR_TEMPLATES
+        templates = PAIR_TEMPLATES_BACKGROUND if rng.random() < BACKGROUND_NAMED else PAIR_TEMPLATES
     else:
-        templates = [t for t in SINGLE_TEMPLATES if values["pos"] or "{pos}" not in t]
+        templates = SINGLE_TEMPLATES_BACKGROUND if rng.random() < BACKGROUND_NAMED else SINGLE_TEMPLATES
+        templates = [t for t in templates if values["pos"] or "{pos}" not in t]
     text = pick(rng, templates).format(**values)
     if rng.random() < 0.25:
         text = text[0].upper() + text[1:]

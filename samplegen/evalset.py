@@ -30,6 +30,7 @@ def eval_specs(seed: int) -> List[Tuple[str, str, int, dict]]:
             for index in range(per_class):
                 rng = seeded(seed, STREAM_EVAL, split_id, class_id, index)
                 side = int(rng.integers(*EVAL_SIZES))
-                spec = draw_content(rng, size=(side, side), photo_share=0, dominant=label, second_group=0.3)
+                spec = draw_content(rng, size=(side, side), photo_share=0, dominant=label, second_group=0.3,
+                                    second_fewer=True)
                 specs.append((split, label, index, spec))
     return specs

@@ -133,11 +133,14 @@ def sample_scene(
     colour: Optional[str] = None,
     background: Optional[str] = None,
     count: Optional[int] = None,
+    second_fewer: bool = False,
 ) -> Optional[dict]:
     """A scene spec for a ``size`` canvas; None if the layout did not fit.
 
     ``dominant``, ``colour``, ``count`` fix the first group; ``background``
-    the background; ``grey`` keeps to black, white and greys.
+    the background; ``grey`` keeps to black, white and greys;
+    ``second_fewer`` never lets the second group outnumber the first (a
+    labelled picture then shows its class most).
     """
     width, height = size
     backgrounds = GREY_BACKGROUNDS if grey else tuple(BACKGROUNDS)
@@ -152,7 +155,10 @@ def sample_scene(
     if rng.random() < second_group:
         shape2 = pick(rng, [s for s in SHAPES if s != shape1])
         colour2 = _pick_colour(rng, background, colours)
-        groups.append({"shape": shape2, "colour": colour2, "count": pick(rng, [1, 1, 2, 2, 3])})
+        counts2 = [1, 1, 2, 2, 3]
+        if second_fewer:
+            counts2 = [min(c, count1) for c in counts2]
+        groups.append({"shape": shape2, "colour": colour2, "count": pick(rng, counts2)})
         aspect = width / height
         if aspect > 1.6:
             relation = pick(rng, ["left of", "right of"])

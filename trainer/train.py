@@ -25,6 +25,9 @@ of the device, so the stop comes within about two steps' time), saves that
 step's checkpoint and returns with
 ``preempted=True``; the command line then exits with status 75
 (``EXIT_PREEMPTED``: "preempted, resume me"), 0 when the run is complete.
+The command line handles SIGTERM from its start: one that comes during
+start-up (distributed initialisation, restore, compilation) stops the run
+after its first step.
 
 Several hosts: run the command line in every process with
 ``--coordinator_address=HOST0:PORT --num_processes=N --process_id=I`` (or call
@@ -39,6 +42,7 @@ an error naming the step, and the last checkpoint stays the last good one.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -94,13 +98,18 @@ def _say(message: str) -> None:
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
-                       after_step: Optional[Callable[[int], None]] = None) -> dict:
+                       after_step: Optional[Callable[[int], None]] = None,
+                       sigterm: Optional["_StopOnSigterm"] = None) -> dict:
     """Trains (or resumes) ``config`` in ``workdir``; returns the final metrics.
 
     The result holds ``step``, the last train metrics (``train/...``), the
     last result of every evaluator (``<eval name>/...``) and ``preempted``.
     ``after_step(step)``, if given, is called on the host after every step's
     dispatch, before the loop's checks (a preemption test sends SIGTERM there).
+    ``sigterm``: a ``_StopOnSigterm`` the caller has already entered (the
+    command line does so first thing, so that a SIGTERM during start-up and
+    compilation stops the run after its first step instead of killing it);
+    without one, SIGTERM is handled from the loop on.
     """
     # Imported here: TensorFlow is heavy and only the run itself needs it
     # (``trainer.checkpoint`` imports helpers from this module).
@@ -330,7 +339,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     timer = _Progress(config.total_steps, config.batch_size)
     loop_start = time.time()
     try:
-        with _StopOnSigterm() as stop:
+        with contextlib.nullcontext(sigterm) if sigterm is not None else _StopOnSigterm() as stop:
             for step in range(start_step + 1, config.total_steps + 1):
                 node = "root" if tonics is None else tonics.choose(step)
                 if node == "root":
@@ -557,18 +566,30 @@ def main(argv):
     the multi-process flags) this is one process of a multi-process job:
     process ``i > 0`` logs to ``train.process<i>.log``.
     """
-    global _CONSOLE
     del argv
     if _WORKDIR.value is None:
         raise app.UsageError("--workdir is required")
+    # First thing: a SIGTERM during start-up (distributed initialisation, data,
+    # compilation: minutes on a big job) stops the run at its first step, with
+    # a checkpoint and exit status 75, instead of killing this host while the
+    # others wait for it.
+    with _StopOnSigterm() as sigterm:
+        _run_command_line(_WORKDIR.value, sigterm)
+
+
+def _run_command_line(workdir: str, sigterm: "_StopOnSigterm") -> None:
+    global _CONSOLE
     from common.corpus_dir import IncompleteCorpus
 
-    workdir = _WORKDIR.value
     process = 0
     multi_process_flags = (_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
     if any(flag is not None for flag in multi_process_flags) and not jax.distributed.is_initialized():
         # Before any other JAX call: the backend is created with the job's devices.
         # Flags left unset are detected where JAX can (Cloud TPU, SLURM, ...).
+        # JAX's preemption service is off: its SIGTERM notifier would replace
+        # this process's handler (installed above), and the run has its own
+        # sync point (``_StopOnSigterm.agreed``).
+        jax.config.update("jax_enable_preemption_service", False)
         jax.distributed.initialize(coordinator_address=_COORDINATOR.value,
                                    num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)
     if jax.distributed.is_initialized():
@@ -589,7 +610,7 @@ def main(argv):
         _CONSOLE = console
         print(f"training {workdir} (log: {log_path})", file=console, flush=True)
         try:
-            final = train_and_evaluate(_CONFIG.value, workdir)
+            final = train_and_evaluate(_CONFIG.value, workdir, sigterm=sigterm)
             summary = {k: v for k, v in final.items() if not k.startswith("train/") or k == "train/loss"}
             logging.info("final: %s", json.dumps(summary, sort_keys=True))
             print(f"{'preempted' if final['preempted'] else 'done'} at step {final['step']}; "

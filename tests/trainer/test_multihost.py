@@ -62,8 +62,8 @@ DRIVER = textwrap.dedent(
         if stage == "preempt" and jax.process_index() == 1 and step == %(stop_after)d:
             os.kill(os.getpid(), signal.SIGTERM)   # the real signal, to this process only
 
-    def recorded(config, workdir):
-        finals[stage] = run_train(config, workdir, after_step=after_step)
+    def recorded(config, workdir, **kwargs):
+        finals[stage] = run_train(config, workdir, after_step=after_step, **kwargs)
         return finals[stage]
 
     def report(status):

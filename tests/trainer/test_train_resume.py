@@ -9,6 +9,8 @@ cache is shared by the runs, so the train step compiles once.
 import json
 import os
 import signal
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -19,6 +21,7 @@ from trainer.configs import tiny
 
 TOTAL_STEPS = 4
 STOP_AFTER = 2
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +114,31 @@ def test_sigterm_then_resume_equals_uninterrupted(uninterrupted, tiny_corpus, ca
     for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(want), jax.tree.leaves(got)):
         np.testing.assert_array_equal(np.asarray(b), np.asarray(a),  # bitwise
                                       err_msg=jax.tree_util.keystr(path))
+
+
+def test_sigterm_during_start_up_stops_the_command_line_at_its_first_step(tiny_corpus, cache_dir, tmp_path):
+    """The command line handles SIGTERM from its first line on: a preemption that comes
+    while it imports, restores and compiles (minutes on a big job) stops the run after
+    step 1 with a checkpoint and exit status 75; it must not kill the host outright."""
+    workdir = str(tmp_path / "run")
+    config = small_config(tiny_corpus, cache_dir)
+    overrides = [f"--config.{k}={config[k]}" for k in (
+        "data_dir", "total_steps", "batch_size", "image_size", "max_text_len", "compilation_cache_dir")]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainer.train", "--config", "trainer/configs/tiny.py", "--workdir", workdir,
+         *overrides], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    try:
+        first = proc.stdout.readline()   # printed before TensorFlow is imported or anything compiles
+        assert first.startswith("training "), first
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == train.EXIT_PREEMPTED, (proc.returncode, out, err)
+    assert "preempted at step 1" in out and err == ""
+    assert os.listdir(os.path.join(workdir, "checkpoints")) == ["1"]
 
 
 def test_load_image_encoder(uninterrupted):

@@ -17,7 +17,7 @@ keep the paper's values):
     the [CLS] state: every word reaches the loss from the first step (R@1
     0.64 / 0.60 after 400 steps at batch 128, against 0.57 / 0.55);
   * batch 64 for 1200 steps rather than 128 for 400 (more, smaller
-    updates; ~10 CPU-min) and a random hue rotation of every training image
+    updates; ~12 CPU-min) and a random hue rotation of every training image
     (``colour_augment``): kNN top-1 0.69 and zero-shot 0.54 over the
     sample's 8 shape classes after 1200 steps; without the rotation 0.51 and
     0.59 (the image embedding then keeps colour, which the nearest

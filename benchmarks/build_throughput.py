@@ -47,6 +47,7 @@ import pyarrow.parquet as pq
 from PIL import Image
 
 from benchmarks import record
+from benchmarks.image_work import hamming
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMAGE_COLUMNS = ("jpg", "image", "img", "png", "webp")
@@ -178,7 +179,7 @@ def per_record_steps(files, limit: int = 1500) -> dict:
 
     drafted = timed("DCT-scaled decode + pHash (not used by the build)", lambda item: _safe(drafted_phash, item),
                     decoded)
-    distances = [bin(int(a, 16) ^ int(b, 16)).count("1") for a, b in zip(exact, [d for d in drafted if d])]
+    distances = [hamming(a, b) for a, b in zip(exact, [d for d in drafted if d])]
     steps["pHash Hamming distance, DCT-scaled vs full decode"] = {
         str(d): distances.count(d) for d in sorted(set(distances))}
     texts = timed("text rules", lambda r: text_rules.normalize_text(r[1] or ""), rows)

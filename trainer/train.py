@@ -638,5 +638,6 @@ def _run_command_line(workdir: str, sigterm: "_StopOnSigterm") -> None:
 
 
 if __name__ == "__main__":
-    flags.mark_flags_as_required(["config"])
+    # Checked as flags are parsed: a missing one is a one-line error, not the usage text.
+    flags.mark_flags_as_required(["config", "workdir"])
     app.run(main)

@@ -141,6 +141,18 @@ def test_sigterm_during_start_up_stops_the_command_line_at_its_first_step(tiny_c
     assert os.listdir(os.path.join(workdir, "checkpoints")) == ["1"]
 
 
+@pytest.mark.parametrize("missing", ["--config", "--workdir"])
+def test_a_missing_flag_is_a_short_error(missing, tmp_path):
+    args = {"--config": "trainer/configs/tiny.py", "--workdir": str(tmp_path / "run")}
+    del args[missing]
+    done = subprocess.run([sys.executable, "-m", "trainer.train", *[f"{k}={v}" for k, v in args.items()]],
+                          cwd=ROOT, capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert done.returncode != 0 and done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) <= 2 and f"{missing}=None" in lines[0], done.stderr  # not the 50-line usage text
+    assert not os.path.exists(tmp_path / "run")
+
+
 def test_load_image_encoder(uninterrupted):
     workdir, _ = uninterrupted
     encode, image_size = checkpoint.load_image_encoder(workdir)

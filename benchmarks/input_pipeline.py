@@ -31,7 +31,7 @@ from PIL import Image
 from common import schema
 from benchmarks import record
 from pipeline import tfrecord
-from pipeline.write import write_contiguous_shards
+from pipeline.shards import write_contiguous_shards
 
 #: name -> (image_size, resize_size)
 CONFIGS = {"tiny": (64, 72), "b3": (289, 346)}

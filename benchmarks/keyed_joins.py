@@ -224,7 +224,7 @@ def run_one(search: str, data_dir: str, out_dir: str, threshold: float, workers:
     from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
     from dedup.transforms import RemoveNearDuplicates
-    from pipeline.eval_index import ReadIndexRows
+    from pipeline.eval_index import load_index_rows
 
     shards = sorted(
         os.path.join(data_dir, "corpus", name)
@@ -237,7 +237,8 @@ def run_one(search: str, data_dir: str, out_dir: str, threshold: float, workers:
     options = PipelineOptions(direct_num_workers=workers, direct_running_mode="multi_processing")
     p = beam.Pipeline(runner=FnApiRunner(), options=options)
     corpus = p | "CorpusShards" >> beam.Create(shards) | "LoadCorpus" >> beam.FlatMap(load_shard)
-    index = p | "ReadEvalIndex" >> ReadIndexRows(os.path.join(data_dir, "index"))
+    index = p | "IndexDirectory" >> beam.Create([os.path.join(data_dir, "index")]) | "LoadIndexRows" >> beam.Map(
+        load_index_rows)
     found = corpus | "RemoveNearDuplicates" >> RemoveNearDuplicates(index, threshold, search=search)
     _ = found["rejected"] | "RejectedKey" >> beam.MapTuple(lambda key, reason: key) | "WriteRejected" >> beam.io.WriteToText(
         os.path.join(out_dir, "rejected")

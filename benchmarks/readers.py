@@ -31,7 +31,7 @@ from PIL import Image
 
 from common.schema import Candidate, make_key
 from benchmarks import record
-from pipeline import readers, tfrecord, write
+from pipeline import readers, shards, tfrecord
 from pipeline.readers.rows import Columns
 
 
@@ -89,7 +89,7 @@ def write_formats(rows, directory: str) -> dict:
             text=r["caption"], width=640, height=480, stored_width=256, stored_height=256,
             sha256=r["sha256"], phash="0" * 16, carried=(("key", r["key"]),),
         )
-        examples.append(write.to_example(candidate, ("key",)))
+        examples.append(shards.to_example(candidate, ("key",)))
     paths["tfrecord"] = os.path.join(directory, "corpus-train.tfrecord-00000-of-00001")
     with open(paths["tfrecord"], "wb") as f:
         tfrecord.write_records(f, examples)

@@ -4,8 +4,9 @@
 
 Measures, on the JPEG/PNG bytes of a generated sample (``samplegen``):
 - header-only checks (``read_header`` + ``check_header``) records/s,
-- the full per-record pass (``filter_record``: header, text, full decode,
-  pHash, re-encode when needed) records/s,
+- the first pass's per-record work (``judge_record``: header, text, the
+  reduced decode, sha256 and pHash) records/s, and the second pass's stored
+  picture (``stored_picture``: the source JPEG as is, or a re-encode),
 - with ``--build``: the whole Beam job on the sample, in-process and with two
   worker processes, records/s (input rows / wall time, including start-up).
 Medians over ``--repeats`` runs; one core for the pure functions. Writes
@@ -28,7 +29,7 @@ from common.schema import Candidate, make_key
 from benchmarks import record
 from filters import image as image_rules
 from filters.presets import get_preset
-from filters.record import filter_record
+from filters.record import judge_record
 
 
 def load_candidates(sample_dir: str, limit: int):
@@ -77,10 +78,17 @@ def main():
 
     def full():
         for c in candidates:
-            filter_record(c, preset)
+            judge_record(c, preset)
+
+    def stored():
+        for c in candidates:
+            header, reason = image_rules.read_header(c.image, preset)
+            if header:
+                image_rules.stored_picture(c.image, header, preset)
 
     results = {"records": n, "loadavg_before": os.getloadavg()[0]}
-    for name, fn, repeats in [("header_only", headers, args.repeats), ("full_per_record", full, max(1, args.repeats // 2))]:
+    for name, fn, repeats in [("header_only", headers, args.repeats), ("full_per_record", full, max(1, args.repeats // 2)),
+                              ("stored_picture", stored, max(1, args.repeats // 2))]:
         wall, cpu = time_it(fn, repeats)
         results[f"{name}_records_per_s"] = n / wall
         results[f"{name}_records_per_cpu_s"] = n / cpu

@@ -1,4 +1,4 @@
-"""Hot keys at scale: per-worker peak memory as one key grows (issue 14's worst cases).
+"""Hot keys at scale: per-worker peak memory as one key grows (the corpus stages' worst cases).
 
     python -m benchmarks.scale --cases pair,text,image --total 1000000 --rows 100000,1000000
     python -m benchmarks.scale --cases kmeans --total 1000000 --rows 1000000
@@ -10,8 +10,8 @@ rest have keys of their own: the input size stays the same while the hot key
 grows, so a step that holds a key's values in one list shows up as growth
 (this runner hands each worker half of a stage's input as one bundle and
 buffers it, so worker memory also follows the total, whatever the keys).
-The rows are made on the workers (the job graph stays small); images are
-16 bytes:
+The rows are made on the workers (the job graph stays small); they are
+light rows, as the corpus stages see them:
 
 - ``text``: one alt-text on the hot rows, each its own image; the other rows
   each their own alt-text and image -> ``filters.frequency.ApplyCorpusFilters``
@@ -29,8 +29,8 @@ The rows are made on the workers (the job graph stays small); images are
 Per run: wall and CPU seconds (driver plus reaped workers), the peak
 resident size (``VmHWM``) of each SDK worker process and of the driver (the
 runner's in-memory shuffle lives there), and the outcome counted in the job.
-``--tree DIR`` runs the same harness against another checkout (e.g. the
-commit before issue 14) for comparison.
+``--tree DIR`` runs the same harness against another checkout (e.g. an
+earlier commit) for comparison.
 """
 
 from __future__ import annotations
@@ -69,14 +69,14 @@ def _ordinary_rows(span):
 
 
 def _pair_records(span, hot: bool = True):
-    from common.schema import Candidate, make_key
+    from common.schema import make_key
+    from pipeline.stage_rows import LightRow
 
     start, end = span
     for i in range(start, end):
         url, text = ("https://example.com/logo.png", "company logo") if hot else (f"https://e.x/{i}.png", f"pair {i}")
-        image = bytes([i % 16]) * 16
-        yield Candidate(key=make_key(url, text), url=url, alt_text=text, image=image, sha256=f"sha{i % 16}",
-                        width=32, height=32, format="PNG", text=text, source=(("page", str(i)),))
+        yield LightRow(make_key(url, text), url, text, "", True, f"sha{i % 16}", "", 32, 32, "PNG",
+                       f"page-{i // 1000}.parquet", "parquet", i % 1000, "", "", "")
 
 
 def _embedded_rows(span):
@@ -87,12 +87,6 @@ def _embedded_rows(span):
     vectors = rng.standard_normal((end - start, 64)).astype(np.float32)
     for i, vector in zip(range(start, end), vectors):
         yield f"e{i:08d}", vector
-
-
-def _light(record):
-    from pipeline.stage_rows import light_row
-
-    return light_row(record)
 
 
 def build_case(p, case: str, rows: int, total: int):
@@ -120,7 +114,7 @@ def build_case(p, case: str, rows: int, total: int):
             others | "Distinct" >> beam.FlatMap(_pair_records, hot=False).with_output_types(typing.Any),
         ) | "Records" >> beam.Flatten()
         no_verdicts = p | "NoVerdicts" >> beam.Create([])
-        light = (records | "Light" >> beam.Map(_light), no_verdicts) | "DropKeys" >> DropKeys(lambda row: row.key)
+        light = (records, no_verdicts) | "DropKeys" >> DropKeys(lambda row: row.key)
         joined = (records, no_verdicts) | "JoinVerdicts" >> JoinVerdicts()
         return (
             (light | "LightKept" >> beam.Map(lambda _: "light_kept"),

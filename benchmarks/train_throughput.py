@@ -46,7 +46,8 @@ def write_synthetic_corpus(data_dir: str, num_pairs: int, image_px: int) -> None
 
     from common import schema
     from pipeline import tfrecord
-    from pipeline.write import write_contiguous_shards, write_tfds_metadata
+    from pipeline.shards import write_contiguous_shards
+    from pipeline.write import write_tfds_metadata
     from trainer.vocab import build_vocab
 
     os.makedirs(data_dir, exist_ok=True)

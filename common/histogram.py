@@ -16,6 +16,11 @@ from typing import List
 import apache_beam as beam
 
 
+def bin_index(edges: List[float], value) -> int:
+    """The bin of ``value``: ``edges[i] <= value < edges[i+1]``; below ``edges[0]`` is the first bin."""
+    return max(0, bisect.bisect_right(edges, value) - 1)
+
+
 class HistogramFn(beam.CombineFn):
     """Counts values into fixed bins; a tiny, mergeable accumulator."""
 
@@ -26,8 +31,7 @@ class HistogramFn(beam.CombineFn):
         return [0] * len(self.edges)
 
     def add_input(self, counts, value):
-        index = max(0, bisect.bisect_right(self.edges, value) - 1)
-        counts[index] += 1
+        counts[bin_index(self.edges, value)] += 1
         return counts
 
     def merge_accumulators(self, accumulators):

@@ -66,11 +66,15 @@ class Candidate:
     stored_width: int = 0             # of ``image`` once it holds the bytes to store
     stored_height: int = 0
     sha256: str = ""
-    phash: str = ""                   # 16 hex digits (64-bit perceptual hash)
+    phash: str = ""                   # 16 hex digits: the reduced picture's pHash (see FEATURES)
     # Filled by the optional TOnICS tagging stage (filters.concepts): the
     # ontology classes the alt-text names; None when the stage is off (the
     # shards then have no ``concepts`` feature).
     concepts: Optional[tuple] = None
+    # Where the image bytes can be read again when they do not come from the
+    # input file itself: ``(reader, path, ordinal)`` of a download's staging
+    # file (``pipeline.download.staging``); () otherwise.
+    origin: tuple = ()
 
     def replace(self, **changes) -> "Candidate":
         return dataclasses.replace(self, **changes)
@@ -93,7 +97,8 @@ FEATURES = {
     "original_width": ("scalar", "int64", "width of the source image"),
     "original_height": ("scalar", "int64", "height of the source image"),
     "sha256": ("text", "string", "sha256 of the source image bytes (hex)"),
-    "phash": ("text", "string", "64-bit perceptual hash of the source image (hex)"),
+    "phash": ("text", "string", "64-bit perceptual hash (hex, imagehash's pHash) of the source picture, upright, "
+                                "reduced by DCT scaling to no less than 64 px a side"),
 }
 
 SPLITS = ("train", "validation")

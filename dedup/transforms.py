@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from typing import Dict, Iterable, Optional, Tuple
+from typing import Dict, Iterable, Optional, Sequence, Tuple
 
 import apache_beam as beam
 import numpy as np
@@ -330,26 +330,59 @@ class _MatchBatchesFn(beam.DoFn):
         if not batch:
             return
         self.images.inc(len(batch))
-        if index.empty:
-            return
         keys, vectors = stack_batch(batch)
-        if vectors.shape[1] != index.rows.vectors.shape[1]:
-            raise ValueError(f"corpus embeddings have dimension {vectors.shape[1]}, index {index.rows.vectors.shape[1]}")
-        query_rows, index_rows, cosines, compared = index.match(vectors)
-        self.compared.inc(int(compared))
-        if len(query_rows) == 0:
-            return
-        self.matched.inc(len(query_rows))
-        per_query: Dict[int, list] = {}
-        for q, r, c in zip(query_rows.tolist(), index_rows.tolist(), cosines.tolist()):
-            per_query.setdefault(q, []).append((index.rows.row_key(r), c))
-        for q in sorted(per_query):
-            records, reason = reduce_matches(keys[q], per_query[q])
-            for record in records:
-                yield beam.pvalue.TaggedOutput(PAIRS, record)
+        found = match_batch(index, keys, vectors)
+        self.compared.inc(found.compared)
+        self.matched.inc(found.matched)
+        for record in found.pairs:
+            yield beam.pvalue.TaggedOutput(PAIRS, record)
+        for q, reason in found.rejected:
+            key = keys[q]
             self.rejected.inc()
             Metrics.counter(METRICS_NAMESPACE, f"{reason}/rejected").inc()
-            yield beam.pvalue.TaggedOutput(REJECTED, (keys[q], reason))
+            yield beam.pvalue.TaggedOutput(REJECTED, (key, reason))
+
+
+@dataclasses.dataclass(frozen=True)
+class Matches:
+    """What ``match_batch`` found: pair records, ``(query row, reason)`` per matched row, and the work done."""
+
+    pairs: list
+    rejected: list
+    compared: int
+    matched: int
+
+
+def match_batch(index: ClusteredIndex, keys: Sequence[str], vectors: np.ndarray) -> Matches:
+    """Unit corpus vectors against the evaluation index: the pair records and one reason per matched key."""
+    if index.empty or not len(keys):
+        return Matches([], [], 0, 0)
+    if vectors.shape[1] != index.rows.vectors.shape[1]:
+        raise ValueError(f"corpus embeddings have dimension {vectors.shape[1]}, index {index.rows.vectors.shape[1]}")
+    query_rows, index_rows, cosines, compared = index.match(vectors)
+    per_query: Dict[int, list] = {}
+    for q, r, c in zip(query_rows.tolist(), index_rows.tolist(), cosines.tolist()):
+        per_query.setdefault(q, []).append((index.rows.row_key(r), c))
+    pairs, rejected = [], []
+    for q in sorted(per_query):
+        records, reason = reduce_matches(keys[q], per_query[q])
+        pairs += records
+        rejected.append((q, reason))
+    return Matches(pairs, rejected, int(compared), len(query_rows))
+
+
+def index_centroids(rows: IndexRows, options: "SearchOptions") -> np.ndarray:
+    """k-means centroids trained on the evaluation index itself, for matching corpus images as they are read.
+
+    ALIGN trains its 4K clusters on the embedding model's own training images,
+    not on the corpus it filters; here they come from the index, which the
+    launcher has before the job starts. Exact search finds every pair above
+    the threshold whatever the centroids; they set its speed.
+    """
+    sample = [kmeans_lib.sample_element(f"{s}/{k}/{v}", vector, options.seed)
+              for (s, k, v), vector in zip(map(rows.row_key, range(len(rows))), rows.vectors)]
+    return kmeans_lib.train_from_sample(sample, options.num_clusters, options.kmeans_niter, options.seed,
+                                        options.merge_cosine, dim=rows.vectors.shape[1] if len(rows) else 0)
 
 
 # ---------------------------------------------------------------------------
@@ -365,7 +398,7 @@ class RemoveNearDuplicates(beam.PTransform):
         ``set_names``, ``variants`` of length M), or a PCollection holding one
         such object. Prefer the PCollection for real runs: an object is put in
         the job graph (``beam.Create``), and Dataflow rejects graphs over
-        10 MB; ``pipeline.eval_index.ReadIndexRows`` loads it from files
+        10 MB; ``pipeline.eval_index.load_index_rows`` reads it from files
         on a worker.
       threshold, and keyword options: ``SearchOptions`` (``search="exact"``
         by default).

@@ -25,7 +25,9 @@ judged. The three counts are independent of each other: a row rejected by
 
 Identities. An *image* is the sha256 of its bytes (``image_identity=
 "sha256"``, default: never pools two different images) or its 64-bit
-perceptual hash (``"phash"``: also pools re-encoded or resized copies of one
+perceptual hash (``"phash"``: the pHash of the picture reduced by DCT
+scaling, ``filters.image.identify``; two rows are one image when their
+hashes are equal, which pools most re-encoded or resized copies of one
 picture, but also different flat-colour or text images; measured in
 benchmarks/RESULTS.md); a row without that hash falls back to its sha256,
 then to its own key (an image of its own). An *alt-text* is

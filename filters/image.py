@@ -1,11 +1,12 @@
-"""Per-record image rules, cheap first.
+"""Per-record image rules, cheap first, and the picture a shard stores.
 
 ``read_header`` parses only the header (PIL opens lazily: size, format and
 EXIF orientation without decoding pixels), so the size/aspect/format rules
-cost microseconds. ``decode_image`` does the one full decode a surviving
-image gets: it catches truncated or corrupt data, computes the image's
-identity (sha256 of the bytes, 64-bit pHash) and produces the bytes that
-will be stored (re-encoded only when needed).
+cost microseconds. ``identify`` is the build's one decode in its first pass:
+a reduced decode that catches truncated or corrupt data and gives the
+image's identity (sha256 of the bytes, 64-bit pHash of the reduced picture).
+``stored_picture`` is the second pass's: the bytes a kept record is written
+with (the source JPEG as it came, or a re-encode, downscaled if large).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class Header:
     width: int  # after EXIF orientation
     height: int
     orientation: int
+    mode: str = ""  # the stored pixels' mode (RGB, L, CMYK, P, ...)
 
 
 def read_header(data: bytes, preset) -> Tuple[Optional[Header], Optional[str]]:
@@ -42,6 +44,7 @@ def read_header(data: bytes, preset) -> Tuple[Optional[Header], Optional[str]]:
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with open_image(data) as img:
                 fmt = img.format or ""
+                mode = img.mode
                 width, height = img.size
                 orientation = 1
                 if fmt in ("JPEG", "MPO", "TIFF", "WEBP", "PNG"):
@@ -55,7 +58,7 @@ def read_header(data: bytes, preset) -> Tuple[Optional[Header], Optional[str]]:
     if not keeps(preset, "max_pixels", width * height):
         return None, stages.reason("image_header", "decompression_bomb")
     width, height = upright_size((width, height), orientation)
-    return Header(fmt, width, height, orientation), None
+    return Header(fmt, width, height, orientation, mode), None
 
 
 # MPO (CIPA multi-picture format, as cameras write) is a JPEG whose first
@@ -80,15 +83,6 @@ def check_header(header: Header, preset) -> Optional[str]:
     if not keeps(preset, "max_aspect_ratio", longer / shorter):
         return stages.reason("image_aspect", "too_elongated")
     return None
-
-
-@dataclasses.dataclass(frozen=True)
-class Decoded:
-    image: bytes  # what gets stored: the source JPEG or a re-encode
-    width: int
-    height: int
-    sha256: str
-    phash: str
 
 
 class UnsupportedMode(ValueError):
@@ -138,22 +132,82 @@ def to_rgb(img: Image.Image) -> Image.Image:
         raise UnsupportedMode(f"{img.mode}: {error}") from error
 
 
-def perceptual_hash(img: Image.Image) -> str:
-    import imagehash
+#: The pHash is taken of the picture reduced to no less than this many pixels a
+#: side (libjpeg's DCT scaling for JPEG, as PIL's ``thumbnail`` does); the
+#: hash itself resizes to 32x32, so the reduction changes few of its 64 bits.
+REDUCED_SIDE = 64
+JPEG_FAMILY = ("JPEG", "MPO")
 
-    return str(imagehash.phash(img))
+
+def perceptual_hash(img: Image.Image, box=None) -> str:
+    """imagehash's 64-bit pHash (greyscale, Lanczos to 32x32, DCT, 8x8 above the median), as hex.
+
+    ``box`` (the region of ``img`` that holds the picture, as ``Image.draft``
+    reports it) keeps a reduced decode's padding out of the hash.
+    """
+    from scipy.fftpack import dct
+
+    small = img.convert("L").resize((32, 32), Image.Resampling.LANCZOS, box=box)
+    pixels = np.asarray(small, np.float64)
+    low = dct(dct(pixels, axis=0), axis=1)[:8, :8]
+    bits = (low > np.median(low)).flatten()
+    return f"{int(''.join('1' if b else '0' for b in bits), 2):016x}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Identity:
+    sha256: str  # of the bytes as read
+    phash: str   # of the reduced picture (``perceptual_hash``)
+
+
+def identify(data: bytes, header: Header) -> Tuple[Optional[Identity], Optional[str]]:
+    """The one decode the first pass gives a picture: ``(identity, None)`` or ``(None, image_decode/...)``.
+
+    JPEGs decode at 1/2, 1/4 or 1/8 scale to luma, never below
+    ``REDUCED_SIDE`` a side; libjpeg still reads every coefficient, so
+    truncated or corrupt data fails here as in a full decode. Other formats
+    decode whole (they have no reduced decode) with ``to_rgb``'s colour rule.
+    """
+    try:
+        with warnings.catch_warnings():
+            # The header check already enforced max_pixels.
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with open_image(data) as img:
+                box = None
+                if img.format in JPEG_FAMILY:
+                    drafted = img.draft("L", (REDUCED_SIDE, REDUCED_SIDE))
+                    box = drafted[1] if drafted else None
+                img.load()  # raises on truncated or corrupt pixel data
+                if img.mode in ("L", "RGB"):
+                    picture = img
+                elif img.format in JPEG_FAMILY:
+                    picture = img.convert("RGB")
+                else:
+                    picture = to_rgb(img)
+                phash = _oriented_hash(picture, box, header.orientation)
+    except UnsupportedMode:
+        return None, stages.reason("image_decode", "unsupported_mode")
+    except Exception:
+        return None, stages.reason("image_decode", "corrupt")
+    return Identity(hashlib.sha256(data).hexdigest(), phash), None
+
+
+def _oriented_hash(picture: Image.Image, box, orientation: int) -> str:
+    # The hash's 32x32 resize commutes with the EXIF transposes (a square
+    # target, a symmetric filter), so the small picture is turned, not the big one.
+    if orientation == 1:
+        return perceptual_hash(picture, box)
+    small = picture.convert("L").resize((32, 32), Image.Resampling.LANCZOS, box=box)
+    return perceptual_hash(orient(small, orientation))
 
 
 def phash_of(data: bytes) -> Optional[str]:
-    """The pHash ``decode_image`` would give these bytes, or None if they do not fully decode."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with open_image(data) as img:
-                img.load()
-                return perceptual_hash(to_rgb(orient(img, exif_orientation(img))))
-    except Exception:
+    """The pHash ``identify`` gives these bytes, or None if they do not decode."""
+    header, reason = read_header(data, {"max_pixels": 1 << 62})
+    if reason:
         return None
+    identity, _ = identify(data, header)
+    return identity.phash if identity else None
 
 
 def thumbnail_size(size: Tuple[int, int], max_side: int) -> Tuple[int, int]:
@@ -181,7 +235,7 @@ def bicubic_taps(scale: float) -> np.ndarray:
     return (taps / taps.sum()).astype(np.float32)
 
 
-def downscale(rgb: Image.Image, max_side: int) -> Image.Image:
+def downscale(rgb: Image.Image, max_side: int, size: Optional[Tuple[int, int]] = None) -> Image.Image:
     """The stored picture: longer side ``max_side``, the size ``thumbnail`` gives, filtered as PIL's BICUBIC.
 
     As ``thumbnail(..., BICUBIC)`` does: an integer box reduction first while
@@ -199,7 +253,7 @@ def downscale(rgb: Image.Image, max_side: int) -> Image.Image:
     import cv2
 
     cv2.setNumThreads(1)  # the runner's workers are the parallelism
-    width, height = thumbnail_size(rgb.size, max_side)
+    width, height = size or thumbnail_size(rgb.size, max_side)
     factor = int(min(rgb.width / width, rgb.height / height) / 2)
     if factor > 1:
         rgb = rgb.reduce(factor, box=(0, 0, rgb.width - rgb.width % factor, rgb.height - rgb.height % factor))
@@ -209,37 +263,52 @@ def downscale(rgb: Image.Image, max_side: int) -> Image.Image:
     return Image.fromarray(cv2.resize(filtered, (width, height), interpolation=cv2.INTER_LINEAR))
 
 
-def decode_image(data: bytes, header: Header, preset) -> Tuple[Optional[Decoded], Optional[str]]:
-    """Full decode; identity; bytes to store. ``(decoded, None)`` or ``(None, reason)``."""
+@dataclasses.dataclass(frozen=True)
+class Stored:
+    image: bytes  # what gets written: the source JPEG or a re-encode
+    width: int
+    height: int
+
+
+def stored_picture(data: bytes, header: Header, preset) -> Tuple[Optional[Stored], Optional[str]]:
+    """The bytes the shard stores: ``(stored, None)`` or ``(None, image_decode/...)``.
+
+    An upright RGB JPEG within ``output_max_side`` is stored as it came, not
+    decoded at all. Anything else is decoded, turned upright, made RGB and, if
+    larger, downscaled to the size ``thumbnail`` gives; a JPEG at least twice
+    that size is decoded at a DCT scale first (``draft``), as ``thumbnail``
+    does, which leaves it at least twice the target for ``downscale``.
+    """
+    max_side = preset.output_max_side
+    needs_resize = max_side > 0 and max(header.width, header.height) > max_side
+    if header.format == "JPEG" and header.orientation == 1 and header.mode == "RGB" and not needs_resize:
+        return Stored(data, header.width, header.height), None
+    target = thumbnail_size((header.width, header.height), max_side) if needs_resize else None
     try:
         with warnings.catch_warnings():
-            # The header check already enforced max_pixels; PIL's guard would
-            # otherwise reject what the preset allows.
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             with open_image(data) as img:
-                source_mode = img.mode
-                img.load()  # raises on truncated or corrupt pixel data
-                oriented = orient(img, header.orientation)
-                rgb = to_rgb(oriented)
+                if target is not None and img.format in JPEG_FAMILY:
+                    # draft works on the stored pixels: their sides are the upright ones, maybe swapped.
+                    swapped = (img.width, img.height) != (header.width, header.height)
+                    wanted = (2 * target[1], 2 * target[0]) if swapped else (2 * target[0], 2 * target[1])
+                    drafted = img.draft("RGB", wanted)
+                    img.load()
+                    if drafted is not None:  # libjpeg rounds up: drop the partial last row and column
+                        box = drafted[1]
+                        img = img.crop((0, 0, max(1, int(box[2])), max(1, int(box[3]))))
+                else:
+                    img.load()
+                rgb = to_rgb(orient(img, header.orientation))
     except UnsupportedMode:
         return None, stages.reason("image_decode", "unsupported_mode")
     except Exception:
         return None, stages.reason("image_decode", "corrupt")
-    phash = perceptual_hash(rgb)
-    max_side = preset.output_max_side
-    needs_resize = max_side > 0 and max(rgb.size) > max_side
-    keep_source = (
-        header.format == "JPEG" and header.orientation == 1 and source_mode == "RGB" and not needs_resize
-    )
-    if keep_source:
-        stored, (width, height) = data, rgb.size
-    else:
-        if needs_resize:
-            rgb = downscale(rgb, max_side)
-        out = io.BytesIO()
-        rgb.save(out, format="JPEG", quality=preset.output_jpeg_quality)
-        stored, (width, height) = out.getvalue(), rgb.size
-    return Decoded(stored, width, height, hashlib.sha256(data).hexdigest(), phash), None
+    if target is not None:
+        rgb = downscale(rgb, max_side, target)
+    out = io.BytesIO()
+    rgb.save(out, format="JPEG", quality=preset.output_jpeg_quality)
+    return Stored(out.getvalue(), *rgb.size), None
 
 
 def thumbnail_b64(data: Optional[bytes], size: int = 128) -> Optional[str]:

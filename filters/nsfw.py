@@ -1,4 +1,4 @@
-"""The pornographic-image (NSFW) stage: a pluggable scorer and its Beam DoFn.
+"""The pornographic-image (NSFW) stage: a pluggable scorer, and the stage on a batch of images.
 
 ALIGN removes pornographic images (section 3) without naming its detector.
 Here a scorer is anything with ``score(images) -> float32 [N] in [0, 1]``; an
@@ -79,9 +79,6 @@ PORNOGRAPHIC_CLASSES = (
 
 REJECT_REASON = stages.reason("nsfw", "pornographic")
 UNDECODABLE_REASON = stages.reason("nsfw", "undecodable")
-REJECTED_TAG = "rejected"
-#: Tagged output of ``ScoreNsfw``: per bundle ``((scored, status), records)``.
-STATUS_TAG = "status"
 UNSCORED_CHOICES = ("pass", "fail")
 #: Beam Metrics namespace of the stage's counters (names are "nsfw/...").
 METRICS_NAMESPACE = "nsfw"
@@ -293,138 +290,93 @@ def decode_for_scoring(data: bytes, size: int = 320) -> Image.Image:
 
 
 # ---------------------------------------------------------------------------
-# Beam
+# The stage on a batch of images (the build's first pass calls it)
 # ---------------------------------------------------------------------------
 
-try:
-    import apache_beam as beam
-    from apache_beam.metrics import Metrics
-    from apache_beam.utils.windowed_value import WindowedValue
-except ImportError:  # the scorer is usable without Beam
-    beam = None
 
+class NsfwScoring:
+    """Scores batches of encoded images and says, per image, the rejection reason or None.
 
-if beam is not None:
+    Plain Python: the build's first pass (``pipeline.judge``) calls ``judge``
+    on the images of each batch it reads, where the bytes already are.
+    ``load`` (once per worker) loads the scorer; without its extra, records
+    pass unscored, or ``ScorerUnavailable`` is raised when ``unscored="fail"``.
+    ``outcomes`` counts what was done, ``{(scored, status): records}``
+    (``stage_note`` turns the workers' sums into the funnel's note).
+    ``scorer_factory`` (tests, custom scorers) is a picklable callable
+    returning ``(scorer or None, status)`` like ``load_scorer``.
+    """
 
-    class ScoreNsfw(beam.DoFn):
-        """``(key, image_bytes)`` -> ``key`` if kept; rejects tagged ``"rejected"``.
+    def __init__(
+        self,
+        threshold: float,
+        scorer_name: str = "nudenet",
+        unscored: str = "pass",
+        scorer_factory: Optional[Callable[[], Tuple[Optional[NsfwScorer], str]]] = None,
+    ):
+        if scorer_factory is None and scorer_name not in SCORERS:
+            raise ValueError(f"unknown NSFW scorer {scorer_name!r}; known: {', '.join(sorted(SCORERS))}")
+        if unscored not in UNSCORED_CHOICES:
+            raise ValueError(f"unscored must be one of {UNSCORED_CHOICES}, got {unscored!r}")
+        self.threshold = float(threshold)
+        self.scorer_name = scorer_name
+        self.unscored = unscored
+        self.scorer_factory = scorer_factory
+        self.scorer = None
+        self.status = "disabled: nsfw_threshold >= 1.0"
+        self.outcomes: Dict[Tuple[bool, str], int] = {}
 
-        Rejects are ``(key, "nsfw/pornographic")`` on the ``"rejected"`` output
-        (``(key, "nsfw/undecodable")`` if the bytes fail to decode here, which
-        the caller's decode stage should already have excluded). Images are
-        buffered and scored ``batch_size`` at a time; the last partial batch
-        is scored in ``finish_bundle``.
+    @property
+    def enabled(self) -> bool:
+        return stage_enabled(self.threshold)
 
-        Counters (namespace ``METRICS_NAMESPACE``): ``nsfw/scored``, ``nsfw/pornographic``
-        and, when the scorer's extra is absent, ``nsfw/scorer_unavailable``:
-        every record that passed unscored. ``unscored="fail"`` makes a worker
-        without the scorer raise ``ScorerUnavailable`` in ``setup`` instead.
-        The ``"status"`` output says per bundle how many records were scored
-        or passed and why (``((scored, status), records)``), for the funnel.
+    def load(self) -> None:
+        if not self.enabled:
+            return
+        if self.scorer_factory is not None:
+            self.scorer, self.status = self.scorer_factory()
+        else:
+            self.scorer, self.status = load_scorer(self.scorer_name)
+        if self.scorer is None:
+            if self.unscored == "fail":
+                raise ScorerUnavailable(
+                    f"no NSFW scorer on this worker ({self.status}) and the preset says nsfw_unscored=fail: "
+                    "install the extra on the workers, or --set nsfw_unscored=pass")
+            logging.warning("NSFW stage passes records UNSCORED: %s", self.status)
 
-        ``scorer_factory`` (tests, custom scorers) is a picklable callable
-        returning ``(scorer or None, status)`` like ``load_scorer``.
-        """
+    def _count(self, scored: bool, n: int) -> None:
+        if n:
+            outcome = (scored, getattr(self.scorer, "name", self.scorer_name) if scored else self.status)
+            self.outcomes[outcome] = self.outcomes.get(outcome, 0) + n
 
-        def __init__(
-            self,
-            threshold: float,
-            scorer_name: str = "nudenet",
-            batch_size: int = 16,
-            scorer_factory: Optional[Callable[[], Tuple[Optional[NsfwScorer], str]]] = None,
-            unscored: str = "pass",
-        ):
-            if scorer_factory is None and scorer_name not in SCORERS:
-                raise ValueError(f"unknown NSFW scorer {scorer_name!r}; known: {', '.join(sorted(SCORERS))}")
-            if unscored not in UNSCORED_CHOICES:
-                raise ValueError(f"unscored must be one of {UNSCORED_CHOICES}, got {unscored!r}")
-            self.unscored = unscored
-            self.threshold = float(threshold)
-            self.scorer_name = scorer_name
-            self.batch_size = int(batch_size)
-            self.scorer_factory = scorer_factory
-            self.scored = Metrics.counter(METRICS_NAMESPACE, "nsfw/scored")
-            self.pornographic = Metrics.counter(METRICS_NAMESPACE, "nsfw/pornographic")
-            self.unavailable = Metrics.counter(METRICS_NAMESPACE, "nsfw/scorer_unavailable")
-            self.undecodable = Metrics.counter(METRICS_NAMESPACE, "nsfw/undecodable")
-
-        def setup(self):
-            self._scorer = None
-            self.status = "disabled: nsfw_threshold >= 1.0"
-            if not stage_enabled(self.threshold):
-                return
-            if self.scorer_factory is not None:
-                self._scorer, self.status = self.scorer_factory()
-            else:
-                self._scorer, self.status = load_scorer(self.scorer_name)
-            if self._scorer is None:
-                if self.unscored == "fail":
-                    raise ScorerUnavailable(
-                        f"no NSFW scorer on this worker ({self.status}) and the preset says nsfw_unscored=fail: "
-                        "install the extra on the workers, or --set nsfw_unscored=pass")
-                logging.warning("NSFW stage passes records UNSCORED: %s", self.status)
-
-        def start_bundle(self):
-            self._pending = []  # (key, image, timestamp, windows)
-            self._outcomes = {}  # (scored, status) -> records, this bundle
-
-        def _count(self, scored: bool, n: int = 1) -> None:
-            outcome = (scored, getattr(self._scorer, "name", self.scorer_name) if scored else self.status)
-            self._outcomes[outcome] = self._outcomes.get(outcome, 0) + n
-
-        def process(self, element, timestamp=beam.DoFn.TimestampParam, window=beam.DoFn.WindowParam):
-            key, data = element
-            if not stage_enabled(self.threshold):
-                yield key
-                return
-            if self._scorer is None:
-                self.unavailable.inc()
-                self._count(False)
-                yield key
-                return
+    def judge(self, images: Sequence[bytes]) -> List[Optional[str]]:
+        """The stage's reason for each image (``nsfw/pornographic``, ``nsfw/undecodable``) or None."""
+        if not self.enabled or not images:
+            return [None] * len(images)
+        if self.scorer is None:
+            self._count(False, len(images))
+            return [None] * len(images)
+        reasons: List[Optional[str]] = [None] * len(images)
+        decoded, rows = [], []
+        for i, data in enumerate(images):
             try:
-                image = decode_for_scoring(data)
+                decoded.append(decode_for_scoring(data))
+                rows.append(i)
             except Exception:
-                self.undecodable.inc()
-                yield beam.pvalue.TaggedOutput(REJECTED_TAG, (key, UNDECODABLE_REASON))
-                return
-            self._pending.append((key, image, timestamp, (window,)))
-            if len(self._pending) >= self.batch_size:
-                yield from self._flush()
-
-        def finish_bundle(self):
-            from apache_beam.transforms.window import GlobalWindow
-            from apache_beam.utils.timestamp import MIN_TIMESTAMP
-
-            yield from self._flush()
-            for outcome, n in sorted(self._outcomes.items()):
-                status = WindowedValue((outcome, n), MIN_TIMESTAMP, (GlobalWindow(),))
-                yield beam.pvalue.TaggedOutput(STATUS_TAG, status)
-
-        def _flush(self) -> List[object]:
-            """Score the buffered images; outputs as explicit WindowedValues.
-
-            Buffered elements of one bundle can come from several windows, and
-            finish_bundle has no window of its own: each result goes back to
-            its own element's timestamp and window.
-            """
-            pending, self._pending = self._pending, []
-            if not pending:
-                return []
-            scores = np.asarray(self._scorer.score([image for _, image, _, _ in pending]), np.float32)
-            if scores.shape != (len(pending),):
-                raise ValueError(f"scorer {self._scorer.name!r} returned shape {scores.shape} for {len(pending)} images")
-            results = []
-            self._count(True, len(pending))
-            for (key, _, ts, windows), score in zip(pending, scores):
-                self.scored.inc()
+                reasons[i] = UNDECODABLE_REASON
+        if decoded:
+            scores = np.asarray(self.scorer.score(decoded), np.float32)
+            if scores.shape != (len(decoded),):
+                raise ValueError(f"scorer {self.scorer.name!r} returned shape {scores.shape} for {len(decoded)} images")
+            self._count(True, len(decoded))
+            for i, score in zip(rows, scores):
                 if is_pornographic(float(score), self.threshold):
-                    self.pornographic.inc()
-                    rejected = WindowedValue((key, REJECT_REASON), ts, windows)
-                    results.append(beam.pvalue.TaggedOutput(REJECTED_TAG, rejected))
-                else:
-                    results.append(WindowedValue(key, ts, windows))
-            return results
+                    reasons[i] = REJECT_REASON
+        return reasons
+
+    def take_outcomes(self) -> Dict[Tuple[bool, str], int]:
+        outcomes, self.outcomes = self.outcomes, {}
+        return outcomes
 
 
 # ---------------------------------------------------------------------------

@@ -99,7 +99,8 @@ PARAMS = [
           "raw", ("raw", "survivors")),
     Param("image_identity", str,
           "what counts as one image for the per-image counts: 'sha256' of the bytes (never pools different "
-          "images) or 'phash' (64-bit perceptual hash: also pools re-encodes, and different flat or text images)",
+          "images) or 'phash' (equal 64-bit perceptual hashes of the reduced picture: also pools most re-encodes, "
+          "and different flat or text images)",
           "sha256", ("sha256", "phash")),
     Param("max_texts_per_image", int, "maximum distinct alt-texts of one image", 1000, low=0,
           measure="distinct alt-texts of the image", keep="<=", off=0),

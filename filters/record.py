@@ -7,17 +7,19 @@ the shards' ``original_*`` features carry. The decompression-bomb check
 (in ``read_header``) still judges the stored image, which is what gets decoded.
 
 Order (see ``filters.stages``): image header -> format -> size -> aspect ->
-text -> text length -> text repetition -> full image decode, with any extra
+text -> text length -> text repetition -> image decode, with any extra
 stages (``filters.extra_stages``) after the stage they name. The first rule
 that fails decides the reason; later rules do not run, so a cheap rule always
-pays for an expensive one.
+pays for an expensive one. The decode is the reduced one that gives the
+image's identity (``filters.image.identify``); the stored picture is made
+only for the records a build writes (``filters.image.stored_picture``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional
 
 from common.schema import Candidate
 from filters import extra_stages
@@ -39,18 +41,29 @@ def _run_extras(extras, anchor: str, candidate: Candidate, text: str) -> Optiona
     return None
 
 
-def filter_record(candidate: Candidate, preset, extras=()) -> Tuple[Candidate, Optional[str], Dict[str, float]]:
-    """Returns ``(candidate', reason_or_None, measures)``.
+@dataclasses.dataclass(frozen=True)
+class Judgement:
+    """What the per-record rules decided about one candidate.
 
-    ``candidate'`` carries whatever was learnt before the rejection (format,
-    size, normalised text) so the audit can show it; on success it holds the
-    bytes to store. ``measures`` feed the audit distributions. ``extras``
-    are extra per-record stages (``filters.extra_stages.RecordStage``).
+    ``candidate`` carries whatever was learnt before a rejection (format,
+    size, normalised text, hashes) so the audit can show it; ``reason`` is
+    the first failing rule (None: every per-record rule passed);
+    ``measures`` feed the audit distributions; ``counted`` says whether the
+    record is in the corpus-wide counting pool (``filters.frequency``).
     """
+
+    candidate: Candidate
+    reason: Optional[str]
+    measures: Dict[str, float]
+    counted: bool
+
+
+def judge_record(candidate: Candidate, preset, extras=()) -> Judgement:
+    """Every per-record rule on ``candidate``; ``extras`` are extra per-record stages."""
     measures: Dict[str, float] = {}
     header, reason = image_rules.read_header(candidate.image, preset)
     if reason:
-        return candidate, reason, measures
+        return Judgement(candidate, reason, measures, False)
     if candidate.source_width and candidate.source_height:
         # The downloader resized the stored image and kept the source size
         # (img2dataset's original_width/height): ALIGN's size and aspect rules
@@ -65,53 +78,56 @@ def filter_record(candidate: Candidate, preset, extras=()) -> Tuple[Candidate, O
     reason = image_rules.check_header(judged, preset) or _run_extras(
         extras, "image_aspect", candidate, text_rules.normalize_text(candidate.alt_text))
     if reason:
-        return candidate, reason, measures
+        return _rejected(candidate, header, reason, measures, preset)
 
     text, reason = text_rules.check_text(candidate.alt_text, preset)
     candidate = candidate.replace(text=text)
     measures["words_per_text"] = text_rules.word_count(text)
     reason = reason or _run_extras(extras, "text_repetition", candidate, text)
     if reason:
-        return candidate, reason, measures
+        return _rejected(candidate, header, reason, measures, preset)
 
-    decoded, reason = image_rules.decode_image(candidate.image, header, preset)
+    identity, reason = image_rules.identify(candidate.image, header)
+    if identity is not None:
+        candidate = candidate.replace(sha256=identity.sha256, phash=identity.phash)
     reason = reason or _run_extras(extras, "image_decode", candidate, text)
     if reason:
-        return candidate, reason, measures
-    return (
-        candidate.replace(
-            image=decoded.image,
-            sha256=decoded.sha256,
-            phash=decoded.phash,
-            stored_width=decoded.width,
-            stored_height=decoded.height,
-        ),
-        None,
-        measures,
-    )
+        return _rejected(candidate, header, reason, measures, preset)
+    return Judgement(candidate, None, measures, True)
 
 
 #: Rejections that take a row out of the raw counting pool: ``read``,
 #: ``image_header`` (no readable image) and ``text`` (no readable alt-text).
 #: Every other per-record rejection (format, size, aspect, length,
-#: repetition, full decode, NSFW, extra stages) is a quality threshold: the
-#: row still counts.
+#: repetition, decode, NSFW, extra stages) is a quality threshold: the row
+#: still counts.
 NOT_CANDIDATES = ("read", "image_header", "text")
 
 
-def counted_row(candidate: Candidate, reason: str, preset) -> Optional[tuple]:
-    """The ``(key, sha256, phash, text)`` row a rejected record adds to the counting pool, or None.
+def _rejected(candidate: Candidate, header, reason: str, measures, preset) -> Judgement:
+    """A rejection, with the identity a survivor would get when the row stays in the counting pool.
 
-    Only with ``counting_base="raw"`` (``filters.frequency``): the corpus-wide
-    counts then see every row with a readable image header and alt-text,
-    before the quality thresholds. The identity is the one a survivor would
-    get (sha256 of the bytes; the pHash only when it is the identity, at the
-    cost of a decode; "" when the pixels do not decode).
+    Only with ``counting_base="raw"`` (``filters.frequency``) does a rejected
+    row count: every row with a readable image header and alt-text, before
+    the quality thresholds. Its identity is the sha256 of its bytes and, only
+    when the pHash is the identity, the pHash (a decode; "" when the pixels
+    do not decode).
     """
+    if not in_counting_pool(candidate, reason, preset):
+        return Judgement(candidate, reason, measures, False)
+    text, _ = text_rules.check_text(candidate.alt_text, preset)
+    sha256 = candidate.sha256 or hashlib.sha256(candidate.image).hexdigest()
+    phash = candidate.phash
+    if preset.image_identity == "phash" and not phash:
+        identity, _ = image_rules.identify(candidate.image, header)
+        phash = identity.phash if identity else ""
+    return Judgement(candidate.replace(text=text, sha256=sha256, phash=phash if preset.image_identity == "phash" else ""),
+                     reason, measures, True)
+
+
+def in_counting_pool(candidate: Candidate, reason: str, preset) -> bool:
+    """Whether a row that ``reason`` rejected still counts in the corpus-wide counts."""
     if preset.counting_base != "raw" or stages.stage_of(reason) in NOT_CANDIDATES:
-        return None
-    text, text_reason = text_rules.check_text(candidate.alt_text, preset)
-    if text_reason and stages.stage_of(text_reason) == "text":
-        return None
-    phash = (image_rules.phash_of(candidate.image) or "") if preset.image_identity == "phash" else ""
-    return (candidate.key, hashlib.sha256(candidate.image).hexdigest(), phash, text)
+        return False
+    _, text_reason = text_rules.check_text(candidate.alt_text, preset)
+    return not (text_reason and stages.stage_of(text_reason) == "text")

@@ -4,33 +4,33 @@
         --output out/corpus --preset align [--set NAME=VALUE ...] \\
         [--eval-images NAME=PATH ...] [--runner DataflowRunner ...]
 
-The job reads like its data flow:
+The job reads like its data flow, in two passes over the sources:
 
-    ReadCandidates -> [DownloadImages] -> ApplyRecordFilters -> ScorePornography
-      -> ApplyCorpusFilters -> RemoveNearDuplicates -> JoinVerdicts
-      -> WriteShards, WriteStats
+    MatchInputFiles -> JudgeRecords [-> DownloadImages -> JudgeDownloads]      first pass
+      -> ApplyCorpusFilters -> NearDuplicatesOfEvalImages
+      -> [RemoveCorpusNearDuplicates] -> JoinVerdicts -> ChooseSamples         on light rows
+      -> WriteShards                                                           second pass
+      -> WriteRejectionLedger, WritePairsReport, WriteStats
 
-Each stage is a named composite that declares the stages it decides and
-returns its verdicts (``pipeline.verdicts``): record stages reject records;
-key stages (NSFW, frequency filters, near-duplicates) see only light rows
-(``pipeline.stage_rows``: key, hashes, text; image bytes or embeddings where they
-need them) and reject keys; image bytes travel through exactly one shuffle,
-the final ``JoinVerdicts``. Every input record ends either in a shard or in
-the funnel with its first reason (``filters/stages.py``); the funnel's list
-of stages that ran is the list of stages applied. Evaluation images are
-embedded in the launcher and written to ``<output>/near_duplicates/index/``
-(``pipeline.eval_index``), where the workers read them: the job graph
-carries their path, not their vectors.
+The first pass reads each record once and judges it where it was read
+(``pipeline.judge``): the per-record rules, NSFW, the evaluation-index
+match; it hands on a light row per record (``pipeline.stage_rows``).
+Every later decision is taken on light rows: the corpus-wide counts, the
+near-duplicate and duplicate-pair verdicts (``pipeline.verdicts``). The
+second pass (``pipeline.write``) reads the kept records again from their
+files and writes the shards. Image bytes cross no shuffle. Every input
+record ends either in a shard or in the funnel with its first reason
+(``filters/stages.py``); the funnel's list of stages that ran is the list of
+stages applied. Evaluation images are embedded in the launcher and written
+to ``<output>/near_duplicates/index/`` (``pipeline.eval_index``), where the
+workers read them: the job graph carries their path, not their vectors.
 
-This module is the graph and the launcher (``run``); the stages live in
-``pipeline.read``, ``pipeline.record_stages``, ``filters.frequency``,
-``pipeline.near_duplicates``, ``pipeline.verdicts``, ``pipeline.write`` and
-``pipeline.write_stats``.
+This module is the graph and the launcher (``run``).
 
 Over 500 lines because the launcher shares the file with the graph, as
 ``run(argv)`` does in Beam's examples: argument checks, the output contract
 (lock, staging, publish) and the accounting around one job are ~300 of its
-lines; the graph itself is ``build_pipeline``, about 60.
+lines; the graph itself is ``build_pipeline``, about 80.
 
 Without ``--runner`` the job runs on Beam's FnApiRunner in this process
 (add ``--direct_running_mode=multi_processing --direct_num_workers=N`` for
@@ -62,23 +62,25 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions, StandardOptions
 
-from filters import extra_stages, nsfw
+from filters import extra_stages
 from filters.frequency import ApplyCorpusFilters
 from filters.presets import PresetError, format_preset, get_preset
 from pipeline import concepts as concepts_lib
+from pipeline import judge as judge_lib
 from pipeline import stats as stats_lib
-from pipeline.download import stage as download_stage
 from pipeline import write as write_lib
-from pipeline.eval_index import EvalIndex, embed_eval_sets, write_eval_index
+from pipeline.download import stage as download_stage
+from pipeline.download import staging
+from pipeline.eval_index import EvalIndex, EvalMatchVerdicts, embed_eval_sets, write_eval_index
 from pipeline.funnel_table import format_funnel
-from pipeline.near_duplicates import PAIRS, RemoveNearDuplicates, WritePairsReport
-from pipeline.read import ReadCandidates
+from pipeline.judge import JudgeFetched, JudgeFiles, NsfwNote, RecordJudge
+from pipeline.near_duplicates import RemoveCorpusNearDuplicates, WritePairsReport
+from pipeline.read import MatchInputFiles
 from pipeline.readers.input_notes import input_notes
 from pipeline.readers.rows import Columns, make_columns
-from pipeline.record_stages import COUNTED, MEASURES, ApplyRecordFilters, ScorePornography
-from pipeline.stage_rows import light_row, row_key
-from pipeline.verdicts import REJECTED, SURVIVORS, DropKeys, JoinVerdicts, StagesRun
-from pipeline.write_stats import WriteStats
+from pipeline.stage_rows import REJECTED, SURVIVORS, pool_row
+from pipeline.verdicts import JoinVerdicts, StagesRun
+from pipeline.write_stats import ChooseSamples, WriteStats
 
 LOCAL_RUNNER = "FnApiRunner"
 NS = stats_lib.METRICS_NAMESPACE
@@ -162,73 +164,77 @@ def build_pipeline(
 
     ``notes`` ({stage: text}, the launcher's) go to the funnel with the
     stages' own notes; ``extras`` are extra stages (``filters.extra_stages``):
-    per-record ones run with the record filters, corpus ones with the
-    corpus filters.
+    per-record ones run in the first pass, corpus ones with the corpus filters.
     ``ontology`` (``common.ontology``) turns on the TOnICS tagging (``pipeline.concepts``).
     """
     ran = StagesRun(notes)
-    verdicts = []  # (key, reason) of the key stages, in stage order
-
     columns = input_columns(opts)
-    read = p | "ReadCandidates" >> ran(ReadCandidates(opts.input, opts.input_format, columns))
-    input_count = (read[SURVIVORS], read[REJECTED]) | "InputRows" >> beam.Flatten() | "CountInput" >> beam.combiners.Count.Globally()
-    candidates, early_rejections = read[SURVIVORS], [read[REJECTED]]
+    judge = RecordJudge(preset, extra_stages.record_stages(extras), eval_index, opts.embedder, embedder_args(opts))
+
+    # First pass: every input record read once and judged once; image bytes stay in the step that read them.
+    paths = p | "MatchInputFiles" >> MatchInputFiles(opts.input)
+    judged = paths | "JudgeRecords" >> ran(JudgeFiles(judge, opts.input, opts.input_format, columns))
+    outputs_per_part = [judged]
+    rows_per_part = [judged[judge_lib.ROWS]]
     if columns.download:
-        fetched = candidates | "DownloadImages" >> ran(download_stage.DownloadImages(download_stage.from_args(opts)))
-        candidates = fetched[SURVIVORS]
-        early_rejections.append(fetched[REJECTED])
+        fetched = judged[judge_lib.TO_FETCH] | "DownloadImages" >> ran(download_stage.DownloadImages(
+            staging.directory(opts.output), download_stage.from_args(opts)))
+        judged_downloads = fetched[SURVIVORS] | "JudgeDownloads" >> JudgeFetched(judge)
+        outputs_per_part.append(judged_downloads)
+        failed_downloads = fetched[REJECTED] | "FailedDownloads" >> beam.Map(judge_lib.rejection_row)
+        rows_per_part += [judged_downloads[judge_lib.ROWS], failed_downloads]
+    input_rows = rows_per_part | "InputRows" >> beam.Flatten()  # one light row per input record
+    input_count = input_rows | "CountInput" >> beam.combiners.Count.Globally()
+    in_the_running = input_rows | "PassedRecordStages" >> beam.Filter(lambda row: not row.reason)
+    record_rejections = input_rows | "RejectedByRecordStages" >> beam.Filter(lambda row: bool(row.reason))
 
-    records = candidates | "ApplyRecordFilters" >> ran(
-        ApplyRecordFilters(preset, extra_stages.record_stages(extras)))
-    survivors = records[SURVIVORS]
-    light = survivors | "LightRows" >> beam.Map(light_row)
-    # The raw counting pool holds the rows NSFW rejects too: they are judged
-    # by the corpus stages as well, and their NSFW verdict, earlier in the
-    # stage order, wins in JoinVerdicts.
-    judged = light
-    images = survivors | "KeyImages" >> beam.Map(lambda r: (r.key, r.image))
+    # Corpus stages, on light rows only.
+    counted_only = (
+        record_rejections
+        | "StillCounted" >> beam.Filter(lambda row: row.counted)
+        | "CountedOnlyPool" >> beam.Map(pool_row)
+    )
+    corpus = {"survivors": in_the_running | "JudgedPool" >> beam.Map(pool_row), "counted_only": counted_only} | (
+        "ApplyCorpusFilters" >> ran(ApplyCorpusFilters(preset, extras=extras)))
+    key_verdicts = [corpus[REJECTED]]  # (key, reason), in stage order
+    if eval_index is not None:
+        key_verdicts.append(in_the_running | "NearDuplicatesOfEvalImages" >> ran(EvalMatchVerdicts(eval_index)))
+    if preset.dedup_in_corpus:
+        earlier_verdicts = key_verdicts | "VerdictsBeforeCorpusDedup" >> beam.Flatten()
+        embeddings = [part[judge_lib.EMBEDDINGS] for part in outputs_per_part] | "Embeddings" >> beam.Flatten()
+        key_verdicts.append(
+            {"light": in_the_running, "embeddings": embeddings, "earlier": earlier_verdicts}
+            | "RemoveCorpusNearDuplicates" >> ran(RemoveCorpusNearDuplicates(
+                preset, corpus_dedup_threshold(preset, eval_index, opts), opts.embedder)))
+    all_key_verdicts = key_verdicts | "KeyVerdicts" >> beam.Flatten()
+    joined = (in_the_running, all_key_verdicts) | "JoinVerdicts" >> ran(JoinVerdicts(extra_stages.stage_rank(extras)))
+    decided_rejections = (record_rejections, joined[REJECTED]) | "DecidedRejections" >> beam.Flatten()
 
-    job_notes = []  # (stage, text) made on the workers
-    if nsfw.stage_enabled(preset.nsfw_threshold):
-        scored = images | "ScorePornography" >> ran(ScorePornography(preset.nsfw_threshold, preset.nsfw_unscored))
-        verdicts.append(scored[REJECTED])
-        job_notes.append(scored["notes"])
-        light = (light, scored[REJECTED]) | "DropPornographic" >> DropKeys(row_key)
+    # Second pass: the kept records read again from their files and written; the audit's samples on the way.
+    samples = decided_rejections | "ChooseSamples" >> ChooseSamples()
+    written = (joined[SURVIVORS], samples) | "WriteShards" >> write_lib.WriteShards(
+        opts.output, opts.name, preset, columns, columns.carry, ontology, getattr(opts, "concept_labels_column", ""))
+    rejections = (decided_rejections, written["rejected"]) | "AllRejections" >> beam.Flatten()
 
-    if preset.counting_base == "survivors":
-        judged = light
-    corpus = {"survivors": judged, "counted_only": records[COUNTED]} | "ApplyCorpusFilters" >> ran(
-        ApplyCorpusFilters(preset, extras=extras))
-    verdicts.append(corpus[REJECTED])
-
-    pairs = None
-    if eval_index is not None or preset.dedup_in_corpus:
-        earlier = verdicts | "EarlierVerdicts" >> beam.Flatten()
-        near_dups = {"images": images, "light": light, "earlier": earlier} | "RemoveNearDuplicates" >> ran(
-            RemoveNearDuplicates(opts.embedder, preset, eval_index, embedder_args(opts)))
-        verdicts.append(near_dups[REJECTED])
-        pairs = near_dups.get(PAIRS)
-
-    all_verdicts = verdicts | "FlattenVerdicts" >> beam.Flatten()
-    joined = (survivors, all_verdicts) | "JoinVerdicts" >> ran(JoinVerdicts(extra_stages.stage_rank(extras)))
-    rejections = (*early_rejections, records[REJECTED], joined[REJECTED]) | "FlattenRejections" >> beam.Flatten()
-
-    to_write = joined[SURVIVORS]
-    if ontology is not None:  # TOnICS tagging (optional): adds the concepts feature, rejects nothing
-        labels_column = getattr(opts, "concept_labels_column", "")
-        to_write = to_write | "TagConcepts" >> ran(concepts_lib.TagConcepts(ontology, labels_column))
-        _ = to_write | "ConceptStats" >> concepts_lib.WriteConceptStats(
-            opts.output, ontology, preset.validation_fraction, labels_column)
-    shard_lengths = to_write | "WriteShards" >> write_lib.WriteShards(opts.output, opts.name, preset, columns.carry)
     _ = (rejections, input_count) | "WriteRejectionLedger" >> write_lib.WriteRejectionLedger(opts.output)
-    if pairs is not None:
-        _ = (pairs, joined[REJECTED]) | "WritePairsReport" >> WritePairsReport(eval_index.directory, opts.output)
-    written_counts = shard_lengths | "WrittenPerSplit" >> beam.FlatMap(lambda d: [(s, sum(c)) for s, c in d.items()])
-    histograms = records[MEASURES] | "Distributions" >> stats_lib.HistogramPerKey()
+    if eval_index is not None:
+        pairs = [part[judge_lib.PAIRS] for part in outputs_per_part] | "EvalPairs" >> beam.Flatten()
+        _ = (pairs, rejections) | "WritePairsReport" >> WritePairsReport(eval_index.directory, opts.output)
+    if ontology is not None:
+        _ = written["concepts"] | "ConceptStats" >> concepts_lib.WriteConceptStats(
+            opts.output, ontology, getattr(opts, "concept_labels_column", ""))
+    written_per_split = (
+        written[write_lib.SHARDS]
+        | "RecordsPerShard" >> beam.Map(lambda shard: (shard[0], shard[2]["records"]))
+        | "WrittenPerSplit" >> beam.CombinePerKey(sum)
+    )
+    measures = [part[judge_lib.MEASURES] for part in outputs_per_part] | "Measures" >> beam.Flatten()
+    histograms = measures | "Distributions" >> stats_lib.SumHistograms()
+    nsfw_outcomes = [part[judge_lib.NSFW_OUTCOMES] for part in outputs_per_part] | "NsfwOutcomes" >> beam.Flatten()
+    stage_notes_made_by_workers = nsfw_outcomes | "NsfwNote" >> NsfwNote(preset.nsfw_threshold)
     meta = {"ran": ran.names, "notes": ran.notes, "dataset": opts.name, "preset": preset, "extras": tuple(extras)}
-    worker_notes = job_notes | "StageNotes" >> beam.Flatten(pipeline=p)
-    _ = (input_count, rejections, written_counts, histograms, corpus["stats"], worker_notes) | "WriteStats" >> WriteStats(
-        opts.output, meta)
+    _ = (input_count, rejections, written_per_split, histograms, corpus["stats"], written[write_lib.SAMPLES],
+         stage_notes_made_by_workers) | "WriteStats" >> WriteStats(opts.output, meta)
     return ran
 
 
@@ -256,6 +262,15 @@ def embedder_args(opts) -> tuple:
     from dedup import embedders
 
     return tuple(sorted(embedders.parse_args(getattr(opts, "embedder_args", []) or []).items()))
+
+
+def corpus_dedup_threshold(preset, eval_index: Optional[EvalIndex], opts) -> float:
+    """The in-corpus dedup's cosine: the evaluation index's when there is one, else the embedder's."""
+    from pipeline import dedup_options
+
+    if eval_index is not None:
+        return eval_index.threshold
+    return dedup_options.resolve_threshold(preset, dedup_options.embedder(opts.embedder, embedder_args(opts)))
 
 
 def corpus_directory(output: str, layout: str, name: str, version: str) -> str:
@@ -446,8 +461,10 @@ def say(message: str) -> None:
 
 def _finalize(output: str, name: str, preset, carried=(), version: str = "1.0.0", concepts: bool = False) -> dict:
     """TFDS metadata for the published shards; returns the funnel."""
-    with FileSystems.open(FileSystems.join(output, write_lib.SHARDS_FILE)) as handle:
-        shard_lengths = json.loads(handle.read())
+    from pipeline.shards import SHARDS_FILE, shard_lengths as lengths_of
+
+    with FileSystems.open(FileSystems.join(output, SHARDS_FILE)) as handle:
+        shard_lengths = lengths_of(json.loads(handle.read()))
     description = f"Alt-text corpus built with preset {preset.name!r} by pipeline.build"
     write_lib.write_tfds_metadata(output, name, shard_lengths, description, carried, version, concepts)
     with FileSystems.open(FileSystems.join(output, "stats", "funnel.json")) as handle:
@@ -528,7 +545,7 @@ def run(argv: Optional[List[str]] = None) -> dict:
             say(f"output: deleting the previous build in {args.output} ({len(plan.to_delete):,} files)")
             output_lib.delete_planned(plan)
         output_lib.write_marker(args.output, args.name)
-        eval_index = write_eval_index(loaded, args.output) if loaded is not None else None
+        eval_index = write_eval_index(loaded, args.output, preset) if loaded is not None else None
         staging = output_lib.staging_dir(args.output, run_id)
         job_args = argparse.Namespace(**dict(vars(args), output=staging))
         p = beam.Pipeline(options=options)

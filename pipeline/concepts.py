@@ -3,16 +3,16 @@
     python -m pipeline.build ... --concepts default          # the built-in English ontology
     python -m pipeline.build ... --concepts my_ontology.json [--carry_columns labels --concept_labels_column labels]
 
-``TagConcepts`` runs on the records about to be written (after
-``JoinVerdicts``): it never rejects, it sets ``Candidate.concepts``
-(``filters.concepts.Tagger``), which the writer turns into the shards'
-``concepts`` feature and, per shard, into ``concepts/<shard>.json``: the byte
-offset of every record of each class, so that the trainer draws a whole
-minibatch of one class by seeking, without scanning the corpus
-(``trainer.concept_batches``). ``WriteConceptStats`` counts pairs per class
-and split into ``stats/concepts.json``, which the console summary and the
-audit report show. Without ``--concepts`` none of this runs and the build's
-files are byte-identical to a build without the stage.
+Tagging happens where the records are written (``pipeline.write``): it never
+rejects, it sets ``Candidate.concepts`` (``filters.concepts.Tagger``), which
+the writer turns into the shards' ``concepts`` feature and, per shard, into
+``concepts/<shard>.json``: the byte offset of every record of each class, so
+that the trainer draws a whole minibatch of one class by seeking, without
+scanning the corpus (``trainer.concept_batches``). ``WriteConceptStats``
+sums the shards' counts per class and split into ``stats/concepts.json``,
+which the console summary and the audit report show. Without ``--concepts``
+none of this runs and the build's files are byte-identical to a build
+without the stage.
 """
 
 from __future__ import annotations
@@ -22,54 +22,27 @@ from typing import Optional
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.metrics import Metrics
 
 from common.ontology import Ontology
-from common.schema import SPLITS, Candidate
-from filters.concepts import Tagger, parse_labels
+from common.schema import SPLITS
 from pipeline.stats import write_text
-from pipeline.write import split_of
 
 STATS_FILE = "stats/concepts.json"
-NAMESPACE = "concepts"
-_PAIRS, _TAGGED = "", "*"  # count keys beside the class names (not valid class names)
+PAIRS, TAGGED = "", "*"  # count keys beside the class names (not valid class names)
 
 
-def tag_record(record: Candidate, tagger: Tagger, labels_column: str = "") -> Candidate:
-    """The record with ``concepts`` set; ``labels_column`` names a carried column of detector labels."""
-    labels = None
-    if labels_column:
-        labels = parse_labels(dict(record.carried).get(labels_column, ""))
-    return record.replace(concepts=tagger.tag(record.text, labels))
+def concepts_of(text: str, carried, tagger, labels_column: str = "") -> tuple:
+    """The classes a pair names: by its text, and with ``labels_column`` (a carried column of detector
+    labels) only those its image's labels contain too."""
+    from filters.concepts import parse_labels
+
+    labels = parse_labels(dict(carried).get(labels_column, "")) if labels_column else None
+    return tagger.tag(text, labels)
 
 
-class _Tag(beam.DoFn):
-    def __init__(self, ontology: Ontology, labels_column: str):
-        self.ontology = ontology
-        self.labels_column = labels_column
-        self.tagger = None
-
-    def setup(self):
-        self.tagger = Tagger(self.ontology)
-
-    def process(self, record: Candidate):
-        tagged = tag_record(record, self.tagger, self.labels_column)
-        Metrics.counter(NAMESPACE, "tagged" if tagged.concepts else "untagged").inc()
-        yield tagged
-
-
-class TagConcepts(beam.PTransform):
-    """Records to write -> the same records with ``concepts`` (never rejects, so it decides no stage)."""
-
-    decides = ()
-
-    def __init__(self, ontology: Ontology, labels_column: str = ""):
-        super().__init__()
-        self.ontology = ontology
-        self.labels_column = labels_column
-
-    def expand(self, records):
-        return records | "Tag" >> beam.ParDo(_Tag(self.ontology, self.labels_column))
+def tag_record(record, tagger, labels_column: str = ""):
+    """The record with ``concepts`` set."""
+    return record.replace(concepts=concepts_of(record.text, record.carried, tagger, labels_column))
 
 
 def concept_stats(counts: dict, ontology: Ontology, labels_column: str = "") -> dict:
@@ -77,8 +50,8 @@ def concept_stats(counts: dict, ontology: Ontology, labels_column: str = "") -> 
     splits = {}
     for split in SPLITS:
         splits[split] = {
-            "pairs": counts.get((split, _PAIRS), 0),
-            "tagged": counts.get((split, _TAGGED), 0),
+            "pairs": counts.get((split, PAIRS), 0),
+            "tagged": counts.get((split, TAGGED), 0),
             "per_class": {name: counts.get((split, name), 0) for name in ontology.class_names},
         }
     return {
@@ -91,32 +64,20 @@ def concept_stats(counts: dict, ontology: Ontology, labels_column: str = "") -> 
 
 
 class WriteConceptStats(beam.PTransform):
-    """Tagged records -> ``stats/concepts.json``: pairs, tagged pairs and pairs per class, per split."""
+    """``((split, class), records)`` counts of the written shards -> ``stats/concepts.json``."""
 
-    def __init__(self, output_dir: str, ontology: Ontology, validation_fraction: float, labels_column: str = ""):
+    def __init__(self, output_dir: str, ontology: Ontology, labels_column: str = ""):
         super().__init__()
         self.output_dir = output_dir
         self.ontology = ontology
-        self.fraction = validation_fraction
         self.labels_column = labels_column
 
-    def expand(self, records):
-        fraction = self.fraction
-
-        def keys(record):
-            split = split_of(record.key, fraction)
-            yield split, _PAIRS
-            if record.concepts:
-                yield split, _TAGGED
-            for name in record.concepts:
-                yield split, name
-
+    def expand(self, counts):
         path = FileSystems.join(self.output_dir, STATS_FILE)
         ontology, labels_column = self.ontology, self.labels_column
         return (
-            records
-            | "ClassKeys" >> beam.FlatMap(keys)
-            | "CountPerClass" >> beam.combiners.Count.PerElement()
+            counts
+            | "SumPerClass" >> beam.CombinePerKey(sum)
             | "CollectCounts" >> beam.combiners.ToDict()
             | "WriteConceptStats" >> beam.Map(
                 lambda counts: write_text(path, json.dumps(concept_stats(counts, ontology, labels_column),

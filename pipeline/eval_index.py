@@ -3,14 +3,19 @@
 ALIGN removes training images that are near-duplicates of the test sets of
 downstream tasks (appendix A). The evaluation sets are read and embedded
 once, in the launcher (they are small: ``embed_eval_sets``), and written as
-files under the build output (``write_eval_index``); the workers read them back (``ReadIndexRows``
-for the search, ``AddIndexThumbnails`` for the report), so the job graph
-holds only their path. Dataflow rejects graphs over 10 MB, and an index of
+files under the build output (``write_eval_index``); the workers read them
+back (``load_clustered_index`` for the search, ``AddIndexThumbnails`` for the
+report), so the job graph holds only their path. Dataflow rejects graphs over 10 MB, and an index of
 1e5 rows of 143 floats is 57 MB.
 
     <output>/near_duplicates/index/vectors.npy       float32 [M, D], row i of the index
     <output>/near_duplicates/index/rows.jsonl        {"set", "key", "variant"} of row i
+    <output>/near_duplicates/index/centroids.npy     float32 [K, D], k-means centroids of the index rows
     <output>/near_duplicates/index/thumbnails.jsonl  {"set", "key", "thumbnail"} per image
+
+The centroids are trained in the launcher on the index itself
+(``dedup.transforms.index_centroids``), so that the build's first pass can
+match every corpus image as it reads it (``load_clustered_index``).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from pipeline import dedup_options
 INDEX_DIR = ("near_duplicates", "index")
 VECTORS_FILE = "vectors.npy"
 ROWS_FILE = "rows.jsonl"
+CENTROIDS_FILE = "centroids.npy"
 THUMBNAILS_FILE = "thumbnails.jsonl"
 
 
@@ -60,12 +66,38 @@ def embed_eval_sets(specs: Sequence[str], embedder_name: str, preset, embedder_a
     return index, threshold, note
 
 
-def write_eval_index(loaded, output_dir: str) -> EvalIndex:
-    """Write the embedded sets to ``<output_dir>/near_duplicates/index/``, where the workers read them."""
+def write_eval_index(loaded, output_dir: str, preset) -> EvalIndex:
+    """Write the embedded sets and their centroids to ``<output_dir>/near_duplicates/index/``, where the workers read them."""
+    from dedup.transforms import IndexRows, index_centroids
+
     index, threshold, note = loaded
     directory = index_directory(output_dir)
     write_index(index, directory, index_thumbnails(index))
+    centroids = index_centroids(IndexRows.of(index), search_options(preset, threshold))
+    _write(FileSystems.join(directory, CENTROIDS_FILE), _npy(centroids))
     return EvalIndex(directory, threshold, note)
+
+
+def search_options(preset, threshold: float):
+    """How the evaluation index is searched: ``dedup.transforms.SearchOptions`` from the preset."""
+    from dedup.transforms import SearchOptions
+
+    return SearchOptions(threshold=threshold, search=preset.near_duplicate_search, **dedup_options.search_options(preset))
+
+
+def load_clustered_index(eval_index: EvalIndex, preset):
+    """The index the workers match against: rows and centroids from the files, searched as the preset says."""
+    from dedup.transforms import ClusteredIndex
+
+    rows = load_index_rows(eval_index.directory)
+    centroids = np.load(io.BytesIO(_read(FileSystems.join(eval_index.directory, CENTROIDS_FILE))), allow_pickle=False)
+    return ClusteredIndex(rows, centroids, search_options(preset, eval_index.threshold))
+
+
+def _npy(array) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, np.ascontiguousarray(np.asarray(array, np.float32)), allow_pickle=False)
+    return buffer.getvalue()
 
 
 def index_thumbnails(index) -> Dict[tuple, str]:
@@ -100,9 +132,7 @@ def write_index(index, directory: str, thumbnails: Dict[Tuple[str, str], str]) -
     vectors = np.ascontiguousarray(np.asarray(index.vectors, np.float32))
     if vectors.ndim != 2 or len(vectors) != len(index.keys):
         raise ValueError(f"index vectors of shape {vectors.shape} for {len(index.keys)} rows")
-    buffer = io.BytesIO()
-    np.save(buffer, vectors, allow_pickle=False)
-    _write(FileSystems.join(directory, VECTORS_FILE), buffer.getvalue())
+    _write(FileSystems.join(directory, VECTORS_FILE), _npy(vectors))
     rows = (
         {"set": str(s), "key": str(k), "variant": str(v)}
         for s, k, v in zip(index.set_names, index.keys, index.variants)
@@ -132,21 +162,6 @@ def thumbnail_entry(line: str) -> Tuple[Tuple[str, str], str]:
     """A line of ``thumbnails.jsonl`` -> ``((set, key), base64 JPEG or None)``."""
     row = json.loads(line)
     return (row["set"], row["key"]), row["thumbnail"]
-
-
-class ReadIndexRows(beam.PTransform):
-    """A singleton PCollection of the index rows, read on a worker from ``directory``.
-
-    Only the path is in the job graph; the result is what
-    ``dedup.transforms.RemoveNearDuplicates`` takes as its index.
-    """
-
-    def __init__(self, directory: str):
-        super().__init__()
-        self.directory = directory
-
-    def expand(self, pbegin):
-        return pbegin | "IndexDirectory" >> beam.Create([self.directory]) | "LoadIndexRows" >> beam.Map(load_index_rows)
 
 
 def _with_thumbnail(element):
@@ -179,4 +194,21 @@ class AddIndexThumbnails(beam.PTransform):
             {"row": keyed, "thumbnail": thumbnails}
             | "JoinThumbnails" >> beam.CoGroupByKey()
             | "WithThumbnail" >> beam.FlatMap(_with_thumbnail)
+        )
+
+
+class EvalMatchVerdicts(beam.PTransform):
+    """Light rows -> ``(key, "near_duplicate_eval/<set>")`` for those the first pass matched to an evaluation image."""
+
+    decides = ("near_duplicate_eval",)
+
+    def __init__(self, eval_index: EvalIndex):
+        super().__init__()
+        self.notes = {"near_duplicate_eval": eval_index.note}
+
+    def expand(self, rows):
+        return (
+            rows
+            | "Matched" >> beam.Filter(lambda row: bool(row.eval_match))
+            | "Verdict" >> beam.Map(lambda row: (row.key, row.eval_match))
         )

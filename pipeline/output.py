@@ -48,7 +48,9 @@ _STATS_FILES = re.compile(
     r"|near_duplicates-\d{5}-of-\d{5}\.jsonl"
     r"|metrics\.json|_shards\.json|concepts\.json|rejected/rejected-\d{5}-of-\d{5}\.jsonl)$"
 )
-_INDEX_FILES = re.compile(r"^near_duplicates/index/(vectors\.npy|rows\.jsonl|thumbnails\.jsonl)$")
+_INDEX_FILES = re.compile(r"^near_duplicates/index/(vectors\.npy|rows\.jsonl|centroids\.npy|thumbnails\.jsonl)$")
+#: The download's staging files (``pipeline.download.staging``).
+_STAGING_FILES = re.compile(r"^downloads/[0-9a-f]{32}\.tfrecord$")
 
 
 class OutputRefused(Exception):
@@ -114,7 +116,7 @@ def owned_by_build(relative: str, name: str) -> bool:
         return True
     if relative.startswith(STAGING + "/"):
         return True
-    return bool(_STATS_FILES.match(relative) or _INDEX_FILES.match(relative))
+    return bool(_STATS_FILES.match(relative) or _INDEX_FILES.match(relative) or _STAGING_FILES.match(relative))
 
 
 def list_files(directory: str) -> List[str]:

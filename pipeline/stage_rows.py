@@ -1,43 +1,63 @@
-"""The rows that cross stages of the build, as named types.
+"""The rows that cross stages of the build, as named types with compact, deterministic coders.
 
-``Candidate`` (``common.schema``) is the full record and ``Rejection``
-(``pipeline.readers.rows``) a record that will not be written with its first
-reason. The rest are what a stage hands on, so that no stage reads another's
-row as ``row[0]..row[3]``:
+``Candidate`` (``common.schema``) is the full record, image bytes included;
+it never leaves the first pass. What crosses a shuffle is one of these:
 
-- ``LightRow``: what the corpus stages see of a record (no image bytes).
+- ``LightRow``: one input record as the first pass judged it: its key, url,
+  normalised alt-text, hashes, its per-record verdict and where to read it
+  again (``source``, ``reader``, ``ordinal``: the record's position in what
+  the reader yields for that file). Rejections keep this type with their
+  final reason in ``reason``.
+- ``PoolRow``: what the corpus-wide counts see of a row (``filters.frequency``).
 - ``HashRow``: one image's hashes, for in-corpus duplicate removal.
 
 Key verdicts stay Beam key/value pairs ``(key, reason)`` (they are grouped
 by key); embeddings stay ``(key, vector)`` for the same reason.
 
-``LightRow`` and ``HashRow`` are all strings and use Beam's ``RowCoder``
-(registered below): deterministic, compact and schema-checked, where the
-default coder would pickle a NamedTuple. ``Rejection`` keeps the default
-coder: a read rejection carries whatever image value the input row held,
-which a schema coder would refuse.
+All three use Beam's ``RowCoder`` (registered below): deterministic, compact
+and schema-checked, where the default coder would pickle a NamedTuple.
 
 No ``from __future__ import annotations`` here: Beam reads the field types
 of the NamedTuples to build their schemas.
 """
 
+import json
 from typing import NamedTuple
 
 import apache_beam as beam
 
-from common.schema import Candidate
-from pipeline.readers.rows import Rejection
-
-
-def rejection(record: Candidate, reason: str) -> Rejection:
-    """A record rejected by a stage after reading, with what it had learnt of it."""
-    return Rejection(
-        record.key, reason, record.url, record.alt_text, record.width, record.height, record.format, record.image
-    )
+SURVIVORS, REJECTED = "survivors", "rejected"
 
 
 class LightRow(NamedTuple):
-    """A record as the corpus stages see it: key, image hashes, normalised alt-text."""
+    """One input record after the first pass: everything the corpus stages, the ledger and the writer need."""
+
+    key: str
+    url: str
+    text: str        # normalised alt-text (for a read rejection: what the reader could say of the row)
+    reason: str      # first reason it is rejected for, "" while it is kept
+    counted: bool    # in the corpus-wide counting pool (``filters.frequency``)
+    sha256: str
+    phash: str
+    width: int       # of the source image, after EXIF orientation (0: unknown)
+    height: int
+    format: str
+    source: str      # the file to read it again from ("": it cannot be read again)
+    reader: str      # that file's reader (``pipeline.readers.FORMATS``, or "staging")
+    ordinal: int     # its position in what the reader yields for that file
+    eval_match: str  # ``near_duplicate_eval/<set>`` when it is a near-duplicate of an evaluation image
+    detail: str      # JSON object added to its ledger line ("" for none)
+    carried: str     # JSON [[column, text], ...] of a downloaded record ("": read again from ``source``)
+
+    def rejected(self, reason: str) -> "LightRow":
+        return self._replace(reason=reason)
+
+    def detail_items(self) -> dict:
+        return json.loads(self.detail) if self.detail else {}
+
+
+class PoolRow(NamedTuple):
+    """A row of the corpus-wide counting pool: key, image hashes, normalised alt-text."""
 
     key: str
     sha256: str
@@ -45,8 +65,8 @@ class LightRow(NamedTuple):
     text: str
 
 
-def light_row(record: Candidate) -> LightRow:
-    return LightRow(record.key, record.sha256, record.phash, record.text)
+def pool_row(row: LightRow) -> PoolRow:
+    return PoolRow(row.key, row.sha256, row.phash, row.text)
 
 
 class HashRow(NamedTuple):
@@ -62,5 +82,11 @@ def row_key(row) -> str:
     return row.key
 
 
+def keyed(row):
+    """``(row.key, row)``: a named row as a Beam key/value pair."""
+    return row.key, row
+
+
 beam.coders.registry.register_coder(LightRow, beam.coders.RowCoder)
+beam.coders.registry.register_coder(PoolRow, beam.coders.RowCoder)
 beam.coders.registry.register_coder(HashRow, beam.coders.RowCoder)

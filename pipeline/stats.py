@@ -22,7 +22,6 @@ from typing import Dict, Iterable, Optional
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from common.histogram import HistogramFn
 from common.schema import key_fraction
 from filters import stages
 
@@ -42,20 +41,26 @@ HISTOGRAM_DESCRIPTIONS = {
 SAMPLES_PER_REASON = 20
 
 
-class HistogramPerKey(beam.PTransform):
-    """(measure name, value) -> (measure name, histogram dict)."""
+def _sum_counts(partials):
+    total = None
+    for counts in partials:
+        total = list(counts) if total is None else [a + b for a, b in zip(total, counts)]
+    return total
 
-    def expand(self, measures):
-        by_name = {}
-        for name, edges in HISTOGRAM_EDGES.items():
-            by_name[name] = (
-                measures
-                | f"Only_{name}" >> beam.Filter(lambda kv, n=name: kv[0] == n)
-                | f"Values_{name}" >> beam.Map(lambda kv: kv[1])
-                | f"Histogram_{name}" >> beam.CombineGlobally(HistogramFn(edges)).without_defaults()
-                | f"Name_{name}" >> beam.Map(lambda hist, n=name: (n, hist))
-            )
-        return tuple(by_name.values()) | "FlattenHistograms" >> beam.Flatten()
+
+class SumHistograms(beam.PTransform):
+    """``(measure name, partial counts over HISTOGRAM_EDGES[name])`` -> ``(measure name, histogram dict)``.
+
+    The first pass counts each file's (or batch's) values into the edges
+    where it reads them; only the partial counts travel.
+    """
+
+    def expand(self, partials):
+        return (
+            partials
+            | "SumPartials" >> beam.CombinePerKey(_sum_counts)
+            | "Histogram" >> beam.MapTuple(lambda name, counts: (name, {"edges": HISTOGRAM_EDGES[name], "counts": counts}))
+        )
 
 
 def build_funnel(

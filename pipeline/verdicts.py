@@ -4,13 +4,12 @@ One routing style for every stage: a stage is a composite ``PTransform``
 returning a dict with ``"rejected"`` (and ``"survivors"`` when later stages
 read them); splits inside it are tagged outputs. Two kinds of rejections:
 
-- record stages (reading, the record filters) reject whole records:
-  ``Rejection`` rows, which already hold what the audit shows;
-- key stages (NSFW, the frequency filters, near-duplicates) see light rows
-  without image bytes and reject keys: ``(key, reason)`` verdicts. A later key
-  stage drops earlier verdicts from its input with ``DropKeys``;
-  ``JoinVerdicts`` applies them all to the records in the build's one shuffle
-  of image bytes.
+- the first pass (``pipeline.judge``) rejects records: a light row carries
+  its first per-record reason (reading, the record filters, NSFW);
+- key stages (the frequency filters, near-duplicates) see light rows of the
+  records still in the running and reject keys: ``(key, reason)``
+  verdicts. A later key stage drops earlier verdicts from its input with
+  ``DropKeys``; ``JoinVerdicts`` applies them all to the light rows.
 
 Each stage declares the stage names it ``decides`` (``filters.stages``);
 ``StagesRun`` collects them as the graph is built, so the funnel's "ran"
@@ -19,7 +18,6 @@ flags and notes come from the stages that were applied.
 
 from __future__ import annotations
 
-import bisect
 import functools
 import operator
 from typing import Dict, List, Optional, Tuple
@@ -27,13 +25,10 @@ from typing import Dict, List, Optional, Tuple
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from common.schema import Candidate
-from filters import stages
 from common.hot_keys import JoinDecisions
-from pipeline.stage_rows import rejection
-from pipeline.stats import METRICS_NAMESPACE, SAMPLES_PER_REASON
-
-SURVIVORS, REJECTED = "survivors", "rejected"
+from filters import stages
+from pipeline.stage_rows import REJECTED, SURVIVORS, LightRow, keyed
+from pipeline.stats import METRICS_NAMESPACE
 
 
 class StagesRun:
@@ -81,19 +76,10 @@ class DropKeys(beam.PTransform):
 REPEAT = stages.reason("duplicate_pair", "repeat")
 
 
-def keep_order(record: Candidate) -> tuple:
-    """Which of a key's records is written: the smallest, by content (never arrival order)."""
-    # sha256 and the bytes first (as always); every other field after, so that
-    # records differing only in metadata are ordered too. key, url and
-    # alt_text are the same for all of a key's records.
-    return (record.sha256, record.image or b"", record.width, record.height, record.format, record.stored_width,
-            record.stored_height, record.text, record.phash, record.source_width, record.source_height,
-            repr(record.source), repr(record.carried))
-
-
-def rejection_order(record: Candidate) -> tuple:
-    """How a key's rejections compare (``Rejection`` tuples of one key and reason differ only here)."""
-    return record.width, record.height, record.format, record.image or b""
+def keep_order(row: LightRow) -> tuple:
+    """Which of a key's rows is written: the smallest by image, then by where it was read (never arrival order)."""
+    # key, url and text are the same for all of a key's rows.
+    return row.sha256, row.phash, row.width, row.height, row.format, row.source, row.ordinal
 
 
 def first_verdict(verdicts, rank=None):
@@ -106,17 +92,17 @@ def first_verdict(verdicts, rank=None):
     return min(verdicts, key=lambda r: rank[stages.stage_of(r)])
 
 
-def resolve_group(key: str, records: List[Candidate], verdicts: List[str], rank=None):
-    """The rule on one key's whole list of records and corpus verdicts: what to write and what to reject.
+def resolve_group(key: str, rows: List[LightRow], verdicts: List[str], rank=None):
+    """The rule on one key's whole list of rows and corpus verdicts: what to write and what to reject.
 
     A verdict (the first corpus stage that rejected the key) applies to every
-    record with the key. Otherwise exactly one record is written (the first
-    by ``keep_order``: content, not arrival order, so runs agree); repeats
-    of the same (url, alt-text) pair are ``duplicate_pair/repeat``.
+    row with the key. Otherwise exactly one row is written (the first by
+    ``keep_order``: content and place, not arrival order, so runs agree);
+    repeats of the same (url, alt-text) pair are ``duplicate_pair/repeat``.
     ``JoinVerdicts`` decides the same from a bounded ``RepeatSummary``,
     never from the list.
     """
-    ordered = sorted(records, key=keep_order)
+    ordered = sorted(rows, key=keep_order)
     if verdicts:
         first = first_verdict(verdicts, rank)
         return [], [(r, first) for r in ordered]
@@ -124,97 +110,76 @@ def resolve_group(key: str, records: List[Candidate], verdicts: List[str], rank=
 
 
 class RepeatSummary(beam.CombineFn):
-    """A key's records -> ``(count, kept, smallest)``: at most ``sample + 2`` records, whatever the count.
+    """A key's rows -> ``(count, smallest, second smallest)`` by ``keep_order``, whatever the count.
 
-    ``kept`` is the record ``resolve_group`` would write; ``smallest`` the
-    ``sample + 1`` smallest by ``rejection_order`` (sorted): all that the
-    audit's sampled rejections (``stats.SAMPLES_PER_REASON`` per reason, the
-    smallest by key rank, then ``Rejection``) can show of this key. A
-    combine, so repeats are reduced on the worker that read them, before
-    their image bytes cross the shuffle.
+    The smallest is the row ``resolve_group`` would write; a rejection of the
+    key is shown by the smallest row it rejects. A combine, so a pair
+    repeated on every page of a site is reduced where it was read.
     """
 
-    def __init__(self, sample: int = SAMPLES_PER_REASON):
-        self.size = sample + 1
-
     def create_accumulator(self):
-        return 0, None, []
+        return 0, None, None
 
-    def _add(self, acc, count, kept, smallest):
-        n, best, pool = acc
-        if kept is not None and (best is None or keep_order(kept) < keep_order(best)):
-            best = kept
-        pool = list(pool)
-        orders = [rejection_order(r) for r in pool]
-        for record in smallest:
-            order = rejection_order(record)
-            if len(pool) < self.size or order < orders[-1]:
-                at = bisect.bisect_right(orders, order)
-                orders.insert(at, order)
-                pool.insert(at, record)
-                del orders[self.size:], pool[self.size:]
-        return n + count, best, pool
+    def _add(self, acc, count, *rows):
+        n, first, second = acc
+        for row in rows:
+            if row is None:
+                continue
+            if first is None or keep_order(row) < keep_order(first):
+                first, second = row, first
+            elif second is None or keep_order(row) < keep_order(second):
+                second = row
+        return n + count, first, second
 
-    def add_input(self, acc, record):
-        return self._add(acc, 1, record, [record])
+    def add_input(self, acc, row):
+        return self._add(acc, 1, row)
 
     def merge_accumulators(self, accs):
         merged = self.create_accumulator()
-        for n, best, pool in accs:
-            merged = self._add(merged, n, best, pool)
+        for n, first, second in accs:
+            merged = self._add(merged, n, first, second)
         return merged
 
     def extract_output(self, acc):
         return acc
 
 
-def summary_rejections(summary, verdict: Optional[str]) -> Tuple[Optional[Candidate], List[Tuple[Candidate, str, int]]]:
-    """A key's ``RepeatSummary`` and verdict -> (record to write or None, [(record, reason, times)]).
+def summary_rejections(summary, verdict: Optional[str]) -> Tuple[Optional[LightRow], List[Tuple[LightRow, str, int]]]:
+    """A key's ``RepeatSummary`` and verdict -> (row to write or None, [(row shown, reason, times)]).
 
     The rejections of ``resolve_group`` as far as any output can tell: the
-    same number per reason, the same smallest ones (the audit's samples),
-    every record beyond those stood in for by the largest of them
-    (``times`` copies). The ledger line (key, reason, url) is the same for
-    all of a key's records.
+    same number per reason and the same ledger line (key, reason, url, the
+    same for all of a key's rows); the audit shows the smallest row rejected.
     """
-    count, kept, smallest = summary
+    count, first, second = summary
     if verdict is not None:
-        reason, total, rejected = verdict, count, list(smallest)
-    else:
-        reason, total = REPEAT, count - 1
-        # Records equal in content are interchangeable: drop one occurrence of the kept one.
-        rejected = list(smallest)
-        at = next((i for i, r in enumerate(rejected) if r == kept), None)
-        if at is not None:
-            del rejected[at]
-        rejected = rejected[:total]
-    out = [(record, reason, 1) for record in rejected]
-    if total > len(rejected) and rejected:
-        out.append((rejected[-1], reason, total - len(rejected)))
-    return (kept if verdict is None else None), out
+        return None, [(first, verdict, count)]
+    if count == 1:
+        return first, []
+    return first, [(second, REPEAT, count - 1)]
 
 
 class _ResolveVerdicts(beam.DoFn):
     def process(self, element):
         _, grouped = element
-        summaries = grouped["records"]
+        summaries = grouped["rows"]
         if not summaries:
-            return  # a verdict for a key whose records were rejected before
+            return  # a verdict for a key whose rows were rejected before
         verdict = next(iter(grouped["verdicts"]), None)
         kept, rejections = summary_rejections(summaries[0], verdict)
         if kept is not None:
             yield kept
-        for record, reason, times in rejections:
+        for row, reason, times in rejections:
             Metrics.counter(METRICS_NAMESPACE, reason).inc(times)
-            row = rejection(record, reason)
+            rejected = row.rejected(reason)
             for _ in range(times):
-                yield beam.pvalue.TaggedOutput(REJECTED, row)
+                yield beam.pvalue.TaggedOutput(REJECTED, rejected)
 
 
 class JoinVerdicts(beam.PTransform):
-    """``(records, (key, reason) verdicts)`` -> ``{"survivors": records to write, "rejected": Rejection}``.
+    """``(light rows, (key, reason) verdicts)`` -> ``{"survivors": rows to write, "rejected": rows with their reason}``.
 
-    Decides ``duplicate_pair`` on the way: of the records left with one key,
+    Decides ``duplicate_pair`` on the way: of the rows left with one key,
     one is written. A key's repeats are reduced by a combine
     (``RepeatSummary``) before the shuffle and its verdicts to the first,
     so the join meets one summary and one verdict per key, however often a
@@ -228,15 +193,15 @@ class JoinVerdicts(beam.PTransform):
         self.rank = rank
 
     def expand(self, inputs):
-        records, verdicts = inputs
+        rows, verdicts = inputs
         summaries = (
-            records
-            | "KeyRecords" >> beam.Map(lambda r: (r.key, r))
+            rows
+            | "KeyRows" >> beam.Map(keyed)
             | "SummarisePerKey" >> beam.CombinePerKey(RepeatSummary())
         )
         first = verdicts | "FirstVerdictPerKey" >> beam.CombinePerKey(functools.partial(first_verdict, rank=self.rank))
         outputs = (
-            {"records": summaries, "verdicts": first}
+            {"rows": summaries, "verdicts": first}
             | "GroupByPairKey" >> beam.CoGroupByKey()
             | "Resolve" >> beam.ParDo(_ResolveVerdicts()).with_outputs(REJECTED, main=SURVIVORS)
         )

@@ -1,197 +1,289 @@
-"""Writing a TFDS-compatible directory of TFRecord shards.
+"""The build's second pass: the kept records read again from their files and written as TFDS shards.
 
-Split and shard of a record are functions of its key alone (salted hashes),
-records inside a shard are sorted by key, and the Example bytes are encoded
-with a fixed feature order: two runs on the same input give byte-identical
-files whatever the runner, the number of workers or the bundle boundaries.
-The number of shards per split follows from the split's size and
-``max_records_per_shard``; hashing keeps shards within a few percent of the
-mean. Metadata (``dataset_info.json``, ``features.json``) is written by the
-launcher after the job, then ``COMPLETED`` last.
+    kept light rows --(by source file)--> read the file again --> shards <name>-<split>.tfrecord-NNNNN-of-MMMMM
+
+The first pass decided on light rows (``pipeline.judge``); only their
+source file and ordinal (the record's position in what the file's reader
+yields) cross the shuffle here, never image bytes. ``WriteShards`` groups the
+kept rows by file with the file's place in the shard plan
+(``pipeline.shards.shard_plan``), reads each file once more and writes its
+records, in file order, into shards it alone writes: one open shard per
+split at a time, whatever the number of shards. A record is written with
+its stored picture (``filters.image.stored_picture``: the source JPEG as it
+came, or a re-encode). A record that cannot be written after all (its
+bytes changed since the first pass, or its full decode fails where the
+reduced one did not) is rejected here with its reason, and counted like
+any other.
+
+The same pass reads the rejections chosen as the audit's samples in the
+files it opens anyway and makes their thumbnails: the ledger and the
+report carry thumbnails and references, never the bytes.
+
+``WriteRejectionLedger`` writes every rejected record's key and reason.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
-import os
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
-
 from apache_beam.metrics import Metrics
 
-from common.schema import (
-    CARRIED_PREFIX, CONCEPTS_DIR, CONCEPTS_FEATURE, FEATURES, SPLITS, Candidate, carried_features, key_fraction,
-    shard_filename,
+from common.schema import CONCEPTS_DIR, SPLITS, Candidate, shard_filename
+from filters import stages
+from filters.image import read_header, stored_picture
+from pipeline import readers
+from pipeline.download import staging
+from pipeline.readers.rows import Columns, Rejection
+from pipeline.shards import (
+    SHARDS_FILE, ShardWriter, chunk_sizes, shard_list, shard_of, shard_plan, split_of, to_example, write_empty_shard,
 )
-from pipeline import tfrecord
+from pipeline.stage_rows import LightRow
 from pipeline.stats import METRICS_NAMESPACE, write_text
 
-SHARDS_FILE = "stats/_shards.json"
+SHARDS, SAMPLES, LATE, CONCEPT_COUNTS = "shards", "samples", "late_rejections", "concept_counts"
+SOURCE_CHANGED = stages.reason("read", "source_changed")
 
 
-def split_of(key: str, validation_fraction: float) -> str:
-    return "validation" if key_fraction(key, salt="split") < validation_fraction else "train"
+def reader_of(name: str):
+    """The module that reads a file of this reader name (the input formats, and the download's staging files)."""
+    return staging if name == staging.READER else readers.FORMATS[name]
 
 
-def num_shards_for(count: int, max_records_per_shard: int) -> int:
-    # Hash sharding is uneven by ~sqrt(n); aim at 90% of the bound.
-    return max(1, math.ceil(count / (0.9 * max_records_per_shard)))
+def source_matches(row: LightRow, record) -> bool:
+    """Whether what the second pass read at the row's ordinal is the record the first pass judged."""
+    if not isinstance(record, Candidate) or record.image is None:
+        return False
+    if row.reader != staging.READER and record.key != row.key:
+        return False
+    return hashlib.sha256(record.image).hexdigest() == row.sha256
 
 
-def shard_of(key: str, num_shards: int) -> int:
-    return min(num_shards - 1, int(key_fraction(key, salt="shard") * num_shards))
+class _SplitShards:
+    """One split's shards of one file: the shard each of its rows goes to, and the one open shard."""
+
+    def __init__(self, split: str, rows: List[LightRow], first: int, bound: int, count: int, output_dir: str, name: str):
+        self.split, self.first, self.count = split, first, count
+        self.output_dir, self.name = output_dir, name
+        self.shard_of_row: Dict[int, int] = {}
+        at = 0
+        sizes = chunk_sizes(len(rows), bound)
+        for offset, size in enumerate(sizes):
+            for row in rows[at : at + size]:
+                self.shard_of_row[id(row)] = first + offset
+            at += size
+        self.last = first + len(sizes) - 1
+        self.index: Optional[int] = None
+        self.writer: Optional[ShardWriter] = None
+
+    def write(self, row: LightRow, payload: bytes, concepts) -> List[tuple]:
+        closed = self._advance_to(self.shard_of_row[id(row)])
+        self.writer.write(payload, concepts)
+        return closed
+
+    def finish(self) -> List[tuple]:
+        """Closes the open shard; a shard whose every row was rejected in this pass is still written, empty."""
+        return self._advance_to(self.last) + self._close()
+
+    def _advance_to(self, index: int) -> List[tuple]:
+        closed = []
+        while self.index is None or self.index < index:
+            closed += self._close()
+            self.index = self.first if self.index is None else self.index + 1
+            path = FileSystems.join(self.output_dir, shard_filename(self.name, self.split, self.index, self.count))
+            self.writer = ShardWriter(path)
+        return closed
+
+    def _close(self) -> List[tuple]:
+        if self.writer is None:
+            return []
+        writer, self.writer = self.writer, None
+        return [(self.split, self.index, writer.close(), writer)]
 
 
-def to_example(record: Candidate, carried: Sequence[str] = ()) -> bytes:
-    """The record's Example: ``FEATURES`` in order, ``source_<column>`` for each carried column, then
-    ``concepts`` when the record was tagged (``--concepts``)."""
-    values = {
-        "image": record.image,
-        "texts": record.text,
-        "key": record.key,
-        "url": record.url,
-        "width": record.stored_width,
-        "height": record.stored_height,
-        "original_width": record.width,
-        "original_height": record.height,
-        "sha256": record.sha256,
-        "phash": record.phash,
-    }
-    assert list(values) == list(FEATURES), "writer and schema.FEATURES disagree"
-    have = dict(record.carried)
-    for column in carried:
-        values[CARRIED_PREFIX + column] = have.get(column, "")
-    if record.concepts is not None:
-        values[CONCEPTS_FEATURE] = " ".join(record.concepts)
-    return tfrecord.encode_example(values)
+class _WriteFileShards(beam.DoFn):
+    """``(source file, {"rows", "samples", "plan"})`` -> the file's shards; shard infos, samples, late rejections."""
 
-
-def concept_offsets(payloads: Sequence[bytes], concepts: Sequence[tuple]) -> Dict[str, List[int]]:
-    """``{class: [byte offset of each record of that class]}`` in a shard of these payloads, in order.
-
-    A TFRecord frame is 8 bytes of length, 4 of its CRC, the payload and 4 of
-    the payload's CRC: record ``i`` starts at ``sum(len(p) + 16 for p before it)``.
-    The trainer seeks there to read one class's records (``trainer.concept_batches``).
-    """
-    offsets: Dict[str, List[int]] = {}
-    position = 0
-    for payload, classes in zip(payloads, concepts):
-        for name in classes or ():
-            offsets.setdefault(name, []).append(position)
-        position += len(payload) + 16
-    return offsets
-
-
-def write_contiguous_shards(output_dir: str, name: str, split: str, examples: List[bytes], num_shards: int) -> List[int]:
-    """Serialised Examples into ``num_shards`` files in order; returns the shard lengths.
-
-    For small fixtures and benchmarks written outside Beam; the build job
-    shards by key hash instead (``WriteShards``).
-    """
-    base, extra = divmod(len(examples), num_shards)
-    lengths = [base + (index < extra) for index in range(num_shards)]  # as numpy.array_split
-    start = 0
-    for index, length in enumerate(lengths):
-        path = FileSystems.join(output_dir, shard_filename(name, split, index, num_shards))
-        with FileSystems.create(path) as handle:
-            tfrecord.write_records(handle, examples[start : start + length])
-        start += length
-    return lengths
-
-
-class _WriteShard(beam.DoFn):
-    def __init__(self, output_dir: str, name: str):
+    def __init__(self, output_dir: str, name: str, preset, columns: Columns, carried: Sequence[str],
+                 ontology=None, labels_column: str = ""):
         self.output_dir = output_dir
         self.name = name
+        self.preset = preset
+        self.columns = columns
+        self.carried = tuple(carried)
+        self.ontology = ontology
+        self.labels_column = labels_column
 
-    def process(self, element, shard_counts):
-        (split, index), examples = element
-        num_shards = shard_counts[split]
-        ordered = sorted(examples, key=lambda e: e[0])  # (key, bytes, concepts): deterministic order
-        filename = shard_filename(self.name, split, index, num_shards)
-        path = FileSystems.join(self.output_dir, filename)
-        with FileSystems.create(path) as handle:
-            tfrecord.write_records(handle, (payload for _, payload, _ in ordered))
-        if ordered and ordered[0][2] is not None:  # a tagged build: the shard's class index beside it
-            offsets = concept_offsets([p for _, p, _ in ordered], [c for _, _, c in ordered])
-            index_path = FileSystems.join(self.output_dir, CONCEPTS_DIR, filename + ".json")
-            write_text(index_path, json.dumps({"shard": filename, "records": len(ordered), "offsets": offsets},
-                                              sort_keys=True))
-        Metrics.counter(METRICS_NAMESPACE, f"written/{split}").inc(len(ordered))
-        yield split, index, num_shards, len(ordered)
+    def setup(self):
+        self.tagger = None
+        if self.ontology is not None:
+            from filters.concepts import Tagger
+
+            self.tagger = Tagger(self.ontology)
+
+    def process(self, element, totals):
+        source, grouped = element
+        rows = sorted(grouped["rows"], key=lambda r: (r.ordinal, r.key))
+        samples = sorted(grouped["samples"], key=lambda r: (r.ordinal, r.key, r.reason))
+        if not rows and not samples:
+            return
+        firsts = next(iter(grouped["plan"]), {})
+        fraction = self.preset.validation_fraction
+        by_split: Dict[str, List[LightRow]] = {}
+        for row in rows:
+            by_split.setdefault(split_of(row.key, fraction), []).append(row)
+        splits = {split: _SplitShards(split, split_rows, firsts[split], self.preset.max_records_per_shard,
+                                      totals[split], self.output_dir, self.name)
+                  for split, split_rows in by_split.items()}
+        wanted: Dict[int, list] = {}
+        for row in rows:
+            wanted.setdefault(row.ordinal, []).append(("write", row))
+        for row in samples:
+            wanted.setdefault(row.ordinal, []).append(("sample", row))
+        reader = reader_of((rows or samples)[0].reader)
+        last = max(wanted)
+        for ordinal, record in enumerate(reader.read_file(source, self.columns)):
+            for kind, row in wanted.pop(ordinal, ()):
+                if kind == "sample":
+                    yield beam.pvalue.TaggedOutput(SAMPLES, _sample(row, record))
+                else:
+                    yield from self._write(row, record, splits[split_of(row.key, fraction)])
+            if ordinal >= last:
+                break
+        for entries in wanted.values():  # the file ends before the ordinal: it changed since the first pass
+            for kind, row in entries:
+                if kind == "sample":
+                    yield beam.pvalue.TaggedOutput(SAMPLES, _sample(row, None))
+                else:
+                    yield self._late(row, SOURCE_CHANGED)
+        for _, shards in sorted(splits.items()):
+            yield from self._shards(shards.finish())
+
+    def _late(self, row: LightRow, reason: str):
+        Metrics.counter(METRICS_NAMESPACE, reason).inc()
+        return beam.pvalue.TaggedOutput(LATE, row.rejected(reason))
+
+    def _write(self, row: LightRow, record, shards: _SplitShards):
+        if not source_matches(row, record):
+            yield self._late(row, SOURCE_CHANGED)
+            return
+        header, reason = read_header(record.image, self.preset)
+        stored, reason = stored_picture(record.image, header, self.preset) if header else (None, reason)
+        if reason:
+            yield self._late(row, reason)
+            return
+        carried = tuple(tuple(kv) for kv in json.loads(row.carried)) if row.carried else record.carried
+        concepts = None
+        if self.tagger is not None:
+            from pipeline.concepts import concepts_of
+
+            concepts = concepts_of(row.text, carried, self.tagger, self.labels_column)
+        written = Candidate(
+            key=row.key, url=row.url, alt_text="", image=stored.image, carried=carried, text=row.text,
+            format=row.format, width=row.width, height=row.height, stored_width=stored.width,
+            stored_height=stored.height, sha256=row.sha256, phash=row.phash, concepts=concepts)
+        Metrics.counter(METRICS_NAMESPACE, f"written/{shards.split}").inc()
+        yield from self._shards(shards.write(row, to_example(written, self.carried), concepts))
+
+    def _shards(self, closed):
+        for split, index, info, writer in closed:
+            if self.tagger is not None:  # the shard's class index beside it, and its share of stats/concepts.json
+                filename = writer.path.rstrip("/").rsplit("/", 1)[-1]
+                write_text(FileSystems.join(self.output_dir, CONCEPTS_DIR, filename + ".json"),
+                           json.dumps({"shard": filename, "records": info["records"], "offsets": writer.offsets},
+                                      sort_keys=True))
+                for name, count in concept_counts(writer).items():
+                    yield beam.pvalue.TaggedOutput(CONCEPT_COUNTS, ((split, name), count))
+            yield beam.pvalue.TaggedOutput(SHARDS, (split, index, info))
 
 
-def _fill_empty_shards(output_dir: str, name: str, written: List[tuple]) -> Dict[str, List[int]]:
-    """Hashing may leave a shard empty; TFDS expects every index, so write it.
+def concept_counts(writer: ShardWriter) -> Dict[str, int]:
+    """A tagged shard's pairs, tagged pairs and pairs per class, as ``pipeline.concepts.concept_stats`` counts them."""
+    from pipeline.concepts import PAIRS, TAGGED
 
-    A build that writes no record at all still gets one empty shard per split:
-    an empty corpus is a valid TFDS directory with 0 examples, not a missing one.
-    """
-    lengths: Dict[str, List[int]] = {}
-    for split, index, num_shards, count in written:
-        lengths.setdefault(split, [0] * num_shards)[index] = count
-    if not lengths:
-        lengths = {split: [0] for split in SPLITS}
-    present = {(s, i) for s, i, _, _ in written}
-    for split, counts in lengths.items():
-        for index in range(len(counts)):
-            if (split, index) not in present:
-                path = FileSystems.join(output_dir, shard_filename(name, split, index, len(counts)))
-                FileSystems.create(path).close()
-    return lengths
+    return {PAIRS: writer.records, TAGGED: writer.tagged, **{name: len(at) for name, at in writer.offsets.items()}}
 
 
-def _write_shard_list(shard_lengths: Dict[str, List[int]], output_dir: str) -> None:
-    write_text(FileSystems.join(output_dir, SHARDS_FILE), json.dumps(shard_lengths, sort_keys=True))
+def _sample(row: LightRow, record) -> dict:
+    """An audit sample: the rejection as its light row has it, with the thumbnail and alt-text read again."""
+    from pipeline.write_stats import sample_row
+
+    image = getattr(record, "image", None)
+    alt_text = getattr(record, "alt_text", None) or row.text
+    return sample_row(row, image, alt_text)
+
+
+def _keyed_by_source(row: LightRow):
+    return row.source, row
 
 
 class WriteShards(beam.PTransform):
-    """Candidates to ``<name>-<split>.tfrecord-NNNNN-of-MMMMM`` files.
+    """``(kept light rows, sampled rejections)`` -> ``{"shards", "samples", "rejected", "concepts"}``.
 
-    Returns a PCollection with one dict ``{split: [records per shard]}``,
-    also written to ``stats/_shards.json`` for the launcher's metadata.
+    ``shards``: one ``(split, index, {"records", "bytes", "crc32c"})`` per
+    shard file; the list is also written to ``stats/_shards.json`` for the
+    launcher (``pipeline.shards.shard_list``). ``samples``: audit sample
+    rows with thumbnails. ``rejected``: records the pass could not write.
+    ``concepts``: ``((split, class), records)`` per shard with ``--concepts``.
     """
 
-    def __init__(self, output_dir: str, name: str, preset, carried: Sequence[str] = ()):
+    def __init__(self, output_dir: str, name: str, preset, columns: Columns = Columns(), carried: Sequence[str] = (),
+                 ontology=None, labels_column: str = ""):
         super().__init__()
         self.output_dir = output_dir
         self.name = name
         self.preset = preset
+        self.columns = columns
         self.carried = tuple(carried)
+        self.ontology = ontology
+        self.labels_column = labels_column
 
-    def expand(self, records):
-        fraction = self.preset.validation_fraction
-        bound = self.preset.max_records_per_shard
-        carried = self.carried
-        by_split = records | "AssignSplit" >> beam.Map(
-            lambda r: (split_of(r.key, fraction), (r.key, to_example(r, carried), r.concepts))
-        )
-        counts = (
-            by_split
-            | "SplitOnly" >> beam.Map(lambda kv: kv[0])
-            | "CountPerSplit" >> beam.combiners.Count.PerElement()
-            | "NumShards" >> beam.Map(lambda kv: (kv[0], num_shards_for(kv[1], bound)))
-        )
-        shard_counts = beam.pvalue.AsDict(counts)
-        written = (
-            by_split
-            | "AssignShard" >> beam.Map(
-                lambda kv, shards: ((kv[0], shard_of(kv[1][0], shards[kv[0]])), kv[1]), shards=shard_counts
-            )
-            | "GroupByShard" >> beam.GroupByKey()
-            | "WriteShard" >> beam.ParDo(_WriteShard(self.output_dir, self.name), shard_counts)
-        )
+    def expand(self, inputs):
+        rows, samples = inputs
+        fraction, bound = self.preset.validation_fraction, self.preset.max_records_per_shard
         output_dir, name = self.output_dir, self.name
-        lengths = (
-            written
-            | "CollectShardList" >> beam.combiners.ToList()
-            | "FillEmptyShards" >> beam.Map(lambda items: _fill_empty_shards(output_dir, name, items))
+        plan = (
+            rows
+            | "FileAndSplit" >> beam.Map(lambda r: ((r.source, split_of(r.key, fraction)), 1))
+            | "KeptPerFileAndSplit" >> beam.CombinePerKey(sum)
+            | "CollectCounts" >> beam.combiners.ToList()
+            | "ShardPlan" >> beam.Map(lambda counts: shard_plan([(f, s, n) for (f, s), n in counts], bound))
         )
-        _ = lengths | "WriteShardList" >> beam.Map(_write_shard_list, output_dir)
-        return lengths
+        firsts = plan | "FirstShards" >> beam.FlatMap(lambda p: sorted(p[0].items()))
+        totals = beam.pvalue.AsSingleton(plan | "ShardsPerSplit" >> beam.Map(lambda p: p[1]))
+        to_read = samples | "SamplesToReadAgain" >> beam.Filter(lambda r: bool(r.source))
+        written = (
+            {"rows": rows | "ByFile" >> beam.Map(_keyed_by_source),
+             "samples": to_read | "SamplesByFile" >> beam.Map(_keyed_by_source),
+             "plan": firsts}
+            | "GroupByFile" >> beam.CoGroupByKey()
+            | "WriteFileShards" >> beam.ParDo(
+                _WriteFileShards(output_dir, name, self.preset, self.columns, self.carried, self.ontology,
+                                 self.labels_column), totals)
+            .with_outputs(SHARDS, SAMPLES, LATE, CONCEPT_COUNTS)
+        )
+        empty = plan | "EmptyCorpusShards" >> beam.FlatMap(
+            lambda p: [] if p[1] else [(split, 0, write_empty_shard(output_dir, name, split)) for split in SPLITS])
+        shards = (written[SHARDS], empty) | "AllShards" >> beam.Flatten()
+        unread = samples | "SamplesWithoutSource" >> beam.Filter(lambda r: not r.source) | "SampleRows" >> beam.Map(
+            _sample, None)
+        _ = (
+            shards
+            | "CollectShardList" >> beam.combiners.ToList()
+            | "WriteShardList" >> beam.Map(
+                lambda infos: write_text(FileSystems.join(output_dir, SHARDS_FILE),
+                                         json.dumps(shard_list(infos), sort_keys=True)))
+        )
+        return {
+            SHARDS: shards,
+            SAMPLES: (written[SAMPLES], unread) | "AllSamples" >> beam.Flatten(),
+            "rejected": written[LATE],
+            "concepts": written[CONCEPT_COUNTS],
+        }
 
 
 class _WriteLedgerFile(beam.DoFn):
@@ -207,6 +299,10 @@ class _WriteLedgerFile(beam.DoFn):
                 handle.write(line.encode("utf-8") + b"\n")
 
 
+def ledger_line(row: LightRow) -> str:
+    return json.dumps({"key": row.key, "reason": row.reason, "url": row.url, **row.detail_items()})
+
+
 class WriteRejectionLedger(beam.PTransform):
     """Every rejected record's key and reason, ``stats/rejected/*.jsonl``.
 
@@ -214,7 +310,7 @@ class WriteRejectionLedger(beam.PTransform):
     (a download's ``http_status`` and ``final_url``).
 
     The per-record ledger behind the funnel: with the shards it accounts for
-    every input record. Files are keyed and sorted like the shards, so runs
+    every input record. Files are keyed and sorted by key hash, so runs
     agree byte for byte; about ``LEDGER_LINES_PER_FILE`` lines per file.
     """
 
@@ -231,12 +327,7 @@ class WriteRejectionLedger(beam.PTransform):
         return (
             rejections
             | "LedgerLine" >> beam.Map(
-                lambda r, n: (
-                    shard_of(r.key, n),
-                    (r.key, json.dumps({"key": r.key, "reason": r.reason, "url": r.url, **dict(r.detail)})),
-                ),
-                n=beam.pvalue.AsSingleton(num_files),
-            )
+                lambda r, n: (shard_of(r.key, n), (r.key, ledger_line(r))), n=beam.pvalue.AsSingleton(num_files))
             | "GroupLedgerFile" >> beam.GroupByKey()
             | "WriteLedgerFile" >> beam.ParDo(_WriteLedgerFile(self.output_dir), beam.pvalue.AsSingleton(num_files))
         )

@@ -5,8 +5,9 @@
     stats/rejected_samples.jsonl  up to ``SAMPLES_PER_REASON`` rejections per reason, with thumbnails
 
 The files are written once, by one worker, after every count is known
-(side inputs of a single trigger element); the samples are chosen by a hash
-of the key, so runs agree byte for byte.
+(side inputs of a single trigger element). The samples are chosen by a hash
+of the key (``ChooseSamples``), so runs agree byte for byte; their
+thumbnails are made by the second pass, which reads their files anyway.
 """
 
 from __future__ import annotations
@@ -19,22 +20,35 @@ from apache_beam.io.filesystems import FileSystems
 from filters import stages
 from filters.image import thumbnail_b64
 from pipeline import stats as stats_lib
-from pipeline.readers.rows import Rejection
+from pipeline.stage_rows import LightRow
 
 
-def sample_row(rejection: Rejection) -> dict:
-    """A rejection as the audit shows it: reason, record fields, a thumbnail."""
+def sample_row(row: LightRow, image=None, alt_text=None) -> dict:
+    """A rejection as the audit shows it: reason, record fields, a thumbnail of ``image`` (read again)."""
     return {
-        "reason": rejection.reason,
-        "stage": stages.stage_of(rejection.reason),
-        "key": rejection.key,
-        "url": rejection.url,
-        "alt_text": rejection.alt_text[:500],
-        "width": rejection.width,
-        "height": rejection.height,
-        "format": rejection.format,
-        "thumbnail": thumbnail_b64(rejection.image),
+        "reason": row.reason,
+        "stage": stages.stage_of(row.reason),
+        "key": row.key,
+        "url": row.url,
+        "alt_text": (row.text if alt_text is None else alt_text)[:500],
+        "width": row.width,
+        "height": row.height,
+        "format": row.format,
+        "thumbnail": thumbnail_b64(image),
+        "rank": stats_lib.sample_rank(row.key),
     }
+
+
+class ChooseSamples(beam.PTransform):
+    """Rejected light rows -> up to ``SAMPLES_PER_REASON`` of each reason, the smallest by key hash."""
+
+    def expand(self, rejections):
+        return (
+            rejections
+            | "ByReason" >> beam.Map(lambda r: (r.reason, (stats_lib.sample_rank(r.key), r.key, r)))
+            | "SamplePerReason" >> beam.combiners.Top.SmallestPerKey(stats_lib.SAMPLES_PER_REASON)
+            | "SampledRows" >> beam.FlatMap(lambda kv: [row for _, _, row in kv[1]])
+        )
 
 
 def _write_stats_files(_, output_dir, input_count, rejected, written, histograms, extra, samples, meta, notes=None):
@@ -52,14 +66,16 @@ def _write_stats_files(_, output_dir, input_count, rejected, written, histograms
     distributions.update(sorted(extra.items()))
     stats_lib.write_text(FileSystems.join(stats_dir, "distributions.json"), stats_lib.to_json(distributions, sort_keys=True))
     position = {row["stage"]: i for i, row in enumerate(funnel["stages"])}  # extra stages included
-    rows = sorted(samples, key=lambda row: (position[row["stage"]], row["reason"], row["rank"]))
+    rows = sorted(samples, key=lambda row: (position[row["stage"]], row["reason"], row["rank"], row["key"]))
     lines = "".join(json.dumps({k: v for k, v in row.items() if k != "rank"}) + "\n" for row in rows)
     stats_lib.write_text(FileSystems.join(stats_dir, "rejected_samples.jsonl"), lines)
     yield funnel
 
 
 class WriteStats(beam.PTransform):
-    """``(input count, rejections, written per split, histograms, extra stats[, stage notes])`` -> the funnel, once written.
+    """``(input count, rejections, written per split, histograms, extra stats, samples[, stage notes])`` -> the funnel, once written.
+
+    ``samples`` are ``sample_row`` dicts (``ChooseSamples``, then the second pass).
 
     ``stage notes`` (optional) are ``(stage, text)`` made in the job; they
     replace the launcher's note of that stage.
@@ -75,15 +91,9 @@ class WriteStats(beam.PTransform):
         self.meta = meta
 
     def expand(self, inputs):
-        input_count, rejections, written_counts, histograms, extra = inputs[:5]
-        notes = inputs[5] if len(inputs) > 5 else None
+        input_count, rejections, written_counts, histograms, extra, samples = inputs[:6]
+        notes = inputs[6] if len(inputs) > 6 else None
         reason_counts = rejections | "ReasonOnly" >> beam.Map(lambda r: r.reason) | "CountReasons" >> beam.combiners.Count.PerElement()
-        samples = (
-            rejections
-            | "ByReason" >> beam.Map(lambda r: (r.reason, (stats_lib.sample_rank(r.key), r.key, r)))
-            | "SamplePerReason" >> beam.combiners.Top.SmallestPerKey(stats_lib.SAMPLES_PER_REASON)
-            | "SampleRows" >> beam.FlatMap(lambda kv: [dict(sample_row(r), rank=rank) for rank, _, r in kv[1]])
-        )
         p = input_count.pipeline
         return (
             p

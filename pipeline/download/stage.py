@@ -11,6 +11,9 @@ its own element.
 
 What a download leaves behind:
 
+- each fetched body is written once to a staging file of the build
+  (``pipeline.download.staging``): the record handed on points there, and
+  the build's second pass reads the bytes from it to write the shard;
 - written records keep ``http_status`` and ``final_url`` as carried
   columns (the shards' ``source_http_status`` / ``source_final_url``); the
   source size is measured from the downloaded bytes by the image filters
@@ -33,6 +36,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from common.schema import Candidate
 from filters import stages
+from pipeline.download import staging
 from pipeline.download.fetch import FetchOptions, Fetched, HostSlots, fetch, tls_context
 from pipeline.readers.rows import Rejection
 from pipeline.stats import METRICS_NAMESPACE
@@ -56,11 +60,12 @@ class DownloadOptions:
         return 2 * self.threads  # elements buffered per bundle: keeps the pool busy, bounds memory
 
 
-def downloaded(candidate: Candidate, fetched: Fetched):
+def downloaded(candidate: Candidate, fetched: Fetched, origin: tuple = ()):
     """The record after its download: with its image, or the ``download/<reason>`` rejection (pure).
 
     Both keep the last HTTP status (0: no response) and the final URL: the
     rejection in its ledger line, the record as carried text columns.
+    ``origin`` is where the body was staged (``pipeline.download.staging``).
     """
     if not fetched.ok:
         reason = stages.reason("download", fetched.reason)
@@ -68,12 +73,13 @@ def downloaded(candidate: Candidate, fetched: Fetched):
         return Rejection(candidate.key, reason, candidate.url, candidate.alt_text, detail=detail)
     facts = (("http_status", str(fetched.status)), ("final_url", fetched.final_url))
     carried = tuple(kv for kv in candidate.carried if kv[0] not in CARRIED) + facts
-    return candidate.replace(image=fetched.body, carried=carried)
+    return candidate.replace(image=fetched.body, carried=carried, origin=origin)
 
 
 class _Download(beam.DoFn):
-    def __init__(self, options: DownloadOptions, resolver=None):
+    def __init__(self, options: DownloadOptions, staging_dir: str, resolver=None):
         self.options = options
+        self.staging_dir = staging_dir
         self.resolver = resolver  # None: the system resolver (tests inject one)
         self.fetched = Metrics.counter(DOWNLOAD_NAMESPACE, "fetched")
         self.bytes = Metrics.counter(DOWNLOAD_NAMESPACE, "bytes")
@@ -88,6 +94,7 @@ class _Download(beam.DoFn):
 
     def start_bundle(self):
         self.pending = set()
+        self.staging = staging.StagingWriter(self.staging_dir)
 
     def _submit(self, candidate: Candidate, window, timestamp):
         kwargs = {"slots": self.slots, "context": self.context}
@@ -103,7 +110,10 @@ class _Download(beam.DoFn):
             fetched = future.result()  # fetch() returns a reason for anything the network does
             self.retries.inc(fetched.attempts - 1)
             self.redirects.inc(fetched.redirects)
-            result = downloaded(candidate, fetched)
+            origin = ()
+            if fetched.ok:
+                origin = self.staging.write(candidate.url, fetched.final_url, fetched.status, fetched.body)
+            result = downloaded(candidate, fetched, origin)
             value = WindowedValue(result, timestamp, (window,))
             if isinstance(result, Rejection):
                 Metrics.counter(METRICS_NAMESPACE, result.reason).inc()
@@ -126,6 +136,7 @@ class _Download(beam.DoFn):
         pending, self.pending = self.pending, set()
         done, _ = wait(pending)
         yield from self._results(done)
+        self.staging.close()
 
     def teardown(self):
         pool: Optional[ThreadPoolExecutor] = getattr(self, "pool", None)
@@ -134,12 +145,16 @@ class _Download(beam.DoFn):
 
 
 class DownloadImages(beam.PTransform):
-    """Candidates -> ``{"survivors": Candidate with image bytes, "rejected": Rejection}``."""
+    """URL rows -> ``{"survivors": Candidate with image bytes and its staging origin, "rejected": Rejection}``.
+
+    ``staging_dir``: where the fetched bodies are written (``pipeline.download.staging``).
+    """
 
     decides = ("download",)
 
-    def __init__(self, options: DownloadOptions = DownloadOptions(), resolver=None):
+    def __init__(self, staging_dir: str, options: DownloadOptions = DownloadOptions(), resolver=None):
         super().__init__()
+        self.staging_dir = staging_dir
         self.options = options
         self.resolver = resolver
         loopback = " (loopback allowed: tests and benchmarks only)" if options.fetch.allow_loopback else ""
@@ -149,18 +164,16 @@ class DownloadImages(beam.PTransform):
             f"{options.fetch.retries} retries, {options.fetch.max_redirects} redirects{loopback}"
         )}
 
-    def expand(self, candidates):
+    def expand(self, url_rows):
         # URL rows are spread over the workers before fetching: one big URL list
-        # is read by one worker, but must be fetched by all of them. Rows that
-        # came with bytes are not shuffled (image bytes cross one shuffle only).
-        to_fetch, carrying = candidates | "HasBytes" >> beam.Partition(lambda c, _: int(c.image is not None), 2)
+        # is read by one worker, but must be fetched by all of them.
         outputs = (
-            to_fetch
+            url_rows
             | "SpreadUrls" >> beam.Reshuffle()
-            | "Fetch" >> beam.ParDo(_Download(self.options, self.resolver)).with_outputs(REJECTED, main=SURVIVORS)
+            | "Fetch" >> beam.ParDo(_Download(self.options, self.staging_dir, self.resolver))
+            .with_outputs(REJECTED, main=SURVIVORS)
         )
-        survivors = (outputs[SURVIVORS], carrying) | "WithCarriedBytes" >> beam.Flatten()
-        return {SURVIVORS: survivors, REJECTED: outputs[REJECTED]}
+        return {SURVIVORS: outputs[SURVIVORS], REJECTED: outputs[REJECTED]}
 
 
 # ---------------------------------------------------------------------------

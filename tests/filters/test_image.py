@@ -61,8 +61,9 @@ def test_exif_orientation_is_applied_to_the_stored_image():
     # The size and aspect rules are symmetric in width and height, so the
     # orientation changes what is stored, never the verdict.
     assert verdict(raw_ok) is None
-    decoded, reason = image.decode_image(raw_ok, header, ALIGN)
-    assert reason is None and (decoded.width, decoded.height) == (219, 512)  # portrait, capped at 512
+    stored, reason = image.stored_picture(raw_ok, header, ALIGN)
+    assert reason is None and (stored.width, stored.height) == (219, 512)  # portrait, capped at 512
+    assert Image.open(io.BytesIO(stored.image)).size == (219, 512)
 
 
 def test_bad_bytes_get_reasons():
@@ -76,7 +77,11 @@ def test_bad_bytes_get_reasons():
     truncated = good[: len(good) * 6 // 10]
     header, reason = image.read_header(truncated, ALIGN)
     assert reason is None
-    assert image.decode_image(truncated, header, ALIGN)[1] == "image_decode/corrupt"
+    assert image.identify(truncated, header)[1] == "image_decode/corrupt"
+    # The second pass decodes only what it re-encodes; there, a truncation fails too.
+    large = encode((1600, 900))
+    truncated = large[: len(large) * 6 // 10]
+    assert image.stored_picture(truncated, image.read_header(truncated, ALIGN)[0], ALIGN)[1] == "image_decode/corrupt"
 
 
 @pytest.mark.parametrize(
@@ -87,20 +92,21 @@ def test_other_formats_and_modes_are_stored_as_rgb_jpeg(fmt, mode):
     data = encode((320, 240), fmt=fmt, mode=mode)
     header, reason = image.read_header(data, ALIGN)
     assert reason is None and header.format == fmt
-    decoded, reason = image.decode_image(data, header, ALIGN)
+    identity, reason = image.identify(data, header)
+    assert reason is None and len(identity.phash) == 16 and len(identity.sha256) == 64
+    decoded, reason = image.stored_picture(data, header, ALIGN)
     assert reason is None
     stored = Image.open(io.BytesIO(decoded.image))
     assert stored.format == "JPEG" and stored.mode == "RGB" and stored.size == (320, 240)
-    assert len(decoded.phash) == 16 and len(decoded.sha256) == 64
 
 
 def test_small_rgb_jpeg_is_stored_unchanged_and_large_is_resized():
     small = encode((400, 300))
     header, _ = image.read_header(small, ALIGN)
-    assert image.decode_image(small, header, ALIGN)[0].image == small
+    assert image.stored_picture(small, header, ALIGN)[0].image == small
     large = encode((1600, 900))
     header, _ = image.read_header(large, ALIGN)
-    decoded, _ = image.decode_image(large, header, ALIGN)
+    decoded, _ = image.stored_picture(large, header, ALIGN)
     assert (decoded.width, decoded.height) == (512, 288)
     assert Image.open(io.BytesIO(decoded.image)).size == (512, 288)
 
@@ -115,7 +121,7 @@ def test_identity_of_reencoded_copy():
     a, b = a.getvalue(), b.getvalue()
     ha, _ = image.read_header(a, ALIGN)
     hb, _ = image.read_header(b, ALIGN)
-    da, db = image.decode_image(a, ha, ALIGN)[0], image.decode_image(b, hb, ALIGN)[0]
+    da, db = image.identify(a, ha)[0], image.identify(b, hb)[0]
     assert da.sha256 != db.sha256
     assert da.phash == db.phash
 
@@ -139,7 +145,8 @@ def test_high_bit_depth_images_keep_their_picture(values):
     data = tiff_of(values)
     header, reason = image.read_header(data, ALIGN)
     assert reason is None
-    decoded, reason = image.decode_image(data, header, ALIGN)
+    assert image.identify(data, header)[1] is None
+    decoded, reason = image.stored_picture(data, header, ALIGN)
     assert reason is None
     stored = np.asarray(Image.open(io.BytesIO(decoded.image)).convert("L"), dtype=float)
     expected = RAMP * 255
@@ -155,14 +162,15 @@ def test_high_bit_depth_images_keep_their_picture(values):
 def test_images_without_a_faithful_rgb_form_are_rejected(values):
     data = tiff_of(values)
     header, _ = image.read_header(data, ALIGN)
-    assert image.decode_image(data, header, ALIGN) == (None, "image_decode/unsupported_mode")
+    assert image.identify(data, header) == (None, "image_decode/unsupported_mode")
+    assert image.stored_picture(data, header, ALIGN) == (None, "image_decode/unsupported_mode")
 
 
 def test_cielab_is_rejected_not_guessed():
     out = io.BytesIO()
     Image.new("LAB", (300, 300), (50, 10, 10)).save(out, format="TIFF")
     header, _ = image.read_header(out.getvalue(), ALIGN)
-    assert image.decode_image(out.getvalue(), header, ALIGN) == (None, "image_decode/unsupported_mode")
+    assert image.identify(out.getvalue(), header) == (None, "image_decode/unsupported_mode")
 
 
 def encode_mpo(size):
@@ -179,7 +187,8 @@ def test_mpo_counts_as_jpeg_for_a_jpeg_only_rule():
     assert header.format == "MPO"
     assert verdict(data, CC12M) is None
     assert verdict(data, get_preset("cc12m", ["formats=png"])) == "image_format/not_allowed"
-    decoded, reason = image.decode_image(data, header, CC12M)
+    assert image.identify(data, header)[1] is None
+    decoded, reason = image.stored_picture(data, header, CC12M)
     assert reason is None and Image.open(io.BytesIO(decoded.image)).format == "JPEG"
 
 
@@ -248,7 +257,74 @@ def test_large_jpeg_is_stored_downscaled():
     photo_like((1600, 1200)).save(data, format="JPEG", quality=95)
     data = data.getvalue()
     header, _ = image.read_header(data, ALIGN)
-    decoded, _ = image.decode_image(data, header, ALIGN)
+    decoded, _ = image.stored_picture(data, header, ALIGN)
     stored = Image.open(io.BytesIO(decoded.image)).convert("RGB")
     assert stored.size == (decoded.width, decoded.height) == (512, 384)
     assert psnr(stored, pil_thumbnail(Image.open(io.BytesIO(data)).convert("RGB"))) > 35
+
+
+def jpeg_bytes(picture, **kw):
+    out = io.BytesIO()
+    picture.save(out, format="JPEG", quality=92, **kw)
+    return out.getvalue()
+
+
+def hamming(a: str, b: str) -> int:
+    return bin(int(a, 16) ^ int(b, 16)).count("1")
+
+
+def test_perceptual_hash_is_imagehashs_phash():
+    import imagehash
+
+    for seed in range(3):
+        picture = photo_like((400, 300), seed)
+        assert image.perceptual_hash(picture) == str(imagehash.phash(picture))
+
+
+@pytest.mark.parametrize("size", [(300, 200), (800, 600), (1600, 1200), (2049, 1031)])
+def test_phash_of_the_reduced_picture_stays_within_four_bits_of_the_full_size_one(size):
+    # The schema's definition: the pHash of the picture reduced by libjpeg's DCT
+    # scaling to no less than 64 px a side. It differs from the full-size hash
+    # by a few bits at most on photographs (benchmarks/RESULTS.md has the spread).
+    import imagehash
+
+    for seed in range(3):
+        data = jpeg_bytes(photo_like(size, seed))
+        identity, reason = image.identify(data, image.read_header(data, ALIGN)[0])
+        full = str(imagehash.phash(Image.open(io.BytesIO(data)).convert("RGB")))
+        assert reason is None and hamming(identity.phash, full) <= 4
+
+
+def test_phash_is_of_the_upright_picture():
+    picture = photo_like((900, 600), 1)
+    upright = jpeg_bytes(picture)
+    exif = Image.Exif()
+    exif[0x0112] = 6  # stored turned, shown upright
+    turned = jpeg_bytes(picture.transpose(Image.Transpose.ROTATE_90), exif=exif.tobytes())
+    a = image.identify(upright, image.read_header(upright, ALIGN)[0])[0].phash
+    b = image.identify(turned, image.read_header(turned, ALIGN)[0])[0].phash
+    c = image.identify(turned, image.read_header(jpeg_bytes(picture.transpose(Image.Transpose.ROTATE_90)), ALIGN)[0])
+    assert hamming(a, b) <= 2 and hamming(a, c[0].phash) > 8  # without the orientation it is another picture
+
+
+@pytest.mark.parametrize("size, orientation", [((1600, 1200), 1), ((4000, 3000), 1), ((2049, 1031), 1),
+                                               ((1200, 1600), 6), ((1030, 2050), 8)])
+def test_stored_picture_from_a_dct_scaled_decode_is_the_full_decode_downscaled(size, orientation):
+    # A JPEG at least twice the stored size decodes at a DCT scale first, as
+    # PIL's thumbnail does; the picture is the same to within JPEG noise.
+    picture = photo_like(size, 2)
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    stored_pixels = picture if orientation == 1 else picture.transpose(
+        Image.Transpose.ROTATE_90 if orientation == 6 else Image.Transpose.ROTATE_270)
+    data = jpeg_bytes(stored_pixels, exif=exif.tobytes())
+    header, _ = image.read_header(data, ALIGN)
+    stored, reason = image.stored_picture(data, header, ALIGN)
+    assert reason is None
+    expected_size = image.thumbnail_size((header.width, header.height), 512)
+    ours = Image.open(io.BytesIO(stored.image)).convert("RGB")
+    assert (stored.width, stored.height) == ours.size == expected_size
+    from common.images import orient
+
+    full = image.downscale(orient(Image.open(io.BytesIO(data)).convert("RGB"), header.orientation), 512)
+    assert psnr(ours, full) > 35

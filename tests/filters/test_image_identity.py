@@ -3,7 +3,7 @@
 The default must never pool images a person calls different: pooled, their
 alt-texts are counted together toward ``max_texts_per_image`` and
 ``max_images_per_text``. The identities are computed on the job's own
-per-record path (``filter_record``), then named by ``filters.frequency``.
+per-record path (``judge_record``), then named by ``filters.frequency``.
 """
 
 import itertools
@@ -11,7 +11,7 @@ import itertools
 from benchmarks.image_identity import encode, flat_colours, small_text_banners, web_banners
 from filters.frequency import image_identity
 from filters.presets import get_preset
-from filters.record import Candidate, counted_row, filter_record
+from filters.record import Candidate, judge_record
 
 
 # A 728x90 web banner is below ALIGN's size and aspect rules; identity is not.
@@ -21,9 +21,9 @@ BANNER_SIZES = dict(min_shorter_side=50, max_aspect_ratio=10.0)
 def identities(images, preset):
     out = []
     for i, data in enumerate(encode(img) for img in images):
-        candidate, reason, _ = filter_record(Candidate(f"k{i}", f"https://x/{i}.jpg", "a plain banner image", data),
-                                             preset)
-        assert reason is None
+        judged = judge_record(Candidate(f"k{i}", f"https://x/{i}.jpg", "a plain banner image", data), preset)
+        assert judged.reason is None
+        candidate = judged.candidate
         out.append(image_identity((candidate.key, candidate.sha256, candidate.phash, candidate.text),
                                   preset.image_identity))
     return out
@@ -49,11 +49,12 @@ def test_a_rejected_row_gets_the_identity_a_survivor_would_get():
     data = encode(flat_colours()[3])
     for identity in ("sha256", "phash"):
         preset = get_preset("align", image_identity=identity)
-        kept, _, _ = filter_record(Candidate("k", "u", "a flat orange image", data), preset)
+        kept = judge_record(Candidate("k", "u", "a flat orange image", data), preset).candidate
         small = get_preset("align", image_identity=identity, min_shorter_side=1000)
-        rejected, reason, _ = filter_record(Candidate("k", "u", "a flat orange image", data), small)
-        assert reason == "image_size/too_small"
-        row = counted_row(rejected, reason, small)
-        assert row == (kept.key, kept.sha256, kept.phash if identity == "phash" else "", kept.text)
+        rejected = judge_record(Candidate("k", "u", "a flat orange image", data), small)
+        assert rejected.reason == "image_size/too_small" and rejected.counted
+        row = rejected.candidate
+        assert (row.key, row.sha256, row.phash, row.text) == (
+            kept.key, kept.sha256, kept.phash if identity == "phash" else "", kept.text)
         survivors_base = get_preset("align", min_shorter_side=1000, counting_base="survivors")
-        assert counted_row(rejected, reason, survivors_base) is None
+        assert not judge_record(Candidate("k", "u", "a flat orange image", data), survivors_base).counted

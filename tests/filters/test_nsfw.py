@@ -1,6 +1,6 @@
-"""NSFW stage: score conversion, threshold rule, scorer loading, the DoFn.
+"""NSFW stage: score conversion, threshold rule, scorer loading, the stage on a batch.
 
-No explicit image is in this repository or made by these tests: the DoFn is
+No explicit image is in this repository or made by these tests: the stage is
 tested with a fake scorer, and the real NudeNet path only on benign images
 that scikit-image ships (a portrait, a cup of coffee, a cat, a rocket).
 """
@@ -11,11 +11,6 @@ import sys
 import numpy as np
 import pytest
 from PIL import Image
-
-import apache_beam as beam
-from apache_beam.metrics.metric import MetricsFilter
-from apache_beam.runners.portability.fn_api_runner import FnApiRunner
-from apache_beam.testing.util import assert_that, equal_to
 
 from filters import nsfw
 from filters.presets import get_preset
@@ -121,7 +116,7 @@ def test_load_scorer_unknown_name_is_an_error():
     with pytest.raises(ValueError, match="unknown NSFW scorer"):
         nsfw.load_scorer("no-such-scorer")
     with pytest.raises(ValueError, match="unknown NSFW scorer"):
-        nsfw.ScoreNsfw(0.5, scorer_name="no-such-scorer")
+        nsfw.NsfwScoring(0.5, scorer_name="no-such-scorer")
 
 
 def test_load_scorer_reports_missing_extra(monkeypatch):
@@ -213,122 +208,66 @@ def failing_factory():
     raise AssertionError("the scorer must not be loaded when the stage is disabled")
 
 
-def _run(dofn, elements):
-    pipeline = beam.Pipeline(runner=FnApiRunner())
-    outputs = (
-        pipeline
-        | beam.Create(elements, reshuffle=False)
-        | beam.ParDo(dofn).with_outputs(nsfw.REJECTED_TAG, main="kept")
-    )
-    return pipeline, outputs
+def scoring(threshold=0.5, factory=width_scorer_factory, unscored="pass"):
+    stage = nsfw.NsfwScoring(threshold, scorer_factory=factory, unscored=unscored)
+    stage.load()
+    return stage
 
 
-def _counters(result):
-    return {
-        c.key.metric.name: c.committed
-        for c in result.metrics().query(MetricsFilter().with_namespace(nsfw.METRICS_NAMESPACE))["counters"]
-    }
+def test_scoring_splits_kept_and_rejected_at_the_threshold():
+    widths = [110, 140, 150, 199, 120, 160, 101]
+    stage = scoring()
+    reasons = stage.judge([_png(w) for w in widths])
+    assert reasons == [None, None, "nsfw/pornographic", "nsfw/pornographic", None, "nsfw/pornographic", None]
+    assert stage.take_outcomes() == {(True, "width"): 7} and stage.outcomes == {}
 
 
-def test_score_nsfw_splits_kept_and_rejected_at_threshold_in_batches():
-    widths = {"k110": 110, "k140": 140, "k150": 150, "k199": 199, "k120": 120, "k160": 160, "k101": 101}
-    elements = [(key, _png(w)) for key, w in widths.items()]
-    # batch_size 3 over 7 records: two full batches in process, one in finish_bundle.
-    pipeline, out = _run(nsfw.ScoreNsfw(0.5, batch_size=3, scorer_factory=width_scorer_factory), elements)
-    assert_that(out.kept, equal_to(["k110", "k140", "k120", "k101"]), label="kept")
-    assert_that(
-        out[nsfw.REJECTED_TAG],
-        equal_to([("k150", "nsfw/pornographic"), ("k199", "nsfw/pornographic"), ("k160", "nsfw/pornographic")]),
-        label="rejected",
-    )
-    result = pipeline.run()
-    result.wait_until_finish()
-    counters = _counters(result)
-    assert counters["nsfw/scored"] == 7
-    assert counters["nsfw/pornographic"] == 3
-    assert counters.get("nsfw/scorer_unavailable", 0) == 0
+def test_scoring_without_scorer_passes_everything_but_counts_it():
+    stage = scoring(factory=absent_scorer_factory)
+    assert stage.judge([_png(150 + i) for i in range(5)]) == [None] * 5
+    assert stage.take_outcomes() == {(False, "fake scorer not installed"): 5}
 
 
-def test_score_nsfw_without_scorer_passes_everything_but_counts_it():
-    elements = [(f"k{i}", _png(150 + i)) for i in range(5)]
-    pipeline, out = _run(nsfw.ScoreNsfw(0.5, scorer_factory=absent_scorer_factory), elements)
-    assert_that(out.kept, equal_to([k for k, _ in elements]), label="kept")
-    assert_that(out[nsfw.REJECTED_TAG], equal_to([]), label="rejected")
-    result = pipeline.run()
-    result.wait_until_finish()
-    counters = _counters(result)
-    assert counters["nsfw/scorer_unavailable"] == 5
-    assert counters.get("nsfw/scored", 0) == 0
+def test_threshold_one_disables_without_loading_a_scorer():
+    stage = scoring(1.0, failing_factory)
+    assert not stage.enabled and stage.judge([_png(199)] * 3) == [None] * 3
+    assert stage.take_outcomes() == {}
 
 
-def test_score_nsfw_threshold_one_disables_without_loading_a_scorer():
-    elements = [(f"k{i}", _png(199)) for i in range(3)]
-    pipeline, out = _run(nsfw.ScoreNsfw(1.0, scorer_factory=failing_factory), elements)
-    assert_that(out.kept, equal_to(["k0", "k1", "k2"]), label="kept")
-    result = pipeline.run()
-    result.wait_until_finish()
-    counters = _counters(result)
-    assert counters.get("nsfw/scored", 0) == 0 and counters.get("nsfw/scorer_unavailable", 0) == 0
+def test_undecodable_bytes_get_a_reason_not_a_crash():
+    stage = scoring()
+    assert stage.judge([_png(120), b"\xff\xd8\xff\xe0 not really a jpeg"]) == [None, "nsfw/undecodable"]
 
 
-def test_score_nsfw_undecodable_bytes_get_a_reason_not_a_crash():
-    elements = [("good", _png(120)), ("bad", b"\xff\xd8\xff\xe0 not really a jpeg")]
-    pipeline, out = _run(nsfw.ScoreNsfw(0.5, scorer_factory=width_scorer_factory), elements)
-    assert_that(out.kept, equal_to(["good"]), label="kept")
-    assert_that(out[nsfw.REJECTED_TAG], equal_to([("bad", "nsfw/undecodable")]), label="rejected")
-    pipeline.run().wait_until_finish()
-
-
-def test_score_nsfw_rejects_a_scorer_returning_the_wrong_shape():
+def test_a_scorer_returning_the_wrong_shape_is_an_error():
     class Broken:
         name = "broken"
 
         def score(self, images):
             return np.zeros(len(images) + 1, np.float32)
 
-    dofn = nsfw.ScoreNsfw(0.5, scorer_factory=lambda: (Broken(), "broken"))
-    dofn.setup()
-    dofn.start_bundle()
-    list(dofn.process(("a", _png(120))))
     with pytest.raises(ValueError, match="shape"):
-        list(dofn.finish_bundle())
+        scoring(factory=lambda: (Broken(), "broken")).judge([_png(120)])
 
 
 @needs_nudenet
-def test_score_nsfw_with_real_nudenet_keeps_benign_images():
-    elements = []
-    for name, img in _benign_images().items():
+def test_scoring_with_real_nudenet_keeps_benign_images():
+    images = []
+    for img in _benign_images().values():
         buf = io.BytesIO()
         img.save(buf, "JPEG", quality=90)
-        elements.append((name, buf.getvalue()))
-    pipeline, out = _run(nsfw.ScoreNsfw(ALIGN_THRESHOLD, batch_size=2), elements)
-    assert_that(out.kept, equal_to([k for k, _ in elements]), label="kept")
-    assert_that(out[nsfw.REJECTED_TAG], equal_to([]), label="rejected")
-    result = pipeline.run()
-    result.wait_until_finish()
-    assert _counters(result)["nsfw/scored"] == len(elements)
+        images.append(buf.getvalue())
+    stage = nsfw.NsfwScoring(ALIGN_THRESHOLD)
+    stage.load()
+    assert stage.judge(images) == [None] * len(images)
+    assert sum(stage.take_outcomes().values()) == len(images)
 
 
-def test_score_nsfw_without_scorer_fails_the_job_when_the_preset_says_fail():
-    elements = [(f"k{i}", _png(150 + i)) for i in range(3)]
-    pipeline, _ = _run(nsfw.ScoreNsfw(0.5, scorer_factory=absent_scorer_factory, unscored="fail"), elements)
-    with pytest.raises(Exception, match="nsfw_unscored=fail"):
-        pipeline.run().wait_until_finish()
+def test_without_scorer_the_worker_fails_when_the_preset_says_fail():
+    with pytest.raises(nsfw.ScorerUnavailable, match="nsfw_unscored=fail"):
+        scoring(factory=absent_scorer_factory, unscored="fail")
     assert get_preset("align").nsfw_unscored == "pass"
     assert get_preset("align", ["nsfw_unscored=fail"]).nsfw_unscored == "fail"
-
-
-def test_score_nsfw_reports_what_it_did_per_bundle():
-    elements = [(f"k{i}", _png(101 + 20 * i)) for i in range(5)]
-    for factory, expected in ((width_scorer_factory, {(True, "width"): 5}),
-                              (absent_scorer_factory, {(False, "fake scorer not installed"): 5})):
-        pipeline = beam.Pipeline(runner=FnApiRunner())
-        outputs = (pipeline | beam.Create(elements, reshuffle=False)
-                   | beam.ParDo(nsfw.ScoreNsfw(0.5, batch_size=2, scorer_factory=factory)).with_outputs(
-                       nsfw.REJECTED_TAG, nsfw.STATUS_TAG, main="kept"))
-        totals = outputs[nsfw.STATUS_TAG] | beam.CombinePerKey(sum)
-        assert_that(totals, equal_to(list(expected.items())))
-        pipeline.run().wait_until_finish()
 
 
 def test_stage_note_says_what_the_workers_did():

@@ -7,7 +7,8 @@ from PIL import Image
 
 from common.schema import Candidate
 from filters.presets import get_preset
-from filters.record import filter_record
+from filters.image import read_header, stored_picture
+from filters.record import judge_record
 
 
 def stored_jpeg(size=(256, 256)):
@@ -29,10 +30,12 @@ def candidate(source=(0, 0)):
     ((0, 0), None),  # no source size stated: the stored 256x256 is judged
 ])
 def test_source_size_decides(source, reason):
-    result, got, measures = filter_record(candidate(source), get_preset("align"))
-    assert got == reason
+    judgement = judge_record(candidate(source), get_preset("align"))
+    assert judgement.reason == reason
+    result = judgement.candidate
     judged = source if source != (0, 0) else (256, 256)
     assert (result.width, result.height) == judged  # what the shards' original_* carry
-    assert measures["shorter_side"] == min(judged)
-    if reason is None:
-        assert (result.stored_width, result.stored_height) == (256, 256)
+    assert judgement.measures["shorter_side"] == min(judged)
+    if reason is None:  # the stored picture is the image as stored, whatever the source size said
+        stored, _ = stored_picture(result.image, read_header(result.image, get_preset("align"))[0], get_preset("align"))
+        assert (stored.width, stored.height) == (256, 256)

@@ -73,6 +73,7 @@ def test_job_pickles_its_dofns_by_reference_to_pipeline_modules(tmp_path):
     assert [o for o in origins if o[1] == "__main__"] == []
     # The job's own DoFns and the graph's lambdas, by their real module names.
     module_of = {name: module for _, module, name in origins}
-    assert module_of["_FilterRecord"] == "pipeline.record_stages"
+    assert module_of["_JudgeFiles"] == "pipeline.judge"
+    assert module_of["_WriteFileShards"] == "pipeline.write"
     assert module_of["_ResolveVerdicts"] == "pipeline.verdicts"
     assert module_of["build_pipeline.<locals>.<lambda>"] == "pipeline.build"

@@ -6,15 +6,19 @@ import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
+from common.histogram import HistogramFn
 from common.schema import Candidate, make_key
 from filters.presets import get_preset
-from pipeline import stats, write
+from pipeline import shards, stats
 from pipeline.read import Rejection, batch_to_records
+from pipeline.stage_rows import LightRow
 from pipeline.verdicts import JoinVerdicts, resolve_group
 
 
-def cand(url, caption, sha="a", image=b"x"):
-    return Candidate(key=make_key(url, caption), url=url, alt_text=caption, image=image, sha256=sha)
+def cand(url, caption, sha="a", ordinal=0):
+    """A record that passed the per-record stages, as its light row."""
+    return LightRow(make_key(url, caption), url, caption, "", True, sha, "", 300, 200, "JPEG", "part.parquet",
+                    "parquet", ordinal, "", "", "")
 
 
 def test_key_depends_on_url_and_caption_only():
@@ -75,19 +79,27 @@ def test_funnel_conservation_and_order():
         stats.build_funnel(1, {"made_up/x": 1}, {}, [])
 
 
-def test_split_and_shard_are_functions_of_the_key():
+def test_split_and_ledger_file_are_functions_of_the_key():
     keys = [make_key(f"u{i}", "c") for i in range(20_000)]
-    fraction = sum(write.split_of(k, 0.05) == "validation" for k in keys) / len(keys)
+    fraction = sum(shards.split_of(k, 0.05) == "validation" for k in keys) / len(keys)
     assert 0.04 < fraction < 0.06
     counts = [0] * 8
     for k in keys:
-        counts[write.shard_of(k, 8)] += 1
+        counts[shards.shard_of(k, 8)] += 1
     assert max(counts) < 1.1 * len(keys) / 8
-    assert write.num_shards_for(2000, 2000) == 2 and write.num_shards_for(0, 100) == 1
+
+
+def test_shards_hold_at_most_the_bound_and_are_numbered_over_files_in_path_order():
+    assert shards.chunk_sizes(2000, 2000) == [2000] and shards.chunk_sizes(2001, 2000) == [1001, 1000]
+    assert shards.chunk_sizes(7, 3) == [3, 2, 2] and shards.chunk_sizes(0, 5) == []
+    firsts, totals = shards.shard_plan([("b.parquet", "train", 5), ("a.parquet", "train", 2001),
+                                        ("b.parquet", "validation", 1), ("c.parquet", "train", 1)], 2000)
+    assert firsts == {"a.parquet": {"train": 0}, "b.parquet": {"train": 2, "validation": 0}, "c.parquet": {"train": 3}}
+    assert totals == {"train": 4, "validation": 1}
 
 
 def test_histogram_combine():
-    fn = stats.HistogramFn([0, 10, 100])
+    fn = HistogramFn([0, 10, 100])
     acc = fn.create_accumulator()
     for v in [0, 5, 10, 99, 100, 1e9]:
         acc = fn.add_input(acc, v)
@@ -95,9 +107,12 @@ def test_histogram_combine():
 
 
 def test_rows_between_stages_have_deterministic_schema_coders():
-    from pipeline.stage_rows import HashRow, LightRow
+    from pipeline.stage_rows import HashRow
 
-    for row in (LightRow("k", "ab" * 32, "0f" * 8, "three word caption"), HashRow("k", "ab" * 32, "")):
+    from pipeline.stage_rows import PoolRow
+
+    for row in (cand("u", "three word caption"), PoolRow("k", "ab" * 32, "0f" * 8, "three word caption"),
+                HashRow("k", "ab" * 32, "")):
         coder = beam.coders.registry.get_coder(type(row))
         assert isinstance(coder, beam.coders.RowCoder) and coder.is_deterministic()
         decoded = coder.decode(coder.encode(row))
@@ -107,12 +122,12 @@ def test_rows_between_stages_have_deterministic_schema_coders():
 def test_stages_run_come_from_the_stages_applied():
     from filters.frequency import stages_run as corpus_stages_run
     from pipeline.build import BuildOptions, build_pipeline
-    from pipeline.record_stages import ApplyRecordFilters
+    from pipeline.judge import RECORD_STAGES
 
     opts = BuildOptions(["--input", "in/*.parquet", "--output", "out"])
     align = get_preset("align")
     ran = build_pipeline(beam.Pipeline(runner="FnApiRunner"), opts, align, {"nsfw": "a note"})
-    assert ran.names == ["read", *ApplyRecordFilters.BUILT_IN, "nsfw", *corpus_stages_run(align), "duplicate_pair"]
+    assert ran.names == ["read", *RECORD_STAGES, "nsfw", *corpus_stages_run(align), "duplicate_pair"]
     assert ran.notes == {"nsfw": "a note"}
     off = build_pipeline(beam.Pipeline(runner="FnApiRunner"), opts, get_preset("align", ["nsfw_threshold=1.0",
                          "dedup_in_corpus=true"]), {})

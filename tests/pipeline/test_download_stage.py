@@ -157,19 +157,23 @@ def test_bad_download_flags_are_usage_errors(tmp_path, flag, value):
     assert not (tmp_path / "corpus").exists()
 
 
-def test_stage_with_a_resolver_hook_refuses_a_name_that_resolves_privately(server):
-    """The DoFn on a real runner: a name resolving to 10.x is refused; bytes-carrying records pass untouched."""
+def test_stage_with_a_resolver_hook_refuses_a_name_that_resolves_privately(server, tmp_path):
+    """The DoFn on a real runner: a name resolving to 10.x is refused; a fetched body lands in a staging file."""
+    from pipeline.download import staging
+
     resolver = lambda host, port: [(socket.AF_INET, "10.9.8.7") if host == "intranet.test" else (socket.AF_INET, "127.0.0.1")]  # noqa: E731
     inside = Candidate(key="k1", url="http://intranet.test/secret.jpg", alt_text="a secret")
     public = Candidate(key="k2", url=f"http://images.test:{server.port}/img/a.jpg", alt_text="an image")
-    carrying = Candidate(key="k3", url="http://unused.test/x.jpg", alt_text="has bytes", image=b"bytes")
     options = download_stage.DownloadOptions(FetchOptions(deadline=2, connect_timeout=1, allow_loopback=True), threads=2)
     with TestPipeline(runner="FnApiRunner") as p:
-        out = p | beam.Create([inside, public, carrying]) | download_stage.DownloadImages(options, resolver)
+        out = p | beam.Create([inside, public]) | download_stage.DownloadImages(str(tmp_path), options, resolver)
         assert_that(out["rejected"] | beam.Map(lambda r: (r.key, r.reason, dict(r.detail)["http_status"])),
                     equal_to([("k1", "download/forbidden_address", 0)]), label="Rejected")
-        assert_that(out["survivors"] | beam.Map(lambda c: (c.key, c.image == IMAGES["a.jpg"] or c.image)),
-                    equal_to([("k2", True), ("k3", b"bytes")]), label="Survivors")
+        assert_that(out["survivors"] | beam.Map(lambda c: (c.key, c.image == IMAGES["a.jpg"], c.origin[0], c.origin[2])),
+                    equal_to([("k2", True, "staging", 0)]), label="Survivors")
+    (path,) = tmp_path.glob("*.tfrecord")
+    (staged,) = staging.read_file(str(path))
+    assert staged.image == IMAGES["a.jpg"] and staged.url == public.url
 
 
 def test_downloaded_is_pure():

@@ -17,7 +17,7 @@ from PIL import Image
 
 from filters import extra_stages, language
 from filters.presets import get_preset
-from filters.record import Candidate, filter_record
+from filters.record import Candidate, judge_record
 from pipeline import audit, build
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -135,11 +135,11 @@ def test_first_reason_wins_in_the_declared_order():
     early = extra_stages.RecordStage("early", after="image_aspect", check=always("no"), reasons=("no",))
     late = extra_stages.RecordStage("late", after="image_decode", check=always("no"), reasons=("no",))
     preset = get_preset("align")
-    assert filter_record(_views("a red car on the road"), preset, (late,))[1] == "late/no"
-    assert filter_record(_views("a red car on the road"), preset, (late, early))[1] == "early/no"
+    assert judge_record(_views("a red car on the road"), preset, (late,)).reason == "late/no"
+    assert judge_record(_views("a red car on the road"), preset, (late, early)).reason == "early/no"
     # a built-in stage before the extra wins; one after it never runs
-    assert filter_record(_views("red car"), preset, (late,))[1] == "text_length/too_few_words"
-    assert filter_record(_views("red car"), preset, (early,))[1] == "early/no"
+    assert judge_record(_views("red car"), preset, (late,)).reason == "text_length/too_few_words"
+    assert judge_record(_views("red car"), preset, (early,)).reason == "early/no"
     listed = [n for n, _ in extra_stages.stage_list((late, early))]
     assert listed[listed.index("image_aspect"):][:3] == ["image_aspect", "early", "text"]
 
@@ -157,7 +157,7 @@ def test_bad_stage_definitions_are_refused_in_one_line():
         build.load_extra_stages(("no_such_module:X",))
     stage = extra_stages.RecordStage("odd", after="image_decode", check=lambda r: "surprise", reasons=("no",))
     with pytest.raises(ValueError, match="not one of its reasons"):
-        filter_record(_views("a red car on the road"), get_preset("align"), (stage,))
+        judge_record(_views("a red car on the road"), get_preset("align"), (stage,))
 
 
 def test_language_stage_reasons_per_language_and_threshold():

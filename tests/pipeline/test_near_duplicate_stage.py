@@ -101,10 +101,10 @@ def test_index_rows_and_thumbnails_are_read_on_workers(tmp_path):
     ]
     expected = [dict(rows[0], index_thumbnail=thumbnails[known]), dict(rows[1], index_thumbnail=thumbnails[known]),
                 dict(rows[2], index_thumbnail=None), dict(rows[3], index_thumbnail=None)]
+    loaded = index_files.load_index_rows(str(tmp_path))
+    assert (len(loaded), loaded.vectors.shape[1], tuple(loaded.keys), tuple(loaded.variants)) == (
+        12, 143, tuple(index.keys), tuple(index.variants))
     with TestPipeline(runner="FnApiRunner") as p:
-        loaded = p | index_files.ReadIndexRows(str(tmp_path))
-        summary = loaded | beam.Map(lambda r: (len(r), r.vectors.shape[1], tuple(r.keys), tuple(r.variants)))
-        assert_that(summary, equal_to([(12, 143, tuple(index.keys), tuple(index.variants))]), label="CheckRows")
         joined = p | beam.Create(rows) | index_files.AddIndexThumbnails(str(tmp_path))
         assert_that(joined, equal_to(expected), label="CheckThumbnails")
 
@@ -116,18 +116,23 @@ def _red_jpeg(shade):
 
 
 def test_pairs_report_is_written_in_sharded_files(tmp_path):
+    from filters.image import thumbnail_b64
     from pipeline import audit
     from pipeline.near_duplicates import WritePairsReport
-    from pipeline.readers.rows import Rejection
+    from pipeline.stage_rows import LightRow
 
     index = random_index(12)
     index_files.write_index(index, str(tmp_path / "index"), random_thumbnails(index))
-    pairs = [dict(key=f"c{i}", index_set="coco", index_key="img00001.png", variant="flip", cosine=0.95 + i / 100)
-             for i in range(5)]
+    pairs = [dict(key=f"c{i}", index_set="coco", index_key="img00001.png", variant="flip", cosine=0.95 + i / 100,
+                  thumbnail=thumbnail_b64(_red_jpeg(i))) for i in range(6)]
     reason = "near_duplicate_eval/coco"
-    rejections = [Rejection(f"c{i}", reason, "u", "t", 32, 24, "JPEG", _red_jpeg(i)) for i in range(5)]
-    # One key repeated 500 times: the thumbnail is the smallest repeat's, reduced by a combine.
-    rejections += [Rejection("c0", reason, "u", "t", 32, 24, "JPEG", _red_jpeg(200 - i % 50)) for i in range(500)]
+
+    def rejected(key, why):
+        return LightRow(key, "u", "t", why, True, "s", "", 32, 24, "JPEG", "f", "parquet", 0, reason, "", "")
+
+    rejections = [rejected(f"c{i}", reason) for i in range(5)]
+    # One key repeated 500 times is reported once; a match an earlier stage rejected is not reported.
+    rejections += [rejected("c0", reason) for _ in range(500)] + [rejected("c5", "images_per_text/shared_text")]
     out = tmp_path / "out"
     with TestPipeline(runner="FnApiRunner") as p:
         _ = (p | "Pairs" >> beam.Create(pairs), p | "Rejections" >> beam.Create(rejections)) | WritePairsReport(
@@ -141,9 +146,7 @@ def test_pairs_report_is_written_in_sharded_files(tmp_path):
         written += rows
     assert sorted(r["key"] for r in written) == [f"c{i}" for i in range(5)]
     assert all(r["thumbnail"] and r["index_thumbnail"] for r in written)
-    first = min(rejections[:1] + rejections[5:], key=lambda r: r.image)
-    from filters.image import thumbnail_b64
-    assert next(r for r in written if r["key"] == "c0")["thumbnail"] == thumbnail_b64(first.image)
+    assert next(r for r in written if r["key"] == "c0")["thumbnail"] == pairs[0]["thumbnail"]
     # The audit reads every file, in one order.
     loaded = audit.load_stats(str(out))
     assert [r["key"] for r in loaded["near_duplicates"]] == [f"c{i}" for i in range(5)]
@@ -321,4 +324,4 @@ def test_eval_and_in_corpus_dedup_in_one_build(sample_dir, tmp_path, search):
     assert all(p["thumbnail"] and p["index_thumbnail"] for p in pairs)
     index_dir = out / "near_duplicates" / "index"
     assert sorted(p.name for p in index_dir.iterdir()) == sorted(
-        [index_files.VECTORS_FILE, index_files.ROWS_FILE, index_files.THUMBNAILS_FILE])
+        [index_files.VECTORS_FILE, index_files.ROWS_FILE, index_files.CENTROIDS_FILE, index_files.THUMBNAILS_FILE])

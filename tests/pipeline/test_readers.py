@@ -21,7 +21,7 @@ from apache_beam.testing.util import assert_that, equal_to
 from PIL import Image
 
 from common.schema import Candidate, make_key
-from pipeline import read, readers, tfrecord, write
+from pipeline import read, readers, shards, tfrecord
 from pipeline.readers import jsonl, tsv, webdataset
 from pipeline.readers import tfrecord as tfrecord_reader
 from pipeline.readers.rows import Columns, download_failure, make_columns
@@ -121,7 +121,7 @@ def own_shard_record(i):
         width=640 + i, height=480, stored_width=16, stored_height=12, sha256="ab" * 32, phash="0" * 16,
         carried=(("key", f"k{i}"),),
     )
-    return write.to_example(record, ("key",))
+    return shards.to_example(record, ("key",))
 
 
 def test_tfrecord_reads_own_shards_with_a_corrupt_record_and_a_truncated_tail(tmp_path):
@@ -282,8 +282,10 @@ def test_unknown_format_is_one_named_rejection(tmp_path):
 def test_own_corpus_directory_as_input_is_counted_against_dataset_info(tmp_path):
     """Re-filtering a built corpus: TFDS metadata is skipped, each shard's stated length is its count."""
     examples = [own_shard_record(i) for i in range(6)]
-    lengths = write.write_contiguous_shards(str(tmp_path), "corpus", "train", examples, 2)
-    write.write_tfds_metadata(str(tmp_path), "corpus", {"train": lengths}, "test corpus", carried=("key",))
+    lengths = shards.write_contiguous_shards(str(tmp_path), "corpus", "train", examples, 2)
+    from pipeline.write import write_tfds_metadata
+
+    write_tfds_metadata(str(tmp_path), "corpus", {"train": lengths}, "test corpus", carried=("key",))
     (tmp_path / "COMPLETED").write_bytes(b"")
     shard = tmp_path / "corpus-train.tfrecord-00001-of-00002"
     data = shard.read_bytes()

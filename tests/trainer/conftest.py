@@ -74,7 +74,7 @@ def draw_shape(shape, colour, background, width, height, rng, scale=(0.3, 0.45),
 
 def write_split(data_dir, name, split, records, num_shards):
     """Writes ``records`` as ``num_shards`` contiguous shards; returns the shard lengths."""
-    from pipeline.write import write_contiguous_shards
+    from pipeline.shards import write_contiguous_shards
 
     return write_contiguous_shards(data_dir, name, split, [tfrecord.encode_example(r) for r in records], num_shards)
 

@@ -102,7 +102,8 @@ def tagged_corpus(tmp_path_factory):
     from filters.concepts import Tagger
     from pipeline import concepts as concepts_lib
     from pipeline import tfrecord
-    from pipeline.write import concept_offsets, write_tfds_metadata
+    from pipeline.shards import concept_offsets
+    from pipeline.write import write_tfds_metadata
     from trainer.vocab import build_vocab
 
     ontology = from_dict({"classes": {s: [s, s + "s"] for s in SHAPES}})

@@ -1,0 +1,305 @@
+"""The build's first pass: every record is read once, judged once and handed on as a light row.
+
+    paths --JudgeFiles--> LightRow per input record (+ measures, pairs, embeddings, NSFW outcomes)
+
+One fused step per input file reads its records (``pipeline.read.FileRecords``),
+applies the per-record rules (``filters.record.judge_record``: header, format,
+size, aspect, text, the reduced decode that gives sha256 and pHash, extra
+stages) and, a batch at a time, the NSFW scorer and the match against the
+evaluation index (a per-process copy read from its files, ``pipeline.
+eval_index``), then emits one ``LightRow`` per record (``pipeline.
+stage_rows``). Image bytes never leave the step: a written record is read
+again from its file by the second pass (``pipeline.write``), found by its
+ordinal (its position in what the reader yields).
+
+With ``--download``, rows without image bytes leave as ``to_fetch``; the
+download stage fetches them into staging files and hands them back, with
+their bytes, to ``JudgeFetched``: the same judge, on batches of fetched
+records.
+
+Tagged outputs besides the rows: ``measures`` (partial histograms of the
+audit's distributions, one per measure per file or batch), ``pairs`` (near-
+duplicates of evaluation images with the corpus image's thumbnail, for the
+audit), ``embeddings`` (``(key, vector)`` for the in-corpus dedup, when the
+preset asks for it) and ``nsfw`` (what the NSFW scorer did, for the funnel's note).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Dict, Iterator, List, Optional, Tuple
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.metrics import Metrics
+from apache_beam.utils.shared import Shared
+
+from common.histogram import bin_index
+from common.schema import Candidate
+from filters import nsfw
+from filters.image import thumbnail_b64
+from filters.record import Judgement, judge_record
+from pipeline import dedup_options
+from pipeline.read import FileRecords, input_patterns
+from pipeline.readers.rows import Columns, Rejection
+from pipeline.stage_rows import LightRow
+from pipeline.stats import HISTOGRAM_EDGES, METRICS_NAMESPACE
+
+ROWS, MEASURES, PAIRS, EMBEDDINGS, NSFW_OUTCOMES, TO_FETCH = "rows", "measures", "pairs", "embeddings", "nsfw", "to_fetch"
+#: Records judged together: the NSFW scorer, the embedder and the index search work on batches.
+BATCH_SIZE = 64
+#: Characters of a rejected record's alt-text kept for the audit (its samples show 500).
+SHOWN_TEXT = 500
+
+
+def rejection_row(rejection: Rejection, reader: str = "", source: str = "", ordinal: int = -1) -> LightRow:
+    """A reader's rejection as a light row (``source`` "" when the record cannot be read again)."""
+    detail = json.dumps(dict(rejection.detail), sort_keys=True) if rejection.detail else ""
+    return LightRow(rejection.key, rejection.url, rejection.alt_text[:SHOWN_TEXT], rejection.reason, False, "", "",
+                    rejection.width, rejection.height, rejection.format, source, reader, ordinal, "", detail, "")
+
+
+def judged_row(judgement: Judgement, reader: str, source: str, ordinal: int) -> LightRow:
+    c = judgement.candidate
+    text = c.text if c.text or judgement.counted else c.alt_text[:SHOWN_TEXT]
+    # A downloaded record's URL-list row is not read again: what the shard needs of it travels with the row.
+    carried = json.dumps([list(kv) for kv in c.carried]) if c.origin else ""
+    return LightRow(c.key, c.url, text, judgement.reason or "", judgement.counted, c.sha256, c.phash,
+                    c.width, c.height, c.format, source, reader, ordinal, "", "", carried)
+
+
+class Histograms:
+    """Partial histograms of the audit's measures (``pipeline.stats.HISTOGRAM_EDGES``), merged by summing."""
+
+    def __init__(self):
+        self.counts: Dict[str, List[int]] = {}
+
+    def add(self, measures: Dict[str, float]) -> None:
+        for name, value in measures.items():
+            edges = HISTOGRAM_EDGES.get(name)
+            if edges is not None:
+                self.counts.setdefault(name, [0] * len(edges))[bin_index(edges, value)] += 1
+
+    def take(self) -> List[Tuple[str, List[int]]]:
+        counts, self.counts = self.counts, {}
+        return sorted(counts.items())
+
+
+class RecordJudge:
+    """The first pass's work on a batch of records, without Beam.
+
+    ``judge(items)`` takes ``(record, reader, source, ordinal)`` items, a
+    record being a ``Candidate`` or a reader's ``Rejection``, and returns
+    ``(tag, value)`` outputs: a ``LightRow`` per record under ``ROWS``, and
+    ``PAIRS``/``EMBEDDINGS``/``TO_FETCH`` values. ``setup`` loads what a
+    worker needs once: the NSFW scorer, the embedder, the evaluation index.
+    """
+
+    def __init__(self, preset, extras=(), eval_index=None, embedder_name: str = "dct", embedder_args=(),
+                 download: bool = False, nsfw_factory=None):
+        self.preset = preset
+        self.extras = tuple(extras)
+        self.eval_index = eval_index
+        self.embedder_name = embedder_name
+        self.embedder_args = tuple(embedder_args)
+        self.download = download
+        self.nsfw_factory = nsfw_factory
+        self.histograms = Histograms()
+
+    def setup(self) -> None:
+        preset = self.preset
+        self.nsfw = nsfw.NsfwScoring(preset.nsfw_threshold, unscored=preset.nsfw_unscored,
+                                     scorer_factory=self.nsfw_factory)
+        self.nsfw.load()
+        self.embedder = None
+        if self.eval_index is not None or preset.dedup_in_corpus:
+            self.embedder = dedup_options.embedder(self.embedder_name, self.embedder_args)
+        self.index = None
+        if self.eval_index is not None:
+            from pipeline.eval_index import load_clustered_index
+
+            eval_index = self.eval_index
+            self.index = _INDEXES.acquire(lambda: load_clustered_index(eval_index, preset), tag=eval_index.directory)
+        self.histograms = Histograms()
+        self.rejected = Metrics.counter("dedup", "near_duplicate_eval/rejected")
+
+    def judge(self, items) -> List[Tuple[str, object]]:
+        outputs: List[Tuple[str, object]] = []
+        rows: List[Optional[LightRow]] = []
+        passing: List[Tuple[int, Candidate]] = []
+        for record, reader, source, ordinal in items:
+            if isinstance(record, Rejection):  # a file of no known format cannot be read again
+                rows.append(rejection_row(record, reader, source if reader else "", ordinal))
+            elif record.image is None:  # a URL-list row: the download stage fetches it (--download)
+                outputs.append((TO_FETCH, record))
+                rows.append(None)
+            else:
+                judgement = judge_record(record, self.preset, self.extras)
+                self.histograms.add(judgement.measures)
+                rows.append(judged_row(judgement, reader, source, ordinal))
+                if judgement.reason is None:
+                    passing.append((len(rows) - 1, judgement.candidate))
+        passing = self._score_nsfw(rows, passing)
+        if self.embedder is not None and passing:
+            outputs += self._embed_and_match(rows, passing)
+        for row in rows:
+            if row is not None:
+                if row.reason:
+                    Metrics.counter(METRICS_NAMESPACE, row.reason).inc()
+                outputs.append((ROWS, row))
+        return outputs
+
+    def _score_nsfw(self, rows, passing):
+        reasons = self.nsfw.judge([c.image for _, c in passing])
+        kept = []
+        counted = self.preset.counting_base == "raw"  # NSFW is a quality threshold: the row still counts
+        for (i, candidate), reason in zip(passing, reasons):
+            if reason:
+                rows[i] = rows[i]._replace(reason=reason, counted=counted)
+            else:
+                kept.append((i, candidate))
+        return kept
+
+    def _embed_and_match(self, rows, passing) -> List[Tuple[str, object]]:
+        from dedup.transforms import match_batch, stack_batch
+
+        outputs = []
+        vectors = np.asarray(self.embedder.embed([c.image for _, c in passing]), np.float32)
+        keys, unit = stack_batch([(c.key, v) for (_, c), v in zip(passing, vectors)])
+        if self.preset.dedup_in_corpus:
+            outputs += [(EMBEDDINGS, (key, vector)) for key, vector in zip(keys, unit)]
+        if self.index is not None:
+            found = match_batch(self.index, keys, unit)
+            thumbnails = {}
+            for q, reason in found.rejected:
+                i, candidate = passing[q]
+                rows[i] = rows[i]._replace(eval_match=reason)
+                thumbnails[candidate.key] = thumbnail_b64(candidate.image)
+                self.rejected.inc()
+            for pair in found.pairs:
+                outputs.append((PAIRS, dict(pair, cosine=round(float(pair["cosine"]), 6),
+                                            thumbnail=thumbnails.get(pair["key"]))))
+        return outputs
+
+    def measures(self) -> List[Tuple[str, List[int]]]:
+        return self.histograms.take()
+
+    def nsfw_outcomes(self) -> List[Tuple[Tuple[bool, str], int]]:
+        return sorted(self.nsfw.take_outcomes().items())
+
+
+#: The evaluation index, one copy per worker process however many DoFn instances it runs.
+_INDEXES = Shared()
+
+
+class _JudgeBase(beam.DoFn):
+    def __init__(self, judge: RecordJudge):
+        self.judge = judge
+
+    def setup(self):
+        self.judge.setup()
+
+    def _emit(self, outputs) -> Iterator[object]:
+        for tag, value in outputs:
+            yield value if tag == ROWS else beam.pvalue.TaggedOutput(tag, value)
+
+    def _emit_totals(self) -> Iterator[object]:
+        for name, counts in self.judge.measures():
+            yield beam.pvalue.TaggedOutput(MEASURES, (name, counts))
+        for outcome, records in self.judge.nsfw_outcomes():
+            yield beam.pvalue.TaggedOutput(NSFW_OUTCOMES, (outcome, records))
+
+
+class _JudgeFiles(_JudgeBase):
+    """An input file's path -> its records' outputs; per file, the partial histograms and NSFW outcomes."""
+
+    def __init__(self, judge: RecordJudge, patterns, input_format: Optional[str], columns: Columns):
+        super().__init__(judge)
+        self.records = FileRecords(patterns, input_format, columns)
+
+    def process(self, path: str):
+        batch = []
+        for ordinal, (reader, source, record) in enumerate(self.records.read(path)):
+            batch.append((record, reader, source, ordinal))
+            if len(batch) >= BATCH_SIZE:
+                yield from self._emit(self.judge.judge(batch))
+                batch = []
+        yield from self._emit(self.judge.judge(batch))
+        yield from self._emit_totals()
+
+
+class _JudgeFetched(_JudgeBase):
+    """A batch of downloaded records (each with its staging origin) -> their outputs."""
+
+    def process(self, batch: List[Candidate]):
+        items = [(c, c.origin[0], c.origin[1], c.origin[2]) for c in batch]
+        yield from self._emit(self.judge.judge(items))
+        yield from self._emit_totals()
+
+
+OUTPUT_TAGS = (MEASURES, PAIRS, EMBEDDINGS, NSFW_OUTCOMES, TO_FETCH)
+#: The per-record stages of ``filters.record``, in run order.
+RECORD_STAGES = ("image_header", "image_format", "image_size", "image_aspect", "text", "text_length",
+                 "text_repetition", "image_decode")
+
+
+def stages_decided(judge: RecordJudge) -> tuple:
+    """The stages the first pass decides: reading, the per-record rules and extra stages, NSFW when it runs."""
+    return ("read",) + RECORD_STAGES + tuple(e.name for e in judge.extras) + (
+        ("nsfw",) if nsfw.stage_enabled(judge.preset.nsfw_threshold) else ())
+
+
+class JudgeFiles(beam.PTransform):
+    """Input file paths -> ``{"rows": LightRow, "measures", "pairs", "embeddings", "nsfw", "to_fetch"}``."""
+
+    def __init__(self, judge: RecordJudge, file_pattern: str, input_format: Optional[str] = None,
+                 columns: Columns = Columns()):
+        super().__init__()
+        self.judge = judge
+        self.decides = stages_decided(judge)
+        self.file_pattern = file_pattern
+        self.input_format = input_format
+        self.columns = columns
+
+    def expand(self, paths):
+        dofn = _JudgeFiles(self.judge, input_patterns(self.file_pattern), self.input_format, self.columns)
+        outputs = paths | "ReadAndJudge" >> beam.ParDo(dofn).with_outputs(*OUTPUT_TAGS, main=ROWS)
+        return {tag: outputs[tag] for tag in (ROWS,) + OUTPUT_TAGS}
+
+
+class JudgeFetched(beam.PTransform):
+    """Downloaded records (image bytes in memory, origin in a staging file) -> the same outputs as ``JudgeFiles``."""
+
+    def __init__(self, judge: RecordJudge):
+        super().__init__()
+        self.judge = judge
+
+    def expand(self, fetched):
+        outputs = (
+            fetched
+            | "Batch" >> beam.BatchElements(min_batch_size=BATCH_SIZE, max_batch_size=BATCH_SIZE)
+            | "Judge" >> beam.ParDo(_JudgeFetched(self.judge)).with_outputs(*OUTPUT_TAGS, main=ROWS)
+        )
+        return {tag: outputs[tag] for tag in (ROWS,) + OUTPUT_TAGS}
+
+
+class NsfwNote(beam.PTransform):
+    """The workers' NSFW outcomes ``((scored, status), records)`` -> at most one ``("nsfw", note)`` for the funnel.
+
+    Nothing when no record reached the stage: the launcher's note stands.
+    """
+
+    def __init__(self, threshold: float, scorer_name: str = "nudenet"):
+        super().__init__()
+        self.threshold = threshold
+        self.scorer_name = scorer_name
+
+    def expand(self, outcomes):
+        threshold, scorer_name = self.threshold, self.scorer_name
+        return (
+            outcomes
+            | "RecordsPerOutcome" >> beam.CombinePerKey(sum)
+            | "Outcomes" >> beam.combiners.ToDict()
+            | "Note" >> beam.FlatMap(
+                lambda found: [("nsfw", nsfw.stage_note(threshold, scorer_name, found))] if found else [])
+        )

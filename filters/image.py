@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
 import hashlib
 import io
 import math
@@ -37,28 +38,43 @@ class Header:
 
 def read_header(data: bytes, preset) -> Tuple[Optional[Header], Optional[str]]:
     """Header-only parse: ``(header, None)`` or ``(None, reason)``."""
+    header, reason, opened = open_header(data, preset)
+    if opened is not None:
+        opened.close()
+    return header, reason
+
+
+def open_header(data: bytes, preset) -> Tuple[Optional[Header], Optional[str], Optional[Image.Image]]:
+    """``read_header``, and the opened image (not yet decoded) for ``identify`` to decode without opening again."""
+    img = None
     try:
         # PIL's own bomb guard warns at its limit and raises at twice it; the
         # preset's ``max_pixels`` is the rule, so PIL's warning is an error here.
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with open_image(data) as img:
-                fmt = img.format or ""
-                mode = img.mode
-                width, height = img.size
-                orientation = 1
-                if fmt in ("JPEG", "MPO", "TIFF", "WEBP", "PNG"):
-                    orientation = exif_orientation(img)
+            img = open_image(data)
+            fmt = img.format or ""
+            mode = img.mode
+            width, height = img.size
+            orientation = 1
+            if fmt in ("JPEG", "MPO", "TIFF", "WEBP", "PNG"):
+                orientation = exif_orientation(img)
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
-        return None, stages.reason("image_header", "decompression_bomb")
+        return None, stages.reason("image_header", "decompression_bomb"), _closed(img)
     except Exception:
-        return None, stages.reason("image_header", "undecodable")
+        return None, stages.reason("image_header", "undecodable"), _closed(img)
     if width <= 0 or height <= 0:
-        return None, stages.reason("image_header", "undecodable")
+        return None, stages.reason("image_header", "undecodable"), _closed(img)
     if not keeps(preset, "max_pixels", width * height):
-        return None, stages.reason("image_header", "decompression_bomb")
+        return None, stages.reason("image_header", "decompression_bomb"), _closed(img)
     width, height = upright_size((width, height), orientation)
-    return Header(fmt, width, height, orientation, mode), None
+    return Header(fmt, width, height, orientation, mode), None, img
+
+
+def _closed(img) -> None:
+    if img is not None:
+        img.close()
+    return None
 
 
 # MPO (CIPA multi-picture format, as cameras write) is a JPEG whose first
@@ -139,19 +155,69 @@ REDUCED_SIDE = 64
 JPEG_FAMILY = ("JPEG", "MPO")
 
 
+_PRECISION_BITS = 22  # Pillow's fixed-point resampling: 32 - 8 - 2
+
+
+@functools.lru_cache(maxsize=512)  # reduced pictures come in a few sizes; ~32 kB each
+def _lanczos_weights(in_size: int, in0: float, in1: float, out_size: int = 32) -> np.ndarray:
+    """Pillow's LANCZOS resampling coefficients (``precompute_coeffs`` + ``normalize_coeffs_8bpc``), as a matrix.
+
+    ``[out_size, in_size]`` fixed-point weights, float64 (exact: integers
+    below 2^31), so that a resize is two BLAS products; the box edges are C
+    floats in Pillow, hence the float32 rounding.
+    """
+    in0, in1 = np.float32(in0), np.float32(in1)
+    scale = float(np.float32(in1 - in0)) / out_size
+    filterscale = max(scale, 1.0)
+    support = 3.0 * filterscale
+    centers = float(in0) + (np.arange(out_size) + 0.5) * scale
+    xmin = np.maximum(np.trunc(centers - support + 0.5), 0)
+    xmax = np.minimum(np.trunc(centers + support + 0.5), in_size)
+    x = np.arange(in_size)[None, :]
+    t = (x - centers[:, None] + 0.5) / filterscale
+    with np.errstate(divide="ignore", invalid="ignore"):
+        weights = np.where((t >= -3.0) & (t < 3.0), np.sinc(t) * np.sinc(t / 3.0), 0.0)
+    weights = np.where((x >= xmin[:, None]) & (x < xmax[:, None]), weights, 0.0)
+    total = np.cumsum(weights, axis=1)[:, -1:]  # summed in order, as Pillow does
+    weights = np.where(total != 0.0, weights / np.where(total != 0.0, total, 1.0), weights)
+    fixed = weights * (1 << _PRECISION_BITS)
+    return np.where(fixed < 0, np.trunc(fixed - 0.5), np.trunc(fixed + 0.5))
+
+
+def _lanczos_32(luma: np.ndarray, box) -> np.ndarray:
+    """Pillow's ``resize((32, 32), LANCZOS, box=box)`` of a uint8 matrix, bit for bit (horizontal pass first)."""
+    height, width = luma.shape
+    x0, y0, x1, y1 = box if box is not None else (0.0, 0.0, float(width), float(height))
+    half = float(1 << (_PRECISION_BITS - 1))
+    rows = np.floor((luma.astype(np.float64) @ _lanczos_weights(width, x0, x1).T + half) / (1 << _PRECISION_BITS))
+    rows = np.clip(rows, 0, 255)
+    out = np.floor((_lanczos_weights(height, y0, y1) @ rows + half) / (1 << _PRECISION_BITS))
+    return np.clip(out, 0, 255)
+
+
 def perceptual_hash(img: Image.Image, box=None) -> str:
-    """imagehash's 64-bit pHash (greyscale, Lanczos to 32x32, DCT, 8x8 above the median), as hex.
+    """imagehash's 64-bit pHash (greyscale, Lanczos to 32x32, DCT, 8x8 above the median), as hex, bit for bit.
 
     ``box`` (the region of ``img`` that holds the picture, as ``Image.draft``
-    reports it) keeps a reduced decode's padding out of the hash.
+    reports it) keeps a reduced decode's padding out of the hash. The
+    resize and the 8x8 low-frequency block of the 2-D DCT are small matrix
+    products: Pillow recomputes its filter for every call, the largest cost
+    of a hash on a reduced picture.
     """
+    return _hash_of_small(_lanczos_32(np.asarray(img.convert("L")), box))
+
+
+def _hash_of_small(pixels: np.ndarray) -> str:
+    # scipy's FFT-based DCT, as imagehash: a flat picture's coefficients are
+    # exact zeros there (a matrix product leaves rounding noise that the
+    # median test would turn into random bits).
     from scipy.fftpack import dct
 
-    small = img.convert("L").resize((32, 32), Image.Resampling.LANCZOS, box=box)
-    pixels = np.asarray(small, np.float64)
     low = dct(dct(pixels, axis=0), axis=1)[:8, :8]
-    bits = (low > np.median(low)).flatten()
-    return f"{int(''.join('1' if b else '0' for b in bits), 2):016x}"
+    flat = low.reshape(-1)
+    middle = np.partition(flat, (31, 32))
+    median = (middle[31] + middle[32]) / 2  # numpy's median of 64 values
+    return np.packbits(flat > median).tobytes().hex()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,19 +226,20 @@ class Identity:
     phash: str   # of the reduced picture (``perceptual_hash``)
 
 
-def identify(data: bytes, header: Header) -> Tuple[Optional[Identity], Optional[str]]:
+def identify(data: bytes, header: Header, opened: Optional[Image.Image] = None) -> Tuple[Optional[Identity], Optional[str]]:
     """The one decode the first pass gives a picture: ``(identity, None)`` or ``(None, image_decode/...)``.
 
     JPEGs decode at 1/2, 1/4 or 1/8 scale to luma, never below
     ``REDUCED_SIDE`` a side; libjpeg still reads every coefficient, so
     truncated or corrupt data fails here as in a full decode. Other formats
     decode whole (they have no reduced decode) with ``to_rgb``'s colour rule.
+    ``opened``: the image ``open_header`` opened for this header (closed here).
     """
     try:
         with warnings.catch_warnings():
             # The header check already enforced max_pixels.
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with open_image(data) as img:
+            with (opened if opened is not None else open_image(data)) as img:
                 box = None
                 if img.format in JPEG_FAMILY:
                     drafted = img.draft("L", (REDUCED_SIDE, REDUCED_SIDE))
@@ -197,8 +264,8 @@ def _oriented_hash(picture: Image.Image, box, orientation: int) -> str:
     # target, a symmetric filter), so the small picture is turned, not the big one.
     if orientation == 1:
         return perceptual_hash(picture, box)
-    small = picture.convert("L").resize((32, 32), Image.Resampling.LANCZOS, box=box)
-    return perceptual_hash(orient(small, orientation))
+    small = Image.fromarray(_lanczos_32(np.asarray(picture.convert("L")), box).astype(np.uint8))
+    return _hash_of_small(np.asarray(orient(small, orientation), np.float64))
 
 
 def phash_of(data: bytes) -> Optional[str]:

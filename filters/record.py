@@ -61,9 +61,16 @@ class Judgement:
 def judge_record(candidate: Candidate, preset, extras=()) -> Judgement:
     """Every per-record rule on ``candidate``; ``extras`` are extra per-record stages."""
     measures: Dict[str, float] = {}
-    header, reason = image_rules.read_header(candidate.image, preset)
+    header, reason, opened = image_rules.open_header(candidate.image, preset)
     if reason:
         return Judgement(candidate, reason, measures, False)
+    try:
+        return _judge_opened(candidate, header, opened, measures, preset, extras)
+    finally:
+        opened.close()  # a no-op once identify decoded it
+
+
+def _judge_opened(candidate: Candidate, header, opened, measures, preset, extras) -> Judgement:
     if candidate.source_width and candidate.source_height:
         # The downloader resized the stored image and kept the source size
         # (img2dataset's original_width/height): ALIGN's size and aspect rules
@@ -87,7 +94,7 @@ def judge_record(candidate: Candidate, preset, extras=()) -> Judgement:
     if reason:
         return _rejected(candidate, header, reason, measures, preset)
 
-    identity, reason = image_rules.identify(candidate.image, header)
+    identity, reason = image_rules.identify(candidate.image, header, opened)
     if identity is not None:
         candidate = candidate.replace(sha256=identity.sha256, phash=identity.phash)
     reason = reason or _run_extras(extras, "image_decode", candidate, text)

@@ -9,6 +9,7 @@ output against TensorFlow's own parser and reader.
 
 from __future__ import annotations
 
+import functools
 import struct
 from typing import Dict, Iterable, Iterator, List, Tuple, Union
 
@@ -17,8 +18,13 @@ import google_crc32c
 Value = Union[bytes, str, int]
 
 
+_ONE_BYTE = [bytes([i]) for i in range(0x80)]
+
+
 def _varint(value: int) -> bytes:
     value &= (1 << 64) - 1  # int64 negatives as two's complement, 10 bytes
+    if value < 0x80:
+        return _ONE_BYTE[value]
     out = bytearray()
     while True:
         byte = value & 0x7F
@@ -34,21 +40,37 @@ def _field(number: int, payload: bytes) -> bytes:
     return _varint((number << 3) | 2) + _varint(len(payload)) + payload
 
 
+# Length-delimited field tags: (field number << 3) | 2.
+_TAG_1, _TAG_2, _TAG_3 = b"\x0a", b"\x12", b"\x1a"
+
+
+@functools.lru_cache(maxsize=1024)
+def _name_entry(name: str) -> bytes:
+    """A feature map entry's key field (the same few names on every record)."""
+    return _field(1, name.encode("utf-8"))
+
+
 def _feature(value: Value) -> bytes:
     if isinstance(value, bool) or isinstance(value, int):
-        return _field(3, _field(1, _varint(int(value))))  # Feature.int64_list.value (packed)
+        packed = _varint(int(value))
+        int64_list = _TAG_1 + _varint(len(packed)) + packed  # Int64List.value (packed)
+        return _TAG_3 + _varint(len(int64_list)) + int64_list  # Feature.int64_list
     if isinstance(value, str):
         value = value.encode("utf-8")
-    return _field(1, _field(1, bytes(value)))  # Feature.bytes_list.value
+    value = bytes(value)
+    bytes_list = _TAG_1 + _varint(len(value)) + value  # BytesList.value
+    return _TAG_1 + _varint(len(bytes_list)) + bytes_list  # Feature.bytes_list
 
 
 def encode_example(features: Dict[str, Value]) -> bytes:
     """Serialise a flat dict of scalar bytes/str/int features as tf.train.Example."""
-    entries = b"".join(
-        _field(1, _field(1, name.encode("utf-8")) + _field(2, _feature(value)))
-        for name, value in features.items()
-    )
-    return _field(1, entries)  # Example.features(Features.feature map entries)
+    entries = []
+    for name, value in features.items():
+        feature = _feature(value)
+        entry = _name_entry(name) + _TAG_2 + _varint(len(feature)) + feature
+        entries.append(_TAG_1 + _varint(len(entry)) + entry)  # Features.feature map entry
+    body = b"".join(entries)
+    return _TAG_1 + _varint(len(body)) + body  # Example.features
 
 
 def _masked_crc(data: bytes) -> bytes:

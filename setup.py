@@ -20,6 +20,7 @@ BASE = [
     "scipy>=1.11",
     "faiss-cpu>=1.8",
     "scikit-learn>=1.4",
+    "threadpoolctl>=3",  # one BLAS thread per worker process (pipeline.judge)
 ]
 
 EXTRAS = {

@@ -76,7 +76,7 @@ def _pair_records(span, hot: bool = True):
     for i in range(start, end):
         url, text = ("https://example.com/logo.png", "company logo") if hot else (f"https://e.x/{i}.png", f"pair {i}")
         yield LightRow(make_key(url, text), url, text, "", True, f"sha{i % 16}", "", 32, 32, "PNG",
-                       f"page-{i // 1000}.parquet", "parquet", i % 1000, "", "", "")
+                       f"page-{i // 1000}.parquet", "parquet", i % 1000)
 
 
 def _embedded_rows(span):

@@ -61,6 +61,7 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 from common.histogram import HistogramFn, close_last_bin
+from common.bloom import KeysOf
 from common.hot_keys import DEFAULT_MAX_ROWS, JoinDecisions
 from filters import extra_stages, stages
 from filters.ngram_vocab import METRICS_NAMESPACE, RARE_NGRAM, DropRareNgrams
@@ -175,10 +176,24 @@ class _GroupsOverLimit(beam.DoFn):
             yield group, self.reason
 
 
-def _rejected_row(row_decision):
-    row, reason = row_decision
+def _rejected_key(key_decision):
+    key, reason = key_decision
     if reason is not None:
-        yield row[0], reason
+        yield key, reason
+
+
+def _grouped(row_judged, group_and_member):
+    """``(row, judged)`` -> ``(group, (member, key if judged else None))``, nothing for a row in no group."""
+    row, judged = row_judged
+    group, (member, _) = group_and_member(row)
+    if group is not None:
+        yield group, (member, row[0] if judged else None)
+
+
+def _judged_maybe_over_limit(entry, groups_over_limit):
+    group, (_, key) = entry
+    if key is not None and group in groups_over_limit:
+        yield group, key
 
 
 class DropSharedGroups(beam.PTransform):
@@ -186,14 +201,20 @@ class DropSharedGroups(beam.PTransform):
 
     ``group_and_member(row) -> (group, (member, row))`` names the group (an
     image, or an alt-text) and what is counted in it (alt-texts, or images);
-    a row whose group is None is in no group. Input ``{"judged": rows,
-    "counted": rows}``; ``param`` is the preset parameter
-    (``max_texts_per_image``/``max_images_per_text``) whose ``keep`` side
-    decides, or an extra stage's name with its own ``keep(count) -> bool``.
-    Returns ``{"rejected": (key, reason), "histogram": one dict}``; the
-    histogram is over the groups of the pool. ``max_group_rows``: judged
-    rows of one group that may meet in one list (``common.hot_keys``); it
-    never changes the result.
+    a row whose group is None is in no group. Input ``{"pool": (row,
+    judged)}``: every row of the counting pool, and whether it is judged;
+    ``param`` is the preset parameter (``max_texts_per_image``/
+    ``max_images_per_text``) whose ``keep`` side decides, or an extra
+    stage's name with its own ``keep(count) -> bool``. Returns
+    ``{"rejected": (key, reason), "histogram": one dict}``; the histogram is
+    over the groups of the pool.
+
+    Only the judged rows of groups that may be over the limit meet the
+    verdicts: the groups over it are collected into a set every worker holds
+    (``common.bloom.KeysOf``: exact while small, a Bloom filter when large),
+    and a row whose group is certainly not in it skips the join. The join
+    itself (``common.hot_keys``) never holds more than ``max_group_rows`` rows
+    of one group in one list; neither changes the result.
     """
 
     def __init__(self, group_and_member, param: str, limit: int, reason: str, label=None, keep=None,
@@ -207,22 +228,22 @@ class DropSharedGroups(beam.PTransform):
         self.max_group_rows = max_group_rows
 
     def expand(self, inputs):
+        by_group = inputs["pool"] | "ByGroup" >> beam.FlatMap(_grouped, self.group_and_member)
         counts = (
-            inputs["counted"]
-            | "CountedByGroup" >> beam.Map(self.group_and_member)
-            | "CountedInGroups" >> beam.Filter(_in_a_group)
-            | "Members" >> beam.MapTuple(lambda group, member_row: (group, member_row[0]))
+            by_group
+            | "Members" >> beam.MapTuple(lambda group, member_key: (group, member_key[0]))
             | "CountDistinct" >> beam.CombinePerKey(CappedDistinctCountFn(self.limit + 1)))
-        judged = (
-            inputs["judged"]
-            | "JudgedByGroup" >> beam.Map(self.group_and_member)
-            | "JudgedInGroups" >> beam.Filter(_in_a_group)
-            | "Rows" >> beam.MapTuple(lambda group, member_row: (group, member_row[1])))
         over_limit = counts | "OverLimit" >> beam.ParDo(_GroupsOverLimit(self.keep, self.metric, self.reason))
+        groups_over_limit = (
+            over_limit
+            | "GroupsOverLimit" >> beam.Keys()
+            | "AllGroupsOverLimit" >> beam.CombineGlobally(KeysOf()))
+        judged = by_group | "JudgedMaybeOverLimit" >> beam.FlatMap(
+            _judged_maybe_over_limit, beam.pvalue.AsSingleton(groups_over_limit))
         rejected = (
             {"rows": judged, "decisions": over_limit}
             | "JoinCounts" >> JoinDecisions(self.max_group_rows, label=self.metric)
-            | "RejectedRows" >> beam.FlatMap(_rejected_row))
+            | "RejectedKeys" >> beam.FlatMap(_rejected_key))
         edges = log2_edges(self.limit)
         histogram = (
             counts
@@ -318,7 +339,10 @@ class ApplyCorpusFilters(beam.PTransform):
     def expand(self, pcolls):
         preset, p = self.preset, self.label_prefix
         survivors = pcolls["survivors"]
-        pool = (survivors, pcolls["counted_only"]) | f"{p}CountingPool" >> beam.Flatten()
+        pool = (  # (row, judged): every row of the counting pool once
+            survivors | f"{p}Judged" >> beam.Map(lambda row: (row, True)),
+            pcolls["counted_only"] | f"{p}CountedOnly" >> beam.Map(lambda row: (row, False)),
+        ) | f"{p}CountingPool" >> beam.Flatten()
         run = stages_run(preset)
         rejected, stats = [], []
         for stage, param, reason, order, label in (
@@ -327,20 +351,20 @@ class ApplyCorpusFilters(beam.PTransform):
         ):
             if stage not in run:
                 continue
-            shared = {"judged": survivors, "counted": pool} | f"{p}{label}" >> DropSharedGroups(
+            shared = {"pool": pool} | f"{p}{label}" >> DropSharedGroups(
                 functools.partial(order, preset.image_identity), param, getattr(preset, param), reason,
                 max_group_rows=self.max_group_rows)
             rejected.append(shared["rejected"])
             stats.append(shared["histogram"] | f"{p}Name{label}" >> beam.Map(lambda h, name: (name, h), stage))
         for extra in self.extras:
-            shared = {"judged": survivors, "counted": pool} | f"{p}Extra_{extra.name}" >> DropSharedGroups(
+            shared = {"pool": pool} | f"{p}Extra_{extra.name}" >> DropSharedGroups(
                 functools.partial(_extra_group_then_member, extra, preset.image_identity), extra.name,
                 extra.max_count, extra.rejection, keep=functools.partial(operator.ge, extra.max_count),
                 max_group_rows=self.max_group_rows)
             rejected.append(shared["rejected"])
             stats.append(shared["histogram"] | f"{p}NameExtra_{extra.name}" >> beam.Map(
                 lambda h, name: (name, h), extra.name))
-        rare = {"survivors": survivors, "counted_texts": pool | f"{p}PoolTexts" >> beam.Map(lambda row: row[3])} | (
+        rare = {"survivors": survivors, "counted_texts": pool | f"{p}PoolTexts" >> beam.Map(lambda entry: entry[0][3])} | (
             f"{p}RareNgrams" >> DropRareNgrams(
                 preset, hot_key_fanout=self.hot_key_fanout, frequent_ngrams=self.frequent_ngrams))
         rejected.append(rare["rejected"])

@@ -337,6 +337,13 @@ class Stored:
     height: int
 
 
+def stored_as_read(header: Header, preset) -> bool:
+    """Whether a picture is stored as it came: an upright RGB JPEG within ``output_max_side``."""
+    max_side = preset.output_max_side
+    fits = max_side == 0 or max(header.width, header.height) <= max_side
+    return header.format == "JPEG" and header.orientation == 1 and header.mode == "RGB" and fits
+
+
 def stored_picture(data: bytes, header: Header, preset) -> Tuple[Optional[Stored], Optional[str]]:
     """The bytes the shard stores: ``(stored, None)`` or ``(None, image_decode/...)``.
 
@@ -346,10 +353,10 @@ def stored_picture(data: bytes, header: Header, preset) -> Tuple[Optional[Stored
     that size is decoded at a DCT scale first (``draft``), as ``thumbnail``
     does, which leaves it at least twice the target for ``downscale``.
     """
+    if stored_as_read(header, preset):
+        return Stored(data, header.width, header.height), None
     max_side = preset.output_max_side
     needs_resize = max_side > 0 and max(header.width, header.height) > max_side
-    if header.format == "JPEG" and header.orientation == 1 and header.mode == "RGB" and not needs_resize:
-        return Stored(data, header.width, header.height), None
     target = thumbnail_size((header.width, header.height), max_side) if needs_resize else None
     try:
         with warnings.catch_warnings():

@@ -133,8 +133,15 @@ def tagged_ngram_occurrences(text: str, max_order: int = 2):
             yield beam.pvalue.TaggedOutput("unigrams", (gram, count))
 
 
-def ngram_record_pairs(row, known_in_vocabulary: Iterable[str] = (), max_order: int = 2):
-    """``(n-gram, key)`` once per distinct n-gram of the record, minus known-frequent ones."""
+def ngram_record_pairs(row, known_in_vocabulary: Iterable[str] = (), max_order: int = 2, cut: int = 2):
+    """``(n-gram, key)`` once per distinct n-gram of the record, minus known-frequent ones.
+
+    None when the cut is 1: every n-gram of a judged record was counted at
+    least once (the judged records are in the counting pool), so with ALIGN's
+    100M-n-gram vocabulary on a corpus of fewer distinct n-grams nothing is rare.
+    """
+    if cut <= 1:
+        return
     key, text = row[0], row[3]
     for gram in set(ngrams(text, max_order)).difference(known_in_vocabulary):
         yield gram, key
@@ -225,9 +232,10 @@ class DropRareNgrams(beam.PTransform):
                 | "MostFrequent" >> beam.combiners.Top.Of(self.frequent_ngrams, key=operator.itemgetter(1))
                 | "FrequentNgrams" >> beam.Map(lambda top: frozenset(gram for gram, _ in top)))
             pairs = survivors | "NgramKeyPairs" >> beam.FlatMap(
-                ngram_record_pairs, known_in_vocabulary=beam.pvalue.AsSingleton(frequent), max_order=order)
+                ngram_record_pairs, known_in_vocabulary=beam.pvalue.AsSingleton(frequent), max_order=order,
+                cut=cut_side)
         else:
-            pairs = survivors | "NgramKeyPairs" >> beam.FlatMap(ngram_record_pairs, max_order=order)
+            pairs = survivors | "NgramKeyPairs" >> beam.FlatMap(ngram_record_pairs, max_order=order, cut=cut_side)
 
         rejected = (
             {"vocabulary": vocabulary, "records": pairs}

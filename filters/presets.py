@@ -193,13 +193,24 @@ class Preset:
     overrides: tuple = ()  # ((param, value), ...) that differ from the named preset
 
     def __getattr__(self, item):
-        for k, v in object.__getattribute__(self, "values"):
-            if k == item:
-                return v
-        raise AttributeError(item)
+        try:
+            return self._by_name()[item]
+        except KeyError:
+            raise AttributeError(item) from None
+
+    def _by_name(self) -> Dict[str, Any]:
+        # Built once per object (the rules read thresholds for every record); not part of the value.
+        by_name = self.__dict__.get("_values_by_name")
+        if by_name is None:
+            by_name = dict(object.__getattribute__(self, "values"))
+            object.__setattr__(self, "_values_by_name", by_name)
+        return by_name
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k != "_values_by_name"}
 
     def as_dict(self) -> Dict[str, Any]:
-        return dict(self.values)
+        return dict(self._by_name())
 
     def describe(self) -> str:
         """``align`` or ``align with vocab_size=0, min_ngram_count=2``."""
@@ -238,7 +249,7 @@ def rule_enabled(name: str, values: Mapping[str, Any]) -> bool:
 
 def keeps(preset, name: str, measured) -> bool:
     """Does rule ``name`` keep a record whose measured value is ``measured``? (An off rule keeps all.)"""
-    values = preset.as_dict() if isinstance(preset, Preset) else preset
+    values = preset._by_name() if isinstance(preset, Preset) else preset
     if not rule_enabled(name, values):
         return True
     return _COMPARE[keep_op(name, values)](measured, values[name])

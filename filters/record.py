@@ -28,12 +28,11 @@ from filters import stages
 from filters import text as text_rules
 
 
-def _run_extras(extras, anchor: str, candidate: Candidate, text: str) -> Optional[str]:
+def _run_extras(extras, anchor: str, candidate: Candidate, text: str, fmt: str, width: int, height: int) -> Optional[str]:
     placed = extra_stages.after(extras, anchor)
     if not placed:
         return None
-    view = extra_stages.RecordView(candidate.key, candidate.url, text, candidate.format,
-                                   candidate.width, candidate.height, candidate.image)
+    view = extra_stages.RecordView(candidate.key, candidate.url, text, fmt, width, height, candidate.image)
     for stage in placed:
         reason = stage.run(view)
         if reason:
@@ -49,28 +48,30 @@ class Judgement:
     size, normalised text, hashes) so the audit can show it; ``reason`` is
     the first failing rule (None: every per-record rule passed);
     ``measures`` feed the audit distributions; ``counted`` says whether the
-    record is in the corpus-wide counting pool (``filters.frequency``).
+    record is in the corpus-wide counting pool (``filters.frequency``);
+    ``stored_size`` is the picture's size when the shard stores its bytes as
+    they came (``filters.image.stored_as_read``), else None.
     """
 
     candidate: Candidate
     reason: Optional[str]
     measures: Dict[str, float]
     counted: bool
+    stored_size: Optional[tuple] = None
 
 
 def judge_record(candidate: Candidate, preset, extras=()) -> Judgement:
     """Every per-record rule on ``candidate``; ``extras`` are extra per-record stages."""
-    measures: Dict[str, float] = {}
     header, reason, opened = image_rules.open_header(candidate.image, preset)
     if reason:
-        return Judgement(candidate, reason, measures, False)
+        return Judgement(candidate, reason, {}, False)
     try:
-        return _judge_opened(candidate, header, opened, measures, preset, extras)
+        return _judge_opened(candidate, header, opened, preset, extras)
     finally:
         opened.close()  # a no-op once identify decoded it
 
 
-def _judge_opened(candidate: Candidate, header, opened, measures, preset, extras) -> Judgement:
+def _judge_opened(candidate: Candidate, header, opened, preset, extras) -> Judgement:
     if candidate.source_width and candidate.source_height:
         # The downloader resized the stored image and kept the source size
         # (img2dataset's original_width/height): ALIGN's size and aspect rules
@@ -78,29 +79,29 @@ def _judge_opened(candidate: Candidate, header, opened, measures, preset, extras
         judged = dataclasses.replace(header, width=candidate.source_width, height=candidate.source_height)
     else:
         judged = header
-    candidate = candidate.replace(format=judged.format, width=judged.width, height=judged.height)
-    shorter, longer = sorted((judged.width, judged.height))
-    measures["shorter_side"] = shorter
-    measures["aspect_ratio"] = longer / shorter
+    fmt, width, height = judged.format, judged.width, judged.height
+    shorter, longer = sorted((width, height))
+    measures: Dict[str, float] = {"shorter_side": shorter, "aspect_ratio": longer / shorter}
     reason = image_rules.check_header(judged, preset) or _run_extras(
-        extras, "image_aspect", candidate, text_rules.normalize_text(candidate.alt_text))
+        extras, "image_aspect", candidate, text_rules.normalize_text(candidate.alt_text), fmt, width, height)
     if reason:
-        return _rejected(candidate, header, reason, measures, preset)
+        return _rejected(candidate.replace(format=fmt, width=width, height=height), header, reason, measures, preset)
 
     text, reason = text_rules.check_text(candidate.alt_text, preset)
-    candidate = candidate.replace(text=text)
     measures["words_per_text"] = text_rules.word_count(text)
-    reason = reason or _run_extras(extras, "text_repetition", candidate, text)
+    reason = reason or _run_extras(extras, "text_repetition", candidate, text, fmt, width, height)
     if reason:
-        return _rejected(candidate, header, reason, measures, preset)
+        learnt = candidate.replace(format=fmt, width=width, height=height, text=text)
+        return _rejected(learnt, header, reason, measures, preset)
 
     identity, reason = image_rules.identify(candidate.image, header, opened)
-    if identity is not None:
-        candidate = candidate.replace(sha256=identity.sha256, phash=identity.phash)
-    reason = reason or _run_extras(extras, "image_decode", candidate, text)
+    learnt = candidate.replace(format=fmt, width=width, height=height, text=text,
+                               sha256=identity.sha256 if identity else "", phash=identity.phash if identity else "")
+    reason = reason or _run_extras(extras, "image_decode", learnt, text, fmt, width, height)
     if reason:
-        return _rejected(candidate, header, reason, measures, preset)
-    return Judgement(candidate, None, measures, True)
+        return _rejected(learnt, header, reason, measures, preset)
+    stored_size = (header.width, header.height) if image_rules.stored_as_read(header, preset) else None
+    return Judgement(learnt, None, measures, True, stored_size)
 
 
 #: Rejections that take a row out of the raw counting pool: ``read``,

@@ -78,7 +78,7 @@ from pipeline.near_duplicates import RemoveCorpusNearDuplicates, WritePairsRepor
 from pipeline.read import MatchInputFiles
 from pipeline.readers.input_notes import input_notes
 from pipeline.readers.rows import Columns, make_columns
-from pipeline.stage_rows import REJECTED, SURVIVORS, pool_row
+from pipeline.stage_rows import REJECTED, SURVIVORS, LightRow, pool_row
 from pipeline.verdicts import JoinVerdicts, StagesRun
 from pipeline.write_stats import ChooseSamples, WriteStats
 
@@ -181,7 +181,8 @@ def build_pipeline(
             staging.directory(opts.output), download_stage.from_args(opts)))
         judged_downloads = fetched[SURVIVORS] | "JudgeDownloads" >> JudgeFetched(judge)
         outputs_per_part.append(judged_downloads)
-        failed_downloads = fetched[REJECTED] | "FailedDownloads" >> beam.Map(judge_lib.rejection_row)
+        failed_downloads = fetched[REJECTED] | "FailedDownloads" >> beam.Map(judge_lib.rejection_row).with_output_types(
+            LightRow)
         rows_per_part += [judged_downloads[judge_lib.ROWS], failed_downloads]
     input_rows = rows_per_part | "InputRows" >> beam.Flatten()  # one light row per input record
     input_count = input_rows | "CountInput" >> beam.combiners.Count.Globally()

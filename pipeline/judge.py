@@ -42,7 +42,7 @@ from filters.record import Judgement, judge_record
 from pipeline import dedup_options
 from pipeline.read import FileRecords, input_patterns
 from pipeline.readers.rows import Columns, Rejection
-from pipeline.stage_rows import LightRow
+from pipeline.stage_rows import LightRow, holding_rows
 from pipeline.stats import HISTOGRAM_EDGES, METRICS_NAMESPACE
 
 ROWS, MEASURES, PAIRS, EMBEDDINGS, NSFW_OUTCOMES, TO_FETCH = "rows", "measures", "pairs", "embeddings", "nsfw", "to_fetch"
@@ -56,7 +56,7 @@ def rejection_row(rejection: Rejection, reader: str = "", source: str = "", ordi
     """A reader's rejection as a light row (``source`` "" when the record cannot be read again)."""
     detail = json.dumps(dict(rejection.detail), sort_keys=True) if rejection.detail else ""
     return LightRow(rejection.key, rejection.url, rejection.alt_text[:SHOWN_TEXT], rejection.reason, False, "", "",
-                    rejection.width, rejection.height, rejection.format, source, reader, ordinal, "", detail, "")
+                    rejection.width, rejection.height, rejection.format, source, reader, ordinal, detail=detail)
 
 
 def judged_row(judgement: Judgement, reader: str, source: str, ordinal: int) -> LightRow:
@@ -64,8 +64,10 @@ def judged_row(judgement: Judgement, reader: str, source: str, ordinal: int) -> 
     text = c.text if c.text or judgement.counted else c.alt_text[:SHOWN_TEXT]
     # A downloaded record's URL-list row is not read again: what the shard needs of it travels with the row.
     carried = json.dumps([list(kv) for kv in c.carried]) if c.origin else ""
+    stored_width, stored_height = judgement.stored_size or (0, 0)
     return LightRow(c.key, c.url, text, judgement.reason or "", judgement.counted, c.sha256, c.phash,
-                    c.width, c.height, c.format, source, reader, ordinal, "", "", carried)
+                    c.width, c.height, c.format, source, reader, ordinal, carried=carried,
+                    stored_width=stored_width, stored_height=stored_height)
 
 
 class Histograms:
@@ -107,6 +109,12 @@ class RecordJudge:
         self.histograms = Histograms()
 
     def setup(self) -> None:
+        from threadpoolctl import threadpool_limits
+
+        # The runner's worker processes are the parallelism: BLAS threads only
+        # spin between the small matrix products of each record's pHash (they
+        # doubled the first pass's CPU time on 2 cores).
+        threadpool_limits(1, user_api="blas")
         preset = self.preset
         self.nsfw = nsfw.NsfwScoring(preset.nsfw_threshold, unscored=preset.nsfw_unscored,
                                      scorer_factory=self.nsfw_factory)
@@ -264,7 +272,7 @@ class JudgeFiles(beam.PTransform):
     def expand(self, paths):
         dofn = _JudgeFiles(self.judge, input_patterns(self.file_pattern), self.input_format, self.columns)
         outputs = paths | "ReadAndJudge" >> beam.ParDo(dofn).with_outputs(*OUTPUT_TAGS, main=ROWS)
-        return {tag: outputs[tag] for tag in (ROWS,) + OUTPUT_TAGS}
+        return {ROWS: holding_rows(outputs[ROWS]), **{tag: outputs[tag] for tag in OUTPUT_TAGS}}
 
 
 class JudgeFetched(beam.PTransform):
@@ -280,7 +288,7 @@ class JudgeFetched(beam.PTransform):
             | "Batch" >> beam.BatchElements(min_batch_size=BATCH_SIZE, max_batch_size=BATCH_SIZE)
             | "Judge" >> beam.ParDo(_JudgeFetched(self.judge)).with_outputs(*OUTPUT_TAGS, main=ROWS)
         )
-        return {tag: outputs[tag] for tag in (ROWS,) + OUTPUT_TAGS}
+        return {ROWS: holding_rows(outputs[ROWS]), **{tag: outputs[tag] for tag in OUTPUT_TAGS}}
 
 
 class NsfwNote(beam.PTransform):

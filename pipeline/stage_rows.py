@@ -8,21 +8,24 @@ it never leaves the first pass. What crosses a shuffle is one of these:
   again (``source``, ``reader``, ``ordinal``: the record's position in what
   the reader yields for that file). Rejections keep this type with their
   final reason in ``reason``.
-- ``PoolRow``: what the corpus-wide counts see of a row (``filters.frequency``).
 - ``HashRow``: one image's hashes, for in-corpus duplicate removal.
 
-Key verdicts stay Beam key/value pairs ``(key, reason)`` (they are grouped
-by key); embeddings stay ``(key, vector)`` for the same reason.
+What the corpus-wide counts see of a row (``filters.frequency``) is the
+plain tuple ``(key, sha256, phash, text)`` (``pool_row``). Key verdicts stay
+Beam key/value pairs ``(key, reason)``; embeddings stay ``(key, vector)``.
 
-All three use Beam's ``RowCoder`` (registered below): deterministic, compact
-and schema-checked, where the default coder would pickle a NamedTuple.
+Both named rows use Beam's ``RowCoder`` (registered below): deterministic,
+compact and schema-checked. Beam's default coder encodes plain tuples of
+strings and numbers itself but pickles a NamedTuple, on every stage boundary:
+a PCollection of named rows, or a key/value pair holding one, is declared
+(``with_output_types``) so that the runner uses the row coder.
 
 No ``from __future__ import annotations`` here: Beam reads the field types
 of the NamedTuples to build their schemas.
 """
 
 import json
-from typing import NamedTuple
+from typing import NamedTuple, Tuple
 
 import apache_beam as beam
 
@@ -45,28 +48,34 @@ class LightRow(NamedTuple):
     source: str      # the file to read it again from ("": it cannot be read again)
     reader: str      # that file's reader (``pipeline.readers.FORMATS``, or "staging")
     ordinal: int     # its position in what the reader yields for that file
-    eval_match: str  # ``near_duplicate_eval/<set>`` when it is a near-duplicate of an evaluation image
-    detail: str      # JSON object added to its ledger line ("" for none)
-    carried: str     # JSON [[column, text], ...] of a downloaded record ("": read again from ``source``)
-
-    def rejected(self, reason: str) -> "LightRow":
-        return self._replace(reason=reason)
-
-    def detail_items(self) -> dict:
-        return json.loads(self.detail) if self.detail else {}
+    eval_match: str = ""  # ``near_duplicate_eval/<set>`` when it is a near-duplicate of an evaluation image
+    detail: str = ""      # JSON object added to its ledger line ("" for none)
+    carried: str = ""     # JSON [[column, text], ...] of a downloaded record ("": read again from ``source``)
+    stored_width: int = 0   # the picture's size when the shard stores its bytes as read (0: re-encoded)
+    stored_height: int = 0
 
 
-class PoolRow(NamedTuple):
-    """A row of the corpus-wide counting pool: key, image hashes, normalised alt-text."""
-
-    key: str
-    sha256: str
-    phash: str
-    text: str
+# Functions, not methods: a worker process decodes rows into a type Beam
+# generates from the schema, with the same fields and none of the methods.
 
 
-def pool_row(row: LightRow) -> PoolRow:
-    return PoolRow(row.key, row.sha256, row.phash, row.text)
+def rejected(row: LightRow, reason: str) -> LightRow:
+    """The row with its final reason."""
+    return row._replace(reason=reason)
+
+
+def detail_items(row: LightRow) -> dict:
+    return json.loads(row.detail) if row.detail else {}
+
+
+def pool_row(row: LightRow) -> tuple:
+    """The ``(key, sha256, phash, normalised alt-text)`` row the corpus-wide counts take (``filters.frequency``)."""
+    return row.key, row.sha256, row.phash, row.text
+
+
+def verdict_row(key: str, reason: str) -> LightRow:
+    """A key stage's ``(key, reason)`` verdict as a light row, so that rows and verdicts share one coder where they meet."""
+    return LightRow(key, "", "", reason, False, "", "", 0, 0, "", "", "", -1)
 
 
 class HashRow(NamedTuple):
@@ -82,11 +91,22 @@ def row_key(row) -> str:
     return row.key
 
 
-def keyed(row):
-    """``(row.key, row)``: a named row as a Beam key/value pair."""
+def keyed(row: LightRow):
+    """``(row.key, row)``: a light row as a Beam key/value pair."""
     return row.key, row
 
 
+#: The type of ``(key, LightRow)`` pairs, for ``with_output_types``.
+KEYED_ROW = Tuple[str, LightRow]
+
+
+def holding_rows(pcoll):
+    """Declares that ``pcoll`` holds light rows, so that the runner encodes them with the row coder.
+
+    For a DoFn's tagged outputs, which ``with_output_types`` does not reach.
+    """
+    pcoll.element_type = LightRow
+    return pcoll
+
 beam.coders.registry.register_coder(LightRow, beam.coders.RowCoder)
-beam.coders.registry.register_coder(PoolRow, beam.coders.RowCoder)
 beam.coders.registry.register_coder(HashRow, beam.coders.RowCoder)

@@ -27,7 +27,7 @@ from apache_beam.metrics import Metrics
 
 from common.hot_keys import JoinDecisions
 from filters import stages
-from pipeline.stage_rows import REJECTED, SURVIVORS, LightRow, keyed
+from pipeline.stage_rows import KEYED_ROW, REJECTED, SURVIVORS, LightRow, holding_rows, keyed, rejected, verdict_row
 from pipeline.stats import METRICS_NAMESPACE
 
 
@@ -109,19 +109,26 @@ def resolve_group(key: str, rows: List[LightRow], verdicts: List[str], rank=None
     return ordered[:1], [(r, REPEAT) for r in ordered[1:]]
 
 
-class RepeatSummary(beam.CombineFn):
-    """A key's rows -> ``(count, smallest, second smallest)`` by ``keep_order``, whatever the count.
+class KeyFate(beam.CombineFn):
+    """A key's light rows and verdict rows -> ``(count, smallest, second smallest, first verdict)``.
 
-    The smallest is the row ``resolve_group`` would write; a rejection of the
-    key is shown by the smallest row it rejects. A combine, so a pair
-    repeated on every page of a site is reduced where it was read.
+    Rows are the records still in the running (reason ""), ordered by
+    ``keep_order``: the smallest is the row ``resolve_group`` would write, a
+    rejection of the key is shown by the smallest row it rejects. Verdict rows
+    (``stage_rows.verdict_row``) carry a key stage's reason; the earliest
+    stage's is kept. A combine, so a pair repeated on every page of a site
+    is reduced where it was read; the accumulator is two rows and a reason,
+    whatever the count, with a compact coder (``accumulator_coder``).
     """
 
-    def create_accumulator(self):
-        return 0, None, None
+    def __init__(self, rank=None):
+        self.rank = rank
 
-    def _add(self, acc, count, *rows):
-        n, first, second = acc
+    def create_accumulator(self):
+        return 0, None, None, ""
+
+    def _add(self, acc, count, rows, verdict):
+        n, first, second, first_reason = acc
         for row in rows:
             if row is None:
                 continue
@@ -129,30 +136,45 @@ class RepeatSummary(beam.CombineFn):
                 first, second = row, first
             elif second is None or keep_order(row) < keep_order(second):
                 second = row
-        return n + count, first, second
+        if verdict:
+            first_reason = first_verdict([first_reason, verdict], self.rank) if first_reason else verdict
+        return n + count, first, second, first_reason
 
     def add_input(self, acc, row):
-        return self._add(acc, 1, row)
+        if row.reason:
+            return self._add(acc, 0, (), row.reason)
+        return self._add(acc, 1, (row,), "")
 
     def merge_accumulators(self, accs):
         merged = self.create_accumulator()
-        for n, first, second in accs:
-            merged = self._add(merged, n, first, second)
+        for n, first, second, verdict in accs:
+            merged = self._add(merged, n, (first, second), verdict)
         return merged
 
     def extract_output(self, acc):
         return acc
 
+    def get_accumulator_coder(self):
+        return accumulator_coder()
 
-def summary_rejections(summary, verdict: Optional[str]) -> Tuple[Optional[LightRow], List[Tuple[LightRow, str, int]]]:
-    """A key's ``RepeatSummary`` and verdict -> (row to write or None, [(row shown, reason, times)]).
+
+def accumulator_coder():
+    row = beam.coders.registry.get_coder(LightRow)
+    return beam.coders.TupleCoder([beam.coders.VarIntCoder(), beam.coders.NullableCoder(row),
+                                   beam.coders.NullableCoder(row), beam.coders.StrUtf8Coder()])
+
+
+def fate_rejections(fate) -> Tuple[Optional[LightRow], List[Tuple[LightRow, str, int]]]:
+    """A key's ``KeyFate`` -> (row to write or None, [(row shown, reason, times)]).
 
     The rejections of ``resolve_group`` as far as any output can tell: the
     same number per reason and the same ledger line (key, reason, url, the
     same for all of a key's rows); the audit shows the smallest row rejected.
     """
-    count, first, second = summary
-    if verdict is not None:
+    count, first, second, verdict = fate
+    if count == 0:
+        return None, []  # a verdict for a key whose rows were rejected before
+    if verdict:
         return None, [(first, verdict, count)]
     if count == 1:
         return first, []
@@ -161,29 +183,23 @@ def summary_rejections(summary, verdict: Optional[str]) -> Tuple[Optional[LightR
 
 class _ResolveVerdicts(beam.DoFn):
     def process(self, element):
-        _, grouped = element
-        summaries = grouped["rows"]
-        if not summaries:
-            return  # a verdict for a key whose rows were rejected before
-        verdict = next(iter(grouped["verdicts"]), None)
-        kept, rejections = summary_rejections(summaries[0], verdict)
+        kept, rejections = fate_rejections(element[1])
         if kept is not None:
             yield kept
         for row, reason, times in rejections:
             Metrics.counter(METRICS_NAMESPACE, reason).inc(times)
-            rejected = row.rejected(reason)
+            rejection = rejected(row, reason)
             for _ in range(times):
-                yield beam.pvalue.TaggedOutput(REJECTED, rejected)
+                yield beam.pvalue.TaggedOutput(REJECTED, rejection)
 
 
 class JoinVerdicts(beam.PTransform):
     """``(light rows, (key, reason) verdicts)`` -> ``{"survivors": rows to write, "rejected": rows with their reason}``.
 
     Decides ``duplicate_pair`` on the way: of the rows left with one key,
-    one is written. A key's repeats are reduced by a combine
-    (``RepeatSummary``) before the shuffle and its verdicts to the first,
-    so the join meets one summary and one verdict per key, however often a
-    pair repeats; ``resolve_group`` is the same rule on a whole list.
+    one is written. Rows and verdicts meet in one combine per key
+    (``KeyFate``), so a key's repeats are reduced before the shuffle, however
+    often a pair repeats; ``resolve_group`` is the same rule on a whole list.
     """
 
     decides = ("duplicate_pair",)
@@ -194,15 +210,13 @@ class JoinVerdicts(beam.PTransform):
 
     def expand(self, inputs):
         rows, verdicts = inputs
-        summaries = (
-            rows
-            | "KeyRows" >> beam.Map(keyed)
-            | "SummarisePerKey" >> beam.CombinePerKey(RepeatSummary())
-        )
-        first = verdicts | "FirstVerdictPerKey" >> beam.CombinePerKey(functools.partial(first_verdict, rank=self.rank))
+        keyed_rows = rows | "KeyRows" >> beam.Map(keyed).with_output_types(KEYED_ROW)
+        keyed_verdicts = verdicts | "VerdictRows" >> beam.MapTuple(
+            lambda key, reason: (key, verdict_row(key, reason))).with_output_types(KEYED_ROW)
         outputs = (
-            {"rows": summaries, "verdicts": first}
-            | "GroupByPairKey" >> beam.CoGroupByKey()
+            (keyed_rows, keyed_verdicts)
+            | "RowsAndVerdicts" >> beam.Flatten()
+            | "FatePerKey" >> beam.CombinePerKey(KeyFate(self.rank))
             | "Resolve" >> beam.ParDo(_ResolveVerdicts()).with_outputs(REJECTED, main=SURVIVORS)
         )
-        return {SURVIVORS: outputs[SURVIVORS], REJECTED: outputs[REJECTED]}
+        return {SURVIVORS: holding_rows(outputs[SURVIVORS]), REJECTED: holding_rows(outputs[REJECTED])}

@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
@@ -35,14 +35,14 @@ from apache_beam.metrics import Metrics
 
 from common.schema import CONCEPTS_DIR, SPLITS, Candidate, shard_filename
 from filters import stages
-from filters.image import read_header, stored_picture
+from filters.image import Stored, read_header, stored_picture
 from pipeline import readers
 from pipeline.download import staging
 from pipeline.readers.rows import Columns, Rejection
 from pipeline.shards import (
     SHARDS_FILE, ShardWriter, chunk_sizes, shard_list, shard_of, shard_plan, split_of, to_example, write_empty_shard,
 )
-from pipeline.stage_rows import LightRow
+from pipeline.stage_rows import LightRow, detail_items, holding_rows, rejected
 from pipeline.stats import METRICS_NAMESPACE, write_text
 
 SHARDS, SAMPLES, LATE, CONCEPT_COUNTS = "shards", "samples", "late_rejections", "concept_counts"
@@ -106,7 +106,7 @@ class _SplitShards:
 
 
 class _WriteFileShards(beam.DoFn):
-    """``(source file, {"rows", "samples", "plan"})`` -> the file's shards; shard infos, samples, late rejections."""
+    """``(source file, its light rows)`` -> the file's shards: kept rows written, audit samples thumbnailed."""
 
     def __init__(self, output_dir: str, name: str, preset, columns: Columns, carried: Sequence[str],
                  ontology=None, labels_column: str = ""):
@@ -125,13 +125,14 @@ class _WriteFileShards(beam.DoFn):
 
             self.tagger = Tagger(self.ontology)
 
-    def process(self, element, totals):
-        source, grouped = element
-        rows = sorted(grouped["rows"], key=lambda r: (r.ordinal, r.key))
-        samples = sorted(grouped["samples"], key=lambda r: (r.ordinal, r.key, r.reason))
-        if not rows and not samples:
-            return
-        firsts = next(iter(grouped["plan"]), {})
+    def process(self, element, firsts_per_file, totals):
+        source, file_rows = element
+        rows, samples = [], []
+        for row in file_rows:  # a kept record has no reason; an audit sample has its rejection's
+            (samples if row.reason else rows).append(row)
+        rows.sort(key=lambda r: (r.ordinal, r.key))
+        samples.sort(key=lambda r: (r.ordinal, r.key, r.reason))
+        firsts = firsts_per_file.get(source, {})
         fraction = self.preset.validation_fraction
         by_split: Dict[str, List[LightRow]] = {}
         for row in rows:
@@ -165,17 +166,20 @@ class _WriteFileShards(beam.DoFn):
 
     def _late(self, row: LightRow, reason: str):
         Metrics.counter(METRICS_NAMESPACE, reason).inc()
-        return beam.pvalue.TaggedOutput(LATE, row.rejected(reason))
+        return beam.pvalue.TaggedOutput(LATE, rejected(row, reason))
 
     def _write(self, row: LightRow, record, shards: _SplitShards):
         if not source_matches(row, record):
             yield self._late(row, SOURCE_CHANGED)
             return
-        header, reason = read_header(record.image, self.preset)
-        stored, reason = stored_picture(record.image, header, self.preset) if header else (None, reason)
-        if reason:
-            yield self._late(row, reason)
-            return
+        if row.stored_width:  # the first pass found it storable as it came: no header, no decode
+            stored = Stored(record.image, row.stored_width, row.stored_height)
+        else:
+            header, reason = read_header(record.image, self.preset)
+            stored, reason = stored_picture(record.image, header, self.preset) if header else (None, reason)
+            if reason:
+                yield self._late(row, reason)
+                return
         carried = tuple(tuple(kv) for kv in json.loads(row.carried)) if row.carried else record.carried
         concepts = None
         if self.tagger is not None:
@@ -221,6 +225,9 @@ def _keyed_by_source(row: LightRow):
     return row.source, row
 
 
+FILE_AND_ROW = Tuple[str, LightRow]
+
+
 class WriteShards(beam.PTransform):
     """``(kept light rows, sampled rejections)`` -> ``{"shards", "samples", "rejected", "concepts"}``.
 
@@ -253,17 +260,18 @@ class WriteShards(beam.PTransform):
             | "CollectCounts" >> beam.combiners.ToList()
             | "ShardPlan" >> beam.Map(lambda counts: shard_plan([(f, s, n) for (f, s), n in counts], bound))
         )
-        firsts = plan | "FirstShards" >> beam.FlatMap(lambda p: sorted(p[0].items()))
+        # One entry per input file: small beside the rows, read by every writer.
+        firsts = beam.pvalue.AsSingleton(plan | "FirstShards" >> beam.Map(lambda p: p[0]))
         totals = beam.pvalue.AsSingleton(plan | "ShardsPerSplit" >> beam.Map(lambda p: p[1]))
         to_read = samples | "SamplesToReadAgain" >> beam.Filter(lambda r: bool(r.source))
         written = (
-            {"rows": rows | "ByFile" >> beam.Map(_keyed_by_source),
-             "samples": to_read | "SamplesByFile" >> beam.Map(_keyed_by_source),
-             "plan": firsts}
-            | "GroupByFile" >> beam.CoGroupByKey()
+            (rows | "ByFile" >> beam.Map(_keyed_by_source).with_output_types(FILE_AND_ROW),
+             to_read | "SamplesByFile" >> beam.Map(_keyed_by_source).with_output_types(FILE_AND_ROW))
+            | "RowsToReadAgain" >> beam.Flatten()
+            | "GroupByFile" >> beam.GroupByKey()
             | "WriteFileShards" >> beam.ParDo(
                 _WriteFileShards(output_dir, name, self.preset, self.columns, self.carried, self.ontology,
-                                 self.labels_column), totals)
+                                 self.labels_column), firsts, totals)
             .with_outputs(SHARDS, SAMPLES, LATE, CONCEPT_COUNTS)
         )
         empty = plan | "EmptyCorpusShards" >> beam.FlatMap(
@@ -281,7 +289,7 @@ class WriteShards(beam.PTransform):
         return {
             SHARDS: shards,
             SAMPLES: (written[SAMPLES], unread) | "AllSamples" >> beam.Flatten(),
-            "rejected": written[LATE],
+            "rejected": holding_rows(written[LATE]),
             "concepts": written[CONCEPT_COUNTS],
         }
 
@@ -300,7 +308,7 @@ class _WriteLedgerFile(beam.DoFn):
 
 
 def ledger_line(row: LightRow) -> str:
-    return json.dumps({"key": row.key, "reason": row.reason, "url": row.url, **row.detail_items()})
+    return json.dumps({"key": row.key, "reason": row.reason, "url": row.url, **detail_items(row)})
 
 
 class WriteRejectionLedger(beam.PTransform):

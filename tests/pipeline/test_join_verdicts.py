@@ -1,4 +1,4 @@
-"""JoinVerdicts decides from a bounded per-key summary what resolve_group decides from the whole list."""
+"""JoinVerdicts decides from a bounded per-key fate what resolve_group decides from the whole list."""
 
 import collections
 import random
@@ -10,14 +10,14 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from common.schema import make_key
 from pipeline import verdicts as v
-from pipeline.stage_rows import LightRow
+from pipeline.stage_rows import LightRow, rejected, verdict_row
 
 URL, TEXT = "https://e.x/logo.png", "company logo"
 KEY = make_key(URL, TEXT)
 
 
 def row(key, url, text, sha256, width=64, fmt="JPEG", source="page-0.parquet", ordinal=0):
-    return LightRow(key, url, text, "", True, sha256, "", width, 48, fmt, source, "parquet", ordinal, "", "", "")
+    return LightRow(key, url, text, "", True, sha256, "", width, 48, fmt, source, "parquet", ordinal)
 
 
 def repeat(i, rng):
@@ -43,22 +43,23 @@ def combine(records, rng, fn):
 
 def emitted(kept_and_rejections):
     kept, rejections = kept_and_rejections
-    rows = [r.rejected(reason) for r, reason, times in rejections for _ in range(times)]
+    rows = [rejected(r, reason) for r, reason, times in rejections for _ in range(times)]
     return kept, rows
 
 
 @pytest.mark.parametrize("count", [1, 2, 3, 5, 300])
 @pytest.mark.parametrize("verdict", [None, "images_per_text/shared_text"])
-def test_summary_gives_what_the_whole_list_gives(count, verdict):
+def test_fate_gives_what_the_whole_list_gives(count, verdict):
     rng = random.Random(count)
-    fn = v.RepeatSummary()
+    fn = v.KeyFate()
     for trial in range(5):
         records = [repeat(i, rng) for i in range(count)]
         keep, reject = v.resolve_group(KEY, list(records), [verdict] if verdict else [])
-        summary = combine(list(records), rng, fn)
-        assert summary[0] == count and len(summary) == 3  # two rows, whatever the count
-        kept, rows = emitted(v.summary_rejections(summary, verdict))
-        expected = [r.rejected(reason) for r, reason in reject]
+        verdicts = [verdict_row(KEY, verdict)] * 3 if verdict else []
+        fate = combine(list(records) + verdicts, rng, fn)
+        assert fate[0] == count and len(fate) == 4  # a count, two rows and a reason, whatever the count
+        kept, rows = emitted(v.fate_rejections(fate))
+        expected = [rejected(r, reason) for r, reason in reject]
         assert (kept,) == tuple(keep) or (kept is None and keep == [])
         assert collections.Counter(r.reason for r in rows) == collections.Counter(r.reason for r in expected)
         # The ledger (key, reason, url) sees the same; the audit shows the smallest row rejected.
@@ -77,3 +78,11 @@ def test_join_verdicts_on_a_pair_repeated_many_times():
         assert_that(joined["survivors"], equal_to(keep), label="written")
         reasons = joined["rejected"] | beam.Map(lambda r: r.reason) | beam.combiners.Count.PerElement()
         assert_that(reasons, equal_to([("duplicate_pair/repeat", 499), ("rare_ngrams/rare_ngram", 1)]), label="why")
+
+
+def test_the_fate_coder_round_trips_and_is_deterministic():
+    rng = random.Random(1)
+    coder = v.KeyFate().get_accumulator_coder()
+    for fate in [(0, None, None, ""), (3, repeat(0, rng), repeat(1, rng), "rare_ngrams/rare_ngram")]:
+        assert coder.decode(coder.encode(fate)) == fate
+    assert coder.is_deterministic()

@@ -128,7 +128,7 @@ def test_pairs_report_is_written_in_sharded_files(tmp_path):
     reason = "near_duplicate_eval/coco"
 
     def rejected(key, why):
-        return LightRow(key, "u", "t", why, True, "s", "", 32, 24, "JPEG", "f", "parquet", 0, reason, "", "")
+        return LightRow(key, "u", "t", why, True, "s", "", 32, 24, "JPEG", "f", "parquet", 0, reason)
 
     rejections = [rejected(f"c{i}", reason) for i in range(5)]
     # One key repeated 500 times is reported once; a match an earlier stage rejected is not reported.

@@ -118,8 +118,8 @@ def test_a_record_changed_since_the_first_pass_is_rejected_by_the_second(tmp_pat
     pq.write_table(pa.Table.from_pylist(table[:3]), source)  # and ordinal 3 is gone
     dofn = write._WriteFileShards(str(tmp_path / "out"), "c", ALIGN, Columns(), ())
     dofn.setup()
-    plan = {"train": 0, "validation": 0}
-    out = list(dofn.process((source, {"rows": kept, "samples": [], "plan": [plan]}), {"train": 1, "validation": 1}))
+    plan = {source: {"train": 0, "validation": 0}}
+    out = list(dofn.process((source, kept), plan, {"train": 1, "validation": 1}))
     late = [o.value for o in out if getattr(o, "tag", None) == write.LATE]
     assert sorted((r.ordinal, r.reason) for r in late) == [(1, "read/source_changed"), (3, "read/source_changed")]
     shards = [o.value for o in out if getattr(o, "tag", None) == write.SHARDS]

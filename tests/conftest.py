@@ -41,8 +41,8 @@ def build_args(sample_dir, output, *extra):
 @pytest.fixture(scope="session")
 def sample_build(sample_dir, tmp_path_factory):
     """The sample built by the real Beam job (in-process FnApiRunner)."""
-    from pipeline import build
+    from pipeline import launcher
 
     output = tmp_path_factory.mktemp("built") / "corpus"
-    funnel = build.run(build_args(sample_dir, output))
+    funnel = launcher.run(build_args(sample_dir, output))
     return output, funnel

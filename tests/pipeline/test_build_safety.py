@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline import build, output
+from pipeline import finish, launcher, output
 from tests.pipeline.test_read import jpeg, make_input_tree
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -48,7 +48,7 @@ def built(tmp_path_factory):
     """One small corpus; tests copy it before changing anything."""
     root = tmp_path_factory.mktemp("built")
     pattern = write_candidates(root / "in")
-    build.run(["--input", str(pattern), "--output", str(root / "corpus"), *QUICK])
+    launcher.run(["--input", str(pattern), "--output", str(root / "corpus"), *QUICK])
     return root, pattern
 
 
@@ -72,7 +72,7 @@ def test_overwrite_refuses_when_anything_else_is_there_and_deletes_nothing(built
     (corpus / "notes.txt").write_text("my notes")
     before = snapshot(corpus)
     with pytest.raises(output.OutputRefused, match="notes.txt"):
-        build.run(["--input", str(pattern), "--output", str(corpus), "--overwrite", *QUICK])
+        launcher.run(["--input", str(pattern), "--output", str(corpus), "--overwrite", *QUICK])
     assert snapshot(corpus) == before
 
 
@@ -82,7 +82,7 @@ def test_overwrite_of_a_directory_that_is_not_a_corpus_is_refused(built, tmp_pat
     data.mkdir()
     (data / "holiday.jpg").write_bytes(b"precious")
     with pytest.raises(output.OutputRefused, match="not a corpus"):
-        build.run(["--input", str(pattern), "--output", str(data), "--overwrite", *QUICK])
+        launcher.run(["--input", str(pattern), "--output", str(data), "--overwrite", *QUICK])
     assert snapshot(data) == {"holiday.jpg": b"precious"}
 
 
@@ -92,8 +92,8 @@ def test_invalid_arguments_leave_the_previous_corpus_untouched(built, tmp_path):
     for bad in (["--name", "../escaped"], ["--set", "no_such_threshold=1"], ["--eval-images", "x=/no/such/dir"],
                 ["--embedder", "nope"], ["--no_such_beam_flag=1"], ["--runner", "NoSuchRunner"],
                 ["--input_format", "xls"], ["--version", "../1.0.0"]):
-        with pytest.raises(build.UsageError):
-            build.run(["--input", str(pattern), "--output", str(corpus), "--overwrite", *QUICK, *bad])
+        with pytest.raises(launcher.UsageError):
+            launcher.run(["--input", str(pattern), "--output", str(corpus), "--overwrite", *QUICK, *bad])
         assert snapshot(corpus) == before, bad
     assert not (tmp_path / "escaped").exists()
 
@@ -103,8 +103,8 @@ def test_output_equal_to_inside_or_containing_the_input_is_refused(tmp_path, mon
     monkeypatch.chdir(tmp_path)
     write_candidates(tmp_path / "in")
     before = snapshot(tmp_path)
-    with pytest.raises(build.UsageError, match="input location"):
-        build.run(["--input", "in/*.parquet", "--output", where, "--overwrite", *QUICK])
+    with pytest.raises(launcher.UsageError, match="input location"):
+        launcher.run(["--input", "in/*.parquet", "--output", where, "--overwrite", *QUICK])
     assert snapshot(tmp_path) == before
 
 
@@ -119,7 +119,7 @@ def test_glob_characters_in_the_output_are_literal(built, tmp_path):
         (neighbour / name).write_bytes(data)
     star = tmp_path / "out*"
     for _ in range(2):  # a build, then --overwrite of it
-        build.run(["--input", str(pattern), "--output", str(star), "--overwrite", *QUICK])
+        launcher.run(["--input", str(pattern), "--output", str(star), "--overwrite", *QUICK])
     assert snapshot(neighbour) == theirs
     shards = sorted(p for p in star.iterdir() if p.name.startswith("alt_text_corpus-"))
     info = json.loads((star / "dataset_info.json").read_text())
@@ -152,7 +152,7 @@ def test_zero_record_build_ends_with_its_funnel(tmp_path):
 @pytest.mark.slow
 def test_strict_preset_writes_nothing_and_says_so(built, tmp_path):
     _, pattern = built
-    funnel = build.run(["--input", str(pattern), "--output", str(tmp_path / "out"), *QUICK,
+    funnel = launcher.run(["--input", str(pattern), "--output", str(tmp_path / "out"), *QUICK,
                         "--set", "min_words=19", "--set", "max_words=20"])
     assert funnel["written"] == {"train": 0, "validation": 0} and funnel["rejected_total"] == funnel["input"] == 6
     assert (tmp_path / "out" / "COMPLETED").exists()
@@ -160,7 +160,7 @@ def test_strict_preset_writes_nothing_and_says_so(built, tmp_path):
 
 def test_every_row_of_every_readable_file_is_accounted_for(tmp_path):
     expected = make_input_tree(tmp_path / "in")
-    funnel = build.run(["--input", str(tmp_path / "in" / "*.parquet"), "--output", str(tmp_path / "out"), *QUICK,
+    funnel = launcher.run(["--input", str(tmp_path / "in" / "*.parquet"), "--output", str(tmp_path / "out"), *QUICK,
                         "--set", "min_shorter_side=0", "--set", "min_words=1"])
     assert funnel["conserved"] and funnel["input"] == sum(expected.values())
     read = next(row for row in funnel["stages"] if row["stage"] == "read")["rejected"]
@@ -174,11 +174,11 @@ def test_every_row_of_every_readable_file_is_accounted_for(tmp_path):
 
 def test_accounting_against_the_footers():
     funnel = {"input": 10, "conserved": True}
-    assert build.accounting_problems(funnel, {"parquet_rows": 9, "unreadable_files": 1}) == []
-    (problem,) = build.accounting_problems(funnel, {"parquet_rows": 12, "unreadable_files": 0})
+    assert finish.accounting_problems(funnel, {"parquet_rows": 9, "unreadable_files": 1}) == []
+    (problem,) = finish.accounting_problems(funnel, {"parquet_rows": 12, "unreadable_files": 0})
     assert "differs from the files' metadata" in problem
-    assert build.accounting_problems(funnel, {"parquet_rows": 4, "tsv_records": 5, "unreadable_files": 1}) == []
-    assert build.accounting_problems({"input": 3, "conserved": False}, None) == [
+    assert finish.accounting_problems(funnel, {"parquet_rows": 4, "tsv_records": 5, "unreadable_files": 1}) == []
+    assert finish.accounting_problems({"input": 3, "conserved": False}, None) == [
         "conservation law violated: input != written + rejected"]
 
 
@@ -199,7 +199,7 @@ def test_concurrent_second_build_fails_fast_and_a_killed_build_is_refused(tmp_pa
         time.sleep(0.02)
     started = time.time()
     with pytest.raises(output.OutputLocked, match="another build is writing"):
-        build.run(["--input", str(pattern), "--output", str(out), "--overwrite", *QUICK])
+        launcher.run(["--input", str(pattern), "--output", str(out), "--overwrite", *QUICK])
     assert time.time() - started < 10
     assert first.poll() is None  # A was running all along
     first.send_signal(signal.SIGKILL)
@@ -222,7 +222,7 @@ def test_usage_mistake_is_one_error_line_and_one_usage_line(tmp_path):
     """A bad preset value: the error first, one usage line, exit 2, the output never created."""
     pattern = write_candidates(tmp_path / "in")
     done = cli("--input", str(pattern), "--output", str(tmp_path / "out"), "--set", "min_shorter_side=-5")
-    assert done.returncode == build.EXIT_USAGE
+    assert done.returncode == launcher.EXIT_USAGE
     lines = done.stderr.splitlines()
-    assert lines == ["error: min_shorter_side: must be an integer in [0, inf), got -5", build.SHORT_USAGE], done.stderr
+    assert lines == ["error: min_shorter_side: must be an integer in [0, inf), got -5", launcher.SHORT_USAGE], done.stderr
     assert not (tmp_path / "out").exists()

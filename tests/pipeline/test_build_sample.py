@@ -15,7 +15,7 @@ from PIL import Image, ImageOps
 from common.schema import make_key, shard_glob, tf_feature_spec
 from filters.image import to_rgb
 from filters.text import normalize_text
-from pipeline import build
+from pipeline import launcher
 
 from conftest import build_args
 
@@ -123,7 +123,7 @@ def test_rebuild_with_worker_processes_is_byte_identical(sample_dir, tmp_path):
         out = tmp_path / f"run{i}"
         args = build_args(sample_dir, out) + extra
         args[args.index("--input") + 1] = first_part
-        build.run(args)
+        launcher.run(args)
         outputs.append(out)
     first, second = (_file_digests(str(o)) for o in outputs)
     assert first and first == second

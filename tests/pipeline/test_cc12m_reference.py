@@ -23,7 +23,7 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from pipeline import build
+from pipeline import launcher
 
 # Every word of an ordinary caption is one of these; each occurs >= 20 times.
 COMMON = ("a", "the", "red", "blue", "old", "small", "sports", "car",
@@ -165,7 +165,7 @@ def cc12m_build(tmp_path_factory):
     root = tmp_path_factory.mktemp("cc12m")
     os.makedirs(root / "in")
     write_parquet(rows, str(root / "in" / "part-0.parquet"))
-    funnel = build.run(["--input", str(root / "in" / "*.parquet"), "--output", str(root / "out"), "--preset", "cc12m"])
+    funnel = launcher.run(["--input", str(root / "in" / "*.parquet"), "--output", str(root / "out"), "--preset", "cc12m"])
     return rows, expected, job_fates(str(root / "out")), funnel
 
 

@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from pipeline import audit, build, output
+from pipeline import audit, launcher, output
 
 CAPTIONS = (
     ["a red circle on white", "two blue circles and one star", "a green star at night",
@@ -43,7 +43,7 @@ def tagged_build(tmp_path_factory):
     args = ["--input", str(root / "in" / "*.parquet"), "--output", str(root / "out"), "--preset", "align",
             "--set", "vocab_size=0", "--set", "max_images_per_text=100", "--set", "validation_fraction=0.2",
             "--concepts", str(root / "shapes.json")]
-    funnel = build.run(args)
+    funnel = launcher.run(args)
     return root, args, funnel
 
 
@@ -113,10 +113,10 @@ def test_ontology_mistakes_are_usage_errors(tagged_build, tmp_path):
     argv = list(args)
     argv[argv.index("--output") + 1] = str(tmp_path / "never")
     argv[argv.index("--concepts") + 1] = str(bad)
-    with pytest.raises(build.UsageError, match="--concepts: ontology .*'circle' is in both"):
-        build.run(argv)
-    with pytest.raises(build.UsageError, match="--concept_labels_column .* --carry_columns"):
-        build.run(argv[:-2] + ["--concepts", "default", "--concept_labels_column", "labels"])
+    with pytest.raises(launcher.UsageError, match="--concepts: ontology .*'circle' is in both"):
+        launcher.run(argv)
+    with pytest.raises(launcher.UsageError, match="--concept_labels_column .* --carry_columns"):
+        launcher.run(argv[:-2] + ["--concepts", "default", "--concept_labels_column", "labels"])
     assert not (tmp_path / "never").exists()
 
 

@@ -20,7 +20,7 @@ import pytest
 
 from loopback_images import CASES, LoopbackImages
 from common.schema import Candidate
-from pipeline import build
+from pipeline import launcher
 from pipeline.readers import tfrecord as tfrecord_reader
 from pipeline.readers.rows import Columns
 
@@ -56,7 +56,7 @@ def run_img2dataset(url_list, output, output_format, resize_mode):
 
 
 def build_corpus(img2dataset_output, corpus, *extra):
-    funnel = build.run([
+    funnel = launcher.run([
         "--input", str(img2dataset_output / "*"), "--output", str(corpus), "--name", NAME,
         "--carry_columns", "photo_id", "--set", "min_ngram_count=0", *extra,
     ])

@@ -1,32 +1,16 @@
-"""The finish step after the job: TFDS metadata for its shards, and whether its counts add up."""
+"""Whether a job's counts add up: the funnel's conservation law, and its input against the files' metadata."""
 
 from __future__ import annotations
 
-import json
 from typing import List, Optional
 
-from apache_beam.io.filesystems import FileSystems
-
 from pipeline import stats as stats_lib
-from pipeline import write as write_lib
 
 NS = stats_lib.METRICS_NAMESPACE
 
 
 class AccountingError(Exception):
-    """The job ran but its counts do not add up; COMPLETED is not written."""
-
-
-
-def finalize(output: str, name: str, preset, carried=(), version: str = "1.0.0", concepts: bool = False) -> dict:
-    """TFDS metadata for the published shards; returns the funnel."""
-    with FileSystems.open(FileSystems.join(output, write_lib.SHARDS_FILE)) as handle:
-        shard_lengths = json.loads(handle.read())
-    description = f"Alt-text corpus built with preset {preset.name!r} by pipeline.build"
-    write_lib.write_tfds_metadata(output, name, shard_lengths, description, carried, version, concepts)
-    with FileSystems.open(FileSystems.join(output, "stats", "funnel.json")) as handle:
-        funnel = json.loads(handle.read())
-    return funnel
+    """The job ran but its counts do not add up; its version is not committed."""
 
 
 def accounting_problems(funnel: dict, read_counts: Optional[dict]) -> List[str]:

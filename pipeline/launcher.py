@@ -1,10 +1,12 @@
 """The launcher of ``python -m pipeline.build``: checks, the output contract around one job, the console.
 
 ``run(argv)`` checks every argument before anything is touched
-(``validate``), takes the output's lock, runs the job built by
-``pipeline.build.build_pipeline``, moves its files to their final names,
-writes the TFDS metadata (``pipeline.finish``) and ``COMPLETED`` last.
-``main`` turns every failure into one line and an exit code.
+(``validate``), runs the job built by ``pipeline.build.build_pipeline`` into
+the build's own version directory ``OUTPUT/versions/<id>/``, and publishes
+it (``pipeline.publish``: check, describe, commit, remove what it replaced).
+With ``--detached`` it returns once the job is submitted and
+``python -m pipeline.publish`` finishes it later. ``main`` turns every
+failure into one line and an exit code.
 
 Without ``--runner`` the job runs on Beam's FnApiRunner in this process
 (add ``--direct_running_mode=multi_processing --direct_num_workers=N`` for
@@ -24,6 +26,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import StandardOptions
 
+from common import corpus_dir
 from filters import extra_stages
 from filters.presets import PresetError, format_preset, get_preset
 from pipeline import concepts as concepts_lib
@@ -31,7 +34,7 @@ from pipeline import stats as stats_lib
 from pipeline.build import build_pipeline
 from pipeline.download import stage as download_stage
 from pipeline.eval_index import embed_eval_sets, write_eval_index
-from pipeline.finish import AccountingError, finalize, accounting_problems, counters
+from pipeline.finish import AccountingError, counters
 from pipeline.funnel_table import format_funnel
 from pipeline.options import (
     SHORT_USAGE, UsageError, beam_options, build_parser, corpus_directory, embedder_args, input_columns,
@@ -57,7 +60,7 @@ def stage_notes(preset) -> dict:
 
 
 
-EXIT_BUILT, EXIT_FAILED, EXIT_USAGE, EXIT_LOCKED = 0, 1, 2, 3
+EXIT_BUILT, EXIT_FAILED, EXIT_USAGE, EXIT_CONFLICT = 0, 1, 2, 3
 
 
 def load_extra_stages(specs) -> tuple:
@@ -144,12 +147,31 @@ def say(message: str) -> None:
 
 
 
+def build_request(args, preset, version: str, expects: str, replaces, runner) -> dict:
+    """What ``pipeline.publish`` needs to finish this build, from wherever it runs."""
+    import socket
+    import time
+
+    return {
+        "version": version, "name": args.name, "dataset_version": args.version,
+        "description": f"Alt-text corpus built with preset {preset.name!r} by pipeline.build",
+        "carried": list(input_columns(args).carry), "concepts": bool(args.concepts),
+        "expects": expects, "replaces": replaces, "keep_previous": bool(args.keep_previous),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": socket.gethostname(),
+        "runner": str(runner),
+    }
+
+
 def run(argv: Optional[List[str]] = None) -> dict:
-    """The build. Raises ``UsageError``/``OutputRefused`` (nothing touched), ``OutputLocked``,
-    ``AccountingError`` (funnel written, no COMPLETED) or the job's own error."""
+    """The build. Raises ``UsageError``/``OutputRefused`` (nothing touched), ``AccountingError``
+    or ``PublishError`` (the job ran, nothing committed), ``CommitConflict`` or the job's own error.
+
+    Returns the funnel (``{}`` for ``--print-preset`` and ``--detached``).
+    """
     import uuid
 
     from pipeline import output as output_lib
+    from pipeline import publish as publish_lib
     from pipeline.read import READ_NAMESPACE
 
     parser = build_parser()
@@ -164,12 +186,16 @@ def run(argv: Optional[List[str]] = None) -> dict:
     preset, files = validate(args)
     extras = load_extra_stages(tuple(preset.extra_stages) + tuple(args.extra_stages))
     ontology = load_ontology(args.concepts) if args.concepts else None
-    args.output = corpus_directory(args.output, args.layout, args.name, args.version)
-    plan = output_lib.plan_output(args.output, args.overwrite)
-    run_id = uuid.uuid4().hex[:12]
-    lock = output_lib.Lock(args.output, run_id)
-    lock.ensure_free()
+    output = args.output = corpus_directory(args.output, args.layout, args.name, args.version).rstrip("/")
+    plan = output_lib.plan_output(output, args.overwrite)
+    committed, previous = publish_lib.current(output)
+    version = output_lib.new_version_id(uuid.uuid4().hex[:8])
+    directory = corpus_dir.version_dir(output, version)
     say(f"input: {len(files):,} file(s) matching {args.input}")
+    unfinished = [v for v in corpus_dir.list_versions(output) if v != previous]
+    if unfinished:
+        say(f"note: {output} holds {len(unfinished)} uncommitted build(s) ({', '.join(unfinished[-3:])}): "
+            "killed, failed or still running; this build does not touch them")
     notes = stage_notes(preset)
     notes.update({e.name: f"extra stage {e.source}: {e.description}" for e in extras})
     for stage, note in input_notes(args.input, args.input_format, input_columns(args)).items():
@@ -178,51 +204,49 @@ def run(argv: Optional[List[str]] = None) -> dict:
     if args.eval_images:
         say(f"embedding evaluation images: {', '.join(args.eval_images)}")
         loaded = embed_eval_sets(args.eval_images, args.embedder, preset, embedder_args(args))
-    # Everything is checked: from here on the output is touched.
-    lock.acquire()
-    try:
-        if plan.to_delete:
-            say(f"output: deleting the previous build in {args.output} ({len(plan.to_delete):,} files)")
-            output_lib.delete_planned(plan)
-        output_lib.write_marker(args.output, args.name)
-        eval_index = write_eval_index(loaded, args.output) if loaded is not None else None
-        staging = output_lib.staging_dir(args.output, run_id)
-        job_args = argparse.Namespace(**dict(vars(args), output=staging))
-        p = beam.Pipeline(options=options)
-        build_pipeline(p, job_args, preset, notes, eval_index, extras, ontology)
-        say(f"running the job on {options.view_as(StandardOptions).runner}")
-        result = p.run()
-        result.wait_until_finish()
-        lock.check()
-        output_lib.publish(staging, args.output)
-        funnel = finalize(args.output, args.name, preset, input_columns(args).carry, args.version,
-                           concepts=ontology is not None)
-        funnel_counters = counters(result)
-        if funnel_counters is not None:
-            stats_lib.write_text(
-                FileSystems.join(args.output, "stats", "metrics.json"), stats_lib.to_json(funnel_counters, sort_keys=True)
-            )
-        say(format_funnel(funnel))
-        if ontology is not None:
-            say(concepts_lib.summary_line(args.output))
-        problems = accounting_problems(funnel, counters(result, READ_NAMESPACE))
-        if problems:
-            raise AccountingError("; ".join(problems))
-        lock.check()
-        stats_lib.write_text(FileSystems.join(args.output, output_lib.COMPLETED), "")
-    finally:
-        lock.release()
+    # Everything is checked: from here on the output is touched, inside this build's own version only.
+    runner = options.view_as(StandardOptions).runner
+    if output_lib.MARKER not in plan.files:
+        output_lib.write_marker(output, args.name)
+    publish_lib.write_request(directory, build_request(args, preset, version, committed.token, previous, runner))
+    eval_index = write_eval_index(loaded, directory) if loaded is not None else None
+    job_args = argparse.Namespace(**dict(vars(args), output=directory))
+    p = beam.Pipeline(options=options)
+    build_pipeline(p, job_args, preset, notes, eval_index, extras, ontology)
+    say(f"running the job on {runner} into {directory}")
+    result = p.run()
+    if args.detached:
+        say(f"submitted; when the job has finished: python -m pipeline.publish {output} --version {version}")
+        return {}
+    result.wait_until_finish()
+    read_counts = counters(result, READ_NAMESPACE)
+    if read_counts is not None:
+        stats_lib.write_text(FileSystems.join(directory, publish_lib.READ_COUNTS),
+                             stats_lib.to_json(read_counts, sort_keys=True))
+    funnel_counters = counters(result)
+    if funnel_counters is not None:
+        stats_lib.write_text(FileSystems.join(directory, "stats", "metrics.json"),
+                             stats_lib.to_json(funnel_counters, sort_keys=True))
+    published = publish_lib.publish(output, version)
+    funnel = published.funnel
+    say(format_funnel(funnel))
+    if ontology is not None:
+        say(concepts_lib.summary_line(directory))
+    for line in publish_lib.report_lines(published):
+        say(line)
     total = sum(funnel["written"].values())
     if total == 0:
         say(f"no record was written: every input record was rejected (see the funnel). "
-            f"{args.output} is an empty corpus (0 examples per split).")
-    say(f"corpus: {args.output} ({total:,} records, COMPLETED)")
+            f"{output} is an empty corpus (0 examples per split).")
+    say(f"corpus: {output} ({total:,} records, version {version}, committed)")
     return funnel
 
 
 def main() -> None:
     from common import console
+    from pipeline import commit as commit_lib
     from pipeline import output as output_lib
+    from pipeline.publish import PublishError
 
     argv = sys.argv[1:]
     log_file = None
@@ -239,17 +263,18 @@ def main() -> None:
         console.error(str(error))
         print(SHORT_USAGE, file=sys.stderr)
         sys.exit(EXIT_USAGE)
-    except output_lib.OutputLocked as error:
+    except commit_lib.CommitConflict as error:
         console.error(str(error))
-        sys.exit(EXIT_LOCKED)
-    except AccountingError as error:
-        console.error(f"{error}; COMPLETED not written")
+        sys.exit(EXIT_CONFLICT)
+    except (AccountingError, PublishError) as error:
+        console.error(f"{error}; not committed, the output's corpus is unchanged")
         sys.exit(EXIT_FAILED)
     except KeyboardInterrupt:
-        console.error("interrupted; the output has no COMPLETED")
+        console.error("interrupted; nothing was committed, the output's corpus is unchanged")
         sys.exit(EXIT_FAILED)
     except Exception as error:  # the job's own failure: one line here, the traceback in the log
         logging.exception("build failed")
         first = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        console.error(f"the build failed: {type(error).__name__}: {first[:300]} (details: {log_path})")
+        console.error(f"the build failed: {type(error).__name__}: {first[:300]} (details: {log_path}); "
+                      "nothing was committed, the output's corpus is unchanged")
         sys.exit(EXIT_FAILED)

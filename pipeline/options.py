@@ -85,7 +85,13 @@ class BuildOptions(PipelineOptions):
             help="with --concepts: a carried column of detector labels per image; a class is tagged only if "
                  "the text names it and the labels contain it")
         parser.add_argument("--overwrite", action="store_true",
-                            help="replace the corpus a previous build wrote in --output (deletes only its files)")
+                            help="replace the corpus a previous build wrote in --output: its files are deleted "
+                                 "only after the new one is committed")
+        parser.add_argument("--keep_previous", "--keep-previous", dest="keep_previous", action="store_true",
+                            help="with --overwrite: keep the replaced corpus's files (under --output/versions/)")
+        parser.add_argument("--detached", action="store_true",
+                            help="return once the job is submitted; publish it when it has finished with "
+                                 "'python -m pipeline.publish OUTPUT' (from any machine)")
         download_stage.add_arguments(parser)
 
 
@@ -127,15 +133,17 @@ Every other --flag goes to Apache Beam (--runner, --project, --region,
 Output contract: --output is a literal directory (glob characters are
 characters). It must not equal, contain or lie inside an input location. An
 existing non-empty output is refused unless --overwrite is given, and then only
-if it is a corpus a previous build wrote: only that build's files are deleted,
-anything else makes the build refuse. A lock file (_BUILD_LOCK) makes a second
-build into the same output fail at once. Shards and stats get their final names
-only after the job succeeded; COMPLETED is written last.
+if it is a corpus a previous build wrote and holds nothing else. The job writes
+into OUTPUT/versions/<id>/; the build becomes the corpus when OUTPUT/dataset_info.json
+naming it is written, last, in one write (tfds.builder_from_directory(OUTPUT) reads it).
+Only then are the replaced corpus's files deleted (kept with --keep_previous).
+A build that fails leaves the previous corpus as it was.
 
-Exit codes: 0 built (also when no record was written: an empty corpus),
-1 the job failed or its counts do not reconcile (no COMPLETED),
-2 invalid arguments or unsafe output (nothing was touched),
-3 another build holds the output's lock."""
+Exit codes: 0 built (also when no record was written: an empty corpus) or,
+with --detached, submitted; 1 the job failed or its counts do not reconcile
+(not committed), 2 invalid arguments or unsafe output (nothing was touched),
+3 another build committed to the output while this one ran (this one's version
+is kept: python -m pipeline.publish OUTPUT --version ID --replace)."""
 
 
 SHORT_USAGE = ("usage: python -m pipeline.build --input GLOB --output DIR [--preset align|cc12m] "

@@ -9,6 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
+from corpus_paths import committed
 from pipeline import launcher
 
 
@@ -46,7 +47,7 @@ def run(tmp_path, *args):
     funnel = launcher.run(["--input", str(inputs / "*.parquet"), "--output", str(out), "--overwrite",
                         "--set", "vocab_size=0", "--set", "nsfw_threshold=1.0", *args])
     rejected = {}
-    for path in sorted((out / "stats" / "rejected").glob("*.jsonl")):
+    for path in sorted((committed(out) / "stats" / "rejected").glob("*.jsonl")):
         for line in path.read_text().splitlines():
             row = json.loads(line)
             rejected[row["url"]] = row["reason"]
@@ -68,7 +69,7 @@ def test_cc12m_and_in_corpus_dedup(tmp_path):
 
 def test_beam_counters_equal_the_funnel(tmp_path):
     funnel, _ = run(tmp_path)
-    counters = json.loads((tmp_path / "out" / "stats" / "metrics.json").read_text())
+    counters = json.loads((committed(tmp_path / "out") / "stats" / "metrics.json").read_text())
     assert counters.pop("input") == funnel["input"]
     for split, count in funnel["written"].items():
         assert counters.pop(f"written/{split}") == count

@@ -24,6 +24,7 @@ import tensorflow as tf
 from PIL import Image
 
 from pipeline import launcher
+from corpus_paths import committed
 
 # Every word of an ordinary caption is one of these; each occurs >= 20 times.
 COMMON = ("a", "the", "red", "blue", "old", "small", "sports", "car",
@@ -145,6 +146,7 @@ def write_parquet(rows, path):
 
 
 def job_fates(output):
+    output = str(committed(output))
     fates = {}
     for path in glob.glob(os.path.join(output, "*.tfrecord*")):
         for raw in tf.data.TFRecordDataset(path):

@@ -5,6 +5,7 @@ import pytest
 
 from pipeline import launcher
 from tests.pipeline.test_build_safety import write_candidates
+from corpus_paths import committed
 
 QUICK = ["--set", "vocab_size=0", "--set", "nsfw_threshold=1.0", "--set", "min_shorter_side=0",
          "--set", "dedup_in_corpus=true"]
@@ -33,7 +34,7 @@ def test_checkpoint_embedder_gets_its_workdir_on_the_workers(tmp_path, monkeypat
     funnel = launcher.run(["--input", str(pattern), "--output", str(tmp_path / "out"), "--embedder", "checkpoint",
                         "--embedder-arg", f"workdir={workdir}", "--embedder-arg", "threshold=0.99",
                         "--embedder-arg", "step=7", *QUICK])
-    assert (tmp_path / "out" / "COMPLETED").exists()
+    assert committed(tmp_path / "out").is_dir()
     assert loaded and set(loaded) == {(str(workdir), 7)}
     note = next(r for r in funnel["stages"] if r["stage"] == "near_duplicate_corpus")["note"]
     assert "embedder checkpoint" in note and "cosine > 0.99" in note

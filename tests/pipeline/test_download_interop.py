@@ -22,6 +22,7 @@ from common.schema import FEATURES
 from loopback_images import CASES, LoopbackImages
 from pipeline import launcher, tfrecord
 from test_img2dataset_interop import TOOL, write_url_list
+from corpus_paths import committed
 
 NAME = "interop_corpus"
 
@@ -57,6 +58,7 @@ def run_img2dataset(url_list, output):
 
 
 def ledger_reasons(corpus):
+    corpus = committed(corpus)
     reasons = {}
     for path in sorted(glob.glob(str(corpus / "stats" / "rejected" / "*.jsonl"))):
         for line in open(path):
@@ -67,6 +69,7 @@ def ledger_reasons(corpus):
 
 def written(corpus):
     """{key: {feature: value}} of every shard record, the shared features only."""
+    corpus = committed(corpus)
     found = {}
     for path in sorted(glob.glob(str(corpus / f"{NAME}-*.tfrecord-*"))):
         with open(path, "rb") as handle:

@@ -21,6 +21,7 @@ from pipeline import launcher, tfrecord
 from pipeline.download import stage as download_stage
 from pipeline.download.fetch import FetchOptions
 from pipeline.readers.rows import Rejection
+from corpus_paths import committed
 
 NAME = "downloaded"
 LIMITS = [
@@ -72,6 +73,7 @@ def write_tsv(path, rows):
 
 def fates(corpus):
     """{url: "written" | reason} and {url: ledger line} / {url: shard features}."""
+    corpus = committed(corpus)
     fate, ledger, shards = {}, {}, {}
     for path in sorted(glob.glob(str(corpus / f"{NAME}-*.tfrecord-*"))):
         with open(path, "rb") as handle:
@@ -126,7 +128,7 @@ def test_build_downloads_a_url_list_and_accounts_for_every_url(tmp_path, server)
     assert (wide["original_width"], wide["original_height"]) == (900, 600)  # the source size, before the resize
     assert (wide["width"], wide["height"]) == (512, 341)
 
-    metrics = json.loads((corpus / "stats" / "metrics.json").read_text())
+    metrics = json.loads((committed(corpus) / "stats" / "metrics.json").read_text())
     assert metrics["download/http_404"] == 1 and metrics["download/timeout"] == 1
 
 

@@ -19,6 +19,7 @@ from filters import extra_stages, language
 from filters.presets import get_preset
 from filters.record import Candidate, filter_record
 from pipeline import audit, launcher
+from corpus_paths import committed
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -80,7 +81,7 @@ def example_build(tmp_path_factory):
     finally:
         sys.path.remove(str(root / "rules"))
         sys.modules.pop("my_rules", None)
-    return rows, root / "out", funnel
+    return rows, committed(root / "out"), funnel
 
 
 def test_readme_example_runs_and_its_stages_reject_like_built_in_ones(example_build):

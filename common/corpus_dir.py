@@ -97,7 +97,7 @@ def resolve(data_dir: str, allow_incomplete: bool = False, flag: str = "--allow_
     if version is not None:
         return version_dir(data_dir, version)
     fs = _fs()
-    if info is not None and fs.exists(_join(data_dir, COMPLETED)):
+    if fs.exists(_join(data_dir, COMPLETED)):
         return data_dir  # the plain layout, complete
     if fs.exists(_join(data_dir, MANIFEST)):
         return data_dir  # a version directory whose build finished

@@ -216,7 +216,7 @@ def run(argv: Optional[List[str]] = None) -> dict:
     say(f"running the job on {runner} into {directory}")
     result = p.run()
     if args.detached:
-        say(f"submitted; when the job has finished: python -m pipeline.publish {output} --version {version}")
+        say(f"submitted; when the job has finished: python -m pipeline.publish {output} --build {version}")
         return {}
     result.wait_until_finish()
     read_counts = counters(result, READ_NAMESPACE)

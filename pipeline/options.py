@@ -143,7 +143,7 @@ Exit codes: 0 built (also when no record was written: an empty corpus) or,
 with --detached, submitted; 1 the job failed or its counts do not reconcile
 (not committed), 2 invalid arguments or unsafe output (nothing was touched),
 3 another build committed to the output while this one ran (this one's version
-is kept: python -m pipeline.publish OUTPUT --version ID --replace)."""
+is kept: python -m pipeline.publish OUTPUT --build ID --replace)."""
 
 
 SHORT_USAGE = ("usage: python -m pipeline.build --input GLOB --output DIR [--preset align|cc12m] "

@@ -1,6 +1,6 @@
 """Publish a finished build: check its version, describe it, commit it, then remove what it replaced.
 
-    python -m pipeline.publish OUTPUT [--version ID] [--replace] [--keep_previous]
+    python -m pipeline.publish OUTPUT [--build ID] [--replace] [--keep_previous]
 
 A build's job writes everything into ``OUTPUT/versions/<id>/``. Publishing
 it, from the launcher after the job or later from any machine (a detached
@@ -113,7 +113,7 @@ def _check(output: str, version: str, directory: str, request: dict):
     if funnel is None or not FileSystems.exists(FileSystems.join(directory, shard_report.SHARDS_FILE)):
         raise PublishError(
             f"{directory}: the job has not finished writing (no stats/funnel.json or {shard_report.SHARDS_FILE}); "
-            f"wait for it to finish, or name another build with --version")
+            f"wait for it to finish, or name another build with --build")
     report = shard_report.read(directory, name)
     try:
         shard_report.check_files(directory, name, report)
@@ -157,7 +157,7 @@ def _conflict(output: str, version: str) -> str:
     _, now = current(output)
     holds = f"versions/{now}" if now else "a plain-layout corpus"
     return (f"another build committed to {output} after this one started (it now holds {holds}); this build's "
-            f"version {version} is complete and untouched: 'python -m pipeline.publish {output} --version "
+            f"version {version} is complete and untouched: 'python -m pipeline.publish {output} --build "
             f"{version} --replace' commits it")
 
 
@@ -174,7 +174,7 @@ def publish(output: str, version: Optional[str] = None, replace: bool = False,
     committed, now = current(output)
     version = version or choose_version(output, now)
     if not corpus_dir.VERSION_ID.match(version):
-        raise PublishError(f"--version {version!r} is not a build's version id (e.g. 20250101T120000Z-0123abcd)")
+        raise PublishError(f"--build {version!r} is not a build's id (e.g. 20250101T120000Z-0123abcd)")
     directory = corpus_dir.version_dir(output, version)
     request = _read_json(FileSystems.join(directory, output_lib.REQUEST))
     if request is None:
@@ -215,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Publish a build whose job has finished (e.g. launched with --detached): check it, commit it, "
                     "remove the corpus it replaces. Safe to run again.")
     parser.add_argument("output", help="the build's --output (local or gs://)")
-    parser.add_argument("--version", default=None,
+    parser.add_argument("--build", dest="version", default=None, metavar="ID",
                         help="the build to publish, a directory name under OUTPUT/versions/ (default: the newest)")
     parser.add_argument("--replace", action="store_true",
                         help="commit even though another build committed after this one started")

@@ -113,7 +113,7 @@ def concurrent_builds(pattern, out):
     a, b = versions(out)
     publish.publish(out, a)
     committed_a = files_of(out)
-    with pytest.raises(commit.CommitConflict, match=f"--version {b} --replace"):
+    with pytest.raises(commit.CommitConflict, match=f"--build {b} --replace"):
         publish.publish(out, b)
     assert files_of(out) == committed_a
     result = publish.publish(out, b, replace=True)

@@ -203,16 +203,16 @@ def replaced_files(files: List[str], name: str, replaced: Optional[str]) -> List
     """The files of the corpus a commit replaced, among ``files`` (relative to the output).
 
     ``replaced`` is that corpus's version id, or "" for a corpus of the plain
-    layout (its files at the top, all but the marker and the commit object,
-    which now belongs to the new version).
+    layout (its files at the top, all but the marker, the commit object and
+    ``features.json``, which now belong to the new version).
     """
     if replaced is None:
         return []
     if replaced:
         prefix = f"{VERSIONS}/{replaced}/"
         return [f for f in files if f.startswith(prefix) and owned_by_build(f, name)]
-    return [f for f in files
-            if f not in (MARKER, COMMIT) and not f.startswith(VERSIONS + "/") and owned_by_build(f, name)]
+    return [f for f in files if f not in (MARKER, COMMIT, "features.json")
+            and not f.startswith(VERSIONS + "/") and owned_by_build(f, name)]
 
 
 def delete_files(output: str, relatives: List[str], batch: int = 1000) -> None:

@@ -153,6 +153,11 @@ def _describe(output: str, version: str, directory: str, request: dict, funnel: 
         directory=f"{corpus_dir.VERSIONS}/{version}", features=features).encode("utf-8")
 
 
+def _write_top_features(output: str, directory: str) -> None:
+    with FileSystems.open(FileSystems.join(directory, "features.json")) as handle:
+        _write(FileSystems.join(output, "features.json"), handle.read().decode("utf-8"))
+
+
 def _conflict(output: str, version: str) -> str:
     _, now = current(output)
     holds = f"versions/{now}" if now else "a plain-layout corpus"
@@ -181,6 +186,7 @@ def publish(output: str, version: Optional[str] = None, replace: bool = False,
         raise PublishError(f"{directory} is not a build of pipeline.build (no {output_lib.REQUEST})")
     keep = request.get("keep_previous", False) if keep_previous is None else keep_previous
     if now == version:
+        _write_top_features(output, directory)
         manifest = _read_json(FileSystems.join(directory, corpus_dir.MANIFEST)) or {}
         funnel = _read_json(FileSystems.join(directory, "stats", "funnel.json")) or {}
         replaced, already = manifest.get("replaces"), True
@@ -191,10 +197,17 @@ def publish(output: str, version: Optional[str] = None, replace: bool = False,
             raise commit_lib.CommitConflict(_conflict(output, version))
         replaced = now
         data = _describe(output, version, directory, request, funnel, report, replaced)
+        # TFDS's by-name lookup (tfds.builder(NAME, data_dir=...), big_vision's way) needs a features.json
+        # beside the commit; the commit carries its features, so the file's content is read only by a
+        # plain-layout corpus's dataset_info.json: that one's is replaced after the commit, not before.
+        if now != "":
+            _write_top_features(output, directory)
         try:
             commit_lib.write(output, data, expected)
         except commit_lib.CommitConflict:
             raise commit_lib.CommitConflict(_conflict(output, version)) from None
+        if now == "":
+            _write_top_features(output, directory)
         already = False
     deleted = 0
     if replaced is not None and not keep:

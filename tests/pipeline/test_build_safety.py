@@ -66,7 +66,7 @@ def test_a_build_is_complete_and_marked(built):
     files = set(snapshot(root / "corpus"))
     version = committed(root / "corpus").relative_to(root / "corpus").as_posix()
     assert {output.MARKER, "dataset_info.json", f"{version}/manifest.json", f"{version}/stats/funnel.json"} <= files
-    assert {f for f in files if "/" not in f} == {output.MARKER, "dataset_info.json"}  # nothing else at the top
+    assert {f for f in files if "/" not in f} == {output.MARKER, "dataset_info.json", "features.json"}
 
 
 def test_overwrite_refuses_when_anything_else_is_there_and_deletes_nothing(built, tmp_path):

@@ -48,11 +48,13 @@ def test_overwrite_deletes_nothing_first_then_exactly_the_replaced_build_files(t
     plan = output.plan_output(str(tmp_path / "out"), overwrite=True)
     assert sorted(plan.files) == sorted(files + [output.MARKER] + new)
     assert len(list((tmp_path / "out").rglob("*.*"))) >= len(files)  # planning touched nothing
-    # The plain-layout corpus was replaced by the new version: its files go, the marker and the commit stay.
+    # The plain-layout corpus was replaced by the new version: its files go; the marker, the commit and
+    # features.json (TFDS's by-name lookup needs one beside the commit) stay.
     doomed = output.replaced_files(plan.files, "alt_text_corpus", "")
-    assert sorted(doomed) == sorted(f for f in files if f != "dataset_info.json")
+    assert sorted(doomed) == sorted(f for f in files if f not in ("dataset_info.json", "features.json"))
     output.delete_files(str(tmp_path / "out"), doomed)
-    assert sorted(output.list_files(str(tmp_path / "out"))) == sorted(["dataset_info.json", output.MARKER] + new)
+    assert sorted(output.list_files(str(tmp_path / "out"))) == sorted(
+        ["dataset_info.json", "features.json", output.MARKER] + new)
     assert sorted(output.replaced_files(output.list_files(str(tmp_path / "out")), "alt_text_corpus",
                                         "20250101T000000Z-0123abcd")) == sorted(new)
 

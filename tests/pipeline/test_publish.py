@@ -137,5 +137,6 @@ def test_an_old_corpus_of_the_plain_layout_is_read_and_replaced(pattern, tmp_pat
     (out / "COMPLETED").touch()
     assert corpus_dir.resolve(str(out)) == str(out)
     publish_cases.build(pattern, str(out), "--overwrite")
-    assert sorted(p.name for p in out.iterdir()) == sorted([output.MARKER, "dataset_info.json", "versions"])
+    assert sorted(p.name for p in out.iterdir()) == sorted([output.MARKER, "dataset_info.json", "features.json",
+                                                            "versions"])
     assert publish_cases.visible(str(out))[0] == corpus_dir.list_versions(str(out))[0]

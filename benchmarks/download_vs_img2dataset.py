@@ -160,7 +160,9 @@ def run_ours(urls: str, out: str, workers: int, threads: int) -> dict:
         "--log-file", os.path.join(os.path.dirname(out), "build.log"),
     ]
     figures = timed(command, dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
-    with open(os.path.join(out, "stats", "funnel.json")) as handle:
+    from common.corpus_dir import resolve
+
+    with open(os.path.join(resolve(out), "stats", "funnel.json")) as handle:
         funnel = json.load(handle)
     figures["images"] = sum(funnel["written"].values())
     figures["rejected"] = funnel["rejected_total"]

@@ -95,7 +95,7 @@ def main():
     results["header_vs_full_ratio_cpu"] = results["header_only_records_per_cpu_s"] / results["full_per_record_records_per_cpu_s"]
 
     if args.build:
-        from pipeline import build
+        from pipeline import launcher
 
         info = json.load(open(os.path.join(args.sample, "sample_info.json")))
         rows = sum(pq.ParquetFile(p).metadata.num_rows for p in glob.glob(os.path.join(args.sample, "candidates", "*.parquet")))
@@ -107,7 +107,7 @@ def main():
                     for o in info["build_overrides"]:
                         argv += ["--set", o]
                     start = time.perf_counter()
-                    build.run(argv + extra)
+                    launcher.run(argv + extra)
                     times.append(time.perf_counter() - start)
             results[f"build_{label}_records_per_s"] = rows / statistics.median(times)
             results[f"build_{label}_seconds"] = statistics.median(times)

@@ -1,31 +1,132 @@
-"""Whether a corpus directory is complete: the build writes ``COMPLETED`` last.
+"""Which directory holds a corpus, and whether its build finished.
 
-A build that was killed or failed leaves shards (and perhaps stats) but no
-``COMPLETED``; the trainer, ``trainer.vocab`` and ``pipeline.audit`` refuse
-such a directory unless told otherwise (``allow_incomplete``), because
-training on or auditing half a corpus looks exactly like using a whole one.
+A build writes into its own version directory, ``<output>/versions/<id>/``,
+and commits it by writing one object last: ``<output>/dataset_info.json``,
+whose shard paths (``filepathTemplate``) name that version. So
+``tfds.builder_from_directory(output)`` reads the committed version, and
+every reader of this project reads it through ``resolve``: the directory
+of the committed version (its shards, ``stats/``, ``concepts/``,
+``vocab.txt``). A version that was never committed (a build killed or
+failed before its commit) is invisible unless asked for.
+
+Corpora of the plain layout (shards beside ``dataset_info.json``, complete
+when ``COMPLETED`` exists) and a version directory given directly
+(complete when its ``manifest.json`` exists) are read as they are.
+Training on or auditing half a corpus looks exactly like using a whole
+one, so an uncommitted corpus is refused unless ``allow_incomplete``.
 """
 
 from __future__ import annotations
 
+import json
+import re
+from typing import List, Optional
+
 COMPLETED = "COMPLETED"
+COMMIT = "dataset_info.json"
+MANIFEST = "manifest.json"
+VERSIONS = "versions"
+#: A version's id: when its build started (UTC), then the run's id; ids sort by start time.
+VERSION_ID = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{8,32}$")
+_TEMPLATE_VERSION = re.compile(rf"^{VERSIONS}/(?P<version>[^/]+)/[^/]+$")
 
 
 class IncompleteCorpus(Exception):
-    """The directory holds no ``COMPLETED`` marker."""
+    """The directory holds no committed (or completed) corpus."""
+
+
+def _fs():
+    from apache_beam.io.filesystems import FileSystems
+
+    return FileSystems
+
+
+def _join(directory: str, *parts: str) -> str:
+    return _fs().join(directory.rstrip("/") or "/", *parts)
+
+
+def _read_json(path: str) -> Optional[dict]:
+    try:
+        with _fs().open(path) as handle:
+            return json.loads(handle.read())
+    except Exception:  # absent, unreadable or not JSON: the caller says what that means
+        return None
+
+
+def committed_version(info: Optional[dict]) -> Optional[str]:
+    """The version a top-level ``dataset_info.json`` commits, or None for the plain layout."""
+    if not info:
+        return None
+    found = {m["version"] for split in info.get("splits", [])
+             if (m := _TEMPLATE_VERSION.match(split.get("filepathTemplate", "")))}
+    return found.pop() if len(found) == 1 else None
+
+
+def version_dir(output: str, version: str) -> str:
+    return _join(output, VERSIONS, version)
+
+
+def list_versions(output: str) -> List[str]:
+    """The version ids under ``<output>/versions/``, oldest first (one listing)."""
+    from apache_beam.io.filesystems import FileSystems
+
+    base = _join(output, VERSIONS) + "/"
+    pattern = re.sub(r"([*?\[])", r"[\1]", base) + "*/*"
+    found = set()
+    try:
+        for match in FileSystems.match([pattern])[0].metadata_list:
+            relative = match.path[len(base):] if match.path.startswith(base) else ""
+            version = relative.split("/", 1)[0]
+            if VERSION_ID.match(version):
+                found.add(version)
+    except Exception:  # no such directory
+        return []
+    return sorted(found)
+
+
+def resolve(data_dir: str, allow_incomplete: bool = False, flag: str = "--allow_incomplete") -> str:
+    """The directory to read the corpus in ``data_dir`` from; ``IncompleteCorpus`` (one line) if there is none.
+
+    ``data_dir`` may be a build's output (the committed version is read), a
+    version directory, or a corpus of the plain layout. With
+    ``allow_incomplete`` an output with no commit yields its newest version.
+    """
+    data_dir = data_dir.rstrip("/") or "/"
+    info = _read_json(_join(data_dir, COMMIT))
+    version = committed_version(info)
+    if version is not None:
+        return version_dir(data_dir, version)
+    fs = _fs()
+    if fs.exists(_join(data_dir, COMPLETED)):
+        return data_dir  # the plain layout, complete
+    if fs.exists(_join(data_dir, MANIFEST)):
+        return data_dir  # a version directory whose build finished
+    versions = list_versions(data_dir)
+    if allow_incomplete:
+        return version_dir(data_dir, versions[-1]) if versions else data_dir
+    if versions:
+        raise IncompleteCorpus(
+            f"{data_dir} has no committed corpus: its build did not commit (killed, failed, or its job is still "
+            f"running); if the job finished, run 'python -m pipeline.publish {data_dir}'; or pass {flag} to "
+            f"read its newest version anyway")
+    raise IncompleteCorpus(
+        f"{data_dir} has no {COMPLETED}: the build that wrote it did not finish (killed or failed); "
+        f"rebuild it, or pass {flag} to use it anyway")
+
+
+def read_dir(data_dir: str) -> str:
+    """The directory a reader opens (``resolve`` without refusing): the entry points decided on completeness."""
+    return resolve(data_dir, allow_incomplete=True)
 
 
 def is_completed(data_dir: str) -> bool:
-    from apache_beam.io.filesystems import FileSystems
+    try:
+        resolve(data_dir)
+    except IncompleteCorpus:
+        return False
+    return True
 
-    return FileSystems.exists(FileSystems.join(data_dir, COMPLETED))
 
-
-def require_completed(data_dir: str, allow_incomplete: bool = False, flag: str = "--allow-incomplete") -> None:
-    """Raise ``IncompleteCorpus`` (a one-line message naming ``flag``) unless ``data_dir`` is complete."""
-    if allow_incomplete or is_completed(data_dir):
-        return
-    raise IncompleteCorpus(
-        f"{data_dir} has no {COMPLETED}: the build that wrote it did not finish (killed or failed); "
-        f"rebuild it, or pass {flag} to use it anyway"
-    )
+def require_completed(data_dir: str, allow_incomplete: bool = False, flag: str = "--allow-incomplete") -> str:
+    """The corpus directory to read (``resolve``); raises ``IncompleteCorpus`` naming ``flag`` if it is not complete."""
+    return resolve(data_dir, allow_incomplete, flag)

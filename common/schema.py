@@ -140,8 +140,10 @@ CONCEPTS_DIR = "concepts"
 
 
 def shard_filename(name: str, split: str, index: int, num_shards: int) -> str:
-    """TFDS naming: ``<name>-<split>.tfrecord-00000-of-00016``."""
-    return f"{name}-{split}.tfrecord-{index:05d}-of-{num_shards:05d}"
+    """TFDS naming: ``<name>-<split>.tfrecord-00000-of-00016``; both numbers get at least 5 digits and
+    as many as ``num_shards`` has (``000000-of-100000``), as TFDS's ``ShardedFileTemplate``."""
+    width = max(5, len(str(num_shards)))
+    return f"{name}-{split}.tfrecord-{index:0{width}d}-of-{num_shards:0{width}d}"
 
 
 def shard_glob(data_dir: str, split: str = "train") -> str:

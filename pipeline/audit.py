@@ -62,11 +62,15 @@ def _read_text(path: str) -> Optional[str]:
 
 
 def stats_dir_of(data_dir: str) -> str:
-    """``DIR/stats`` for a build output; ``DIR`` itself if it is a stats dir."""
+    """``<corpus>/stats`` for a build output (its committed version) or a corpus; ``DIR`` itself if it is a stats dir."""
     nested = files.join(data_dir, STATS_DIR)
-    if not files.exists(files.join(nested, FUNNEL_FILE)) and files.exists(files.join(data_dir, FUNNEL_FILE)):
+    if files.exists(files.join(nested, FUNNEL_FILE)):
+        return nested
+    if files.exists(files.join(data_dir, FUNNEL_FILE)):
         return data_dir
-    return nested
+    from common.corpus_dir import read_dir
+
+    return files.join(read_dir(data_dir), STATS_DIR)  # a build's output: its committed version
 
 
 def _read_jsonl(text: Optional[str]) -> Tuple[List[dict], int]:

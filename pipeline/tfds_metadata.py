@@ -51,19 +51,24 @@ def features_json(carried: Sequence[str] = (), concepts: bool = False) -> str:
 
 def dataset_info_json(
     name: str, shard_lengths: Mapping[str, List[int]], split_bytes: Mapping[str, int], description: str,
-    version: str = "1.0.0",
+    version: str = "1.0.0", directory: str = "", features: str = "",
 ) -> str:
     """``dataset_info.json``: name, version, and per split its shard lengths and bytes.
 
     Protobuf's JSON form, as TFDS writes it: int64 values as strings,
     fields at their default (0, "") left out, keys sorted.
+    ``directory`` (relative, e.g. ``versions/<id>``) goes in front of every
+    shard path (``filepathTemplate``); ``features`` (``features_json``) is
+    then carried inside, since TFDS reads a ``features`` field before any
+    ``features.json`` beside the file: the file alone describes the corpus.
     """
     splits = []
     for split in SPLITS:
         lengths = shard_lengths.get(split)
         if not lengths:
             continue
-        entry = {"filepathTemplate": FILE_TEMPLATE, "name": split}
+        template = f"{directory.strip('/')}/{FILE_TEMPLATE}" if directory else FILE_TEMPLATE
+        entry = {"filepathTemplate": template, "name": split}
         if split_bytes.get(split, 0):
             entry["numBytes"] = str(int(split_bytes[split]))
         entry["shardLengths"] = [str(int(n)) for n in lengths]
@@ -71,21 +76,32 @@ def dataset_info_json(
     info = {"fileFormat": "tfrecord", "name": name, "splits": splits, "version": version}
     if description:
         info["description"] = description
+    if features:
+        info["features"] = json.loads(features)
     return json.dumps(dict(sorted(info.items())), indent=2)
 
 
 def list_shard_sizes(output_dir: str, name: str) -> Dict[str, Dict[int, int]]:
     """``{split: {shard index: bytes}}`` of ``<name>-<split>.tfrecord-NNNNN-of-MMMMM`` in ``output_dir``: one match."""
+    return {split: {index: size for index, (_, size) in shards.items()}
+            for split, shards in list_shards(output_dir, name).items()}
+
+
+#: A shard's file name: TFDS pads both numbers to at least 5 digits, more from 100,000 shards on.
+SHARD_NAME = re.compile(r"^(?P<name>[A-Za-z][A-Za-z0-9_]*)-(?P<split>[^-/]+)\.tfrecord-(?P<index>\d{5,})-of-(?P<count>\d{5,})$")
+
+
+def list_shards(directory: str, name: str) -> Dict[str, Dict[int, tuple]]:
+    """``{split: {index: (shard count in its name, bytes)}}`` of the shard files of ``name`` in ``directory``: one listing."""
     from pipeline.output import escape_glob
 
-    pattern = FileSystems.join(escape_glob(output_dir), escape_glob(name) + "-*.tfrecord-*-of-*")
-    shard = re.compile(re.escape(name) + r"-(?P<split>[^-/]+)\.tfrecord-(?P<index>\d{5})-of-(?P<count>\d{5})")
-    sizes: Dict[str, Dict[int, int]] = {}
+    pattern = FileSystems.join(escape_glob(directory), escape_glob(name) + "-*.tfrecord-*-of-*")
+    found: Dict[str, Dict[int, tuple]] = {}
     for metadata in FileSystems.match([pattern])[0].metadata_list:
-        found = shard.fullmatch(metadata.path.rstrip("/").rsplit("/", 1)[-1])
-        if found:
-            sizes.setdefault(found["split"], {})[int(found["index"])] = metadata.size_in_bytes
-    return sizes
+        shard = SHARD_NAME.fullmatch(metadata.path.rstrip("/").rsplit("/", 1)[-1])
+        if shard and shard["name"] == name:
+            found.setdefault(shard["split"], {})[int(shard["index"])] = (int(shard["count"]), metadata.size_in_bytes)
+    return found
 
 
 def split_bytes(output_dir: str, name: str, shard_lengths: Mapping[str, List[int]]) -> Dict[str, int]:

@@ -29,8 +29,7 @@ step "build the corpus"
 $PY -m pipeline.build --input "$OUT/sample/candidates/*.parquet" --output "$OUT/corpus" \
     --preset align "${BUILD_FLAGS[@]}" --overwrite
 step "audit"
-$PY -m pipeline.audit "$OUT/corpus" >/dev/null
-echo "audit report: $OUT/corpus/stats/report.html"
+$PY -m pipeline.audit "$OUT/corpus" | tail -1
 step "wordpiece vocabulary"
 $PY -m trainer.vocab --data_dir "$OUT/corpus" --vocab_size 2000
 step "train tiny ALIGN"

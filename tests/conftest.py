@@ -40,9 +40,11 @@ def build_args(sample_dir, output, *extra):
 
 @pytest.fixture(scope="session")
 def sample_build(sample_dir, tmp_path_factory):
-    """The sample built by the real Beam job (in-process FnApiRunner)."""
-    from pipeline import build
+    """The sample built by the real Beam job (in-process FnApiRunner): its committed version's directory."""
+    from pipeline import launcher
+
+    from common.corpus_dir import resolve
 
     output = tmp_path_factory.mktemp("built") / "corpus"
-    funnel = build.run(build_args(sample_dir, output))
-    return output, funnel
+    funnel = launcher.run(build_args(sample_dir, output))
+    return type(output)(resolve(str(output))), funnel  # the committed version's directory

@@ -26,7 +26,7 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 import tensorflow as tf
 
-from common import schema
+from common import corpus_dir, schema
 from trainer import input_pipeline, preprocess
 
 _HEADER = 12  # uint64 length + uint32 masked CRC of the length
@@ -36,6 +36,7 @@ class ConceptIndex:
     """Record positions per class of ``split``: ``positions[class]`` is an int64 ``[n, 2]`` of (file id, offset)."""
 
     def __init__(self, data_dir: str, split: str = "train"):
+        data_dir = corpus_dir.read_dir(data_dir)
         self.files = input_pipeline.list_shards(data_dir, split)
         index_dir = os.path.join(data_dir.rstrip("/"), schema.CONCEPTS_DIR)
         if not tf.io.gfile.isdir(index_dir):
@@ -66,7 +67,7 @@ class ConceptIndex:
 
 def _class_order(data_dir: str) -> List[str]:
     """The ontology's class order, from ``stats/concepts.json`` (empty list if absent)."""
-    path = os.path.join(data_dir.rstrip("/"), "stats", "concepts.json")
+    path = os.path.join(corpus_dir.read_dir(data_dir), "stats", "concepts.json")
     if not tf.io.gfile.exists(path):
         return []
     with tf.io.gfile.GFile(path) as handle:

@@ -68,7 +68,9 @@ def shard_split(data_dir: str, split: str) -> list[str]:
     try:
         return list_shards(data_dir, split)
     except FileNotFoundError:
-        splits = sorted({m.group(1) for name in gfile.listdir(data_dir)
+        from common.corpus_dir import read_dir
+
+        splits = sorted({m.group(1) for name in gfile.listdir(read_dir(data_dir))
                          if (m := re.search(r"-([^-]+)\.tfrecord-\d+-of-\d+$", name))})
         raise EvalDataError(f"{data_dir}: no shards of split {split!r} (splits present: "
                             f"{', '.join(splits) or 'none'})") from None

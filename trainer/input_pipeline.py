@@ -40,7 +40,7 @@ from typing import Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from common import schema
+from common import corpus_dir, schema
 from trainer import preprocess
 
 #: ALIGN: resize to 346 then crop 289; other image sizes keep that ratio.
@@ -56,7 +56,7 @@ def list_shards(data_dir: str, split: str) -> list[str]:
     must not read the shards of a neighbouring ``c1``. Only the file names are
     matched against the shard pattern.
     """
-    directory = data_dir.rstrip("/")
+    directory = corpus_dir.read_dir(data_dir)
     names_pattern = os.path.basename(schema.shard_glob(directory, split))
     names = tf.io.gfile.listdir(directory) if tf.io.gfile.isdir(directory) else []
     files = sorted(f"{directory}/{name}" for name in names if fnmatch.fnmatchcase(name, names_pattern))
@@ -82,7 +82,7 @@ def read_texts(data_dir: str, split: str) -> tf.data.Dataset:
 
 def shard_lengths(data_dir: str, split: str, files: list[str]) -> list[int]:
     """Records per file: from dataset_info.json when it describes these files, else counted."""
-    info_path = os.path.join(data_dir, "dataset_info.json")
+    info_path = os.path.join(corpus_dir.read_dir(data_dir), "dataset_info.json")
     if tf.io.gfile.exists(info_path):
         with tf.io.gfile.GFile(info_path) as f:
             info = json.load(f)

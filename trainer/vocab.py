@@ -75,7 +75,9 @@ def build_vocab(
     if max_texts is not None:
         texts = texts.take(max_texts)
     vocab = learn_vocab(texts, vocab_size, min_count=min_count)
-    path = output_path or os.path.join(data_dir, VOCAB_FILENAME)
+    from common.corpus_dir import read_dir
+
+    path = output_path or os.path.join(read_dir(data_dir), VOCAB_FILENAME)
     with tf.io.gfile.GFile(path, "w") as f:
         f.write("".join(token + "\n" for token in vocab))
     return path
@@ -96,13 +98,13 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     from common.corpus_dir import IncompleteCorpus, require_completed
 
     try:
-        require_completed(args.data_dir, args.allow_incomplete, "--allow_incomplete")
+        data_dir = require_completed(args.data_dir, args.allow_incomplete, "--allow_incomplete")
     except IncompleteCorpus as error:
         parser.exit(2, f"error: {error}\n")
     if argv is None:  # the command line, not a test: library chatter goes to a log file
         console.route_library_output("vocab")
     path = build_vocab(
-        args.data_dir,
+        data_dir,
         args.vocab_size,
         args.split,
         min_count=args.min_count,

@@ -65,8 +65,9 @@ def stated_length(path: str) -> Optional[int]:
     suffix = info.get("fileFormat", "tfrecord")
     for split in info.get("splits", []):
         lengths = split.get("shardLengths", [])
+        width = max(5, len(str(len(lengths))))  # TFDS: at least 5 digits, more from 100,000 shards on
         for index, length in enumerate(lengths):
-            if name == f"{info.get('name')}-{split.get('name')}.{suffix}-{index:05d}-of-{len(lengths):05d}":
+            if name == f"{info.get('name')}-{split.get('name')}.{suffix}-{index:0{width}d}-of-{len(lengths):0{width}d}":
                 return int(length)
     return None
 

@@ -9,7 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from pipeline import build
+from corpus_paths import committed
+from pipeline import launcher
 
 
 def photo(seed, size=(420, 300), fmt="JPEG", quality=90):
@@ -43,10 +44,10 @@ def run(tmp_path, *args):
     inputs.mkdir(exist_ok=True)
     n = write_input(inputs)
     out = tmp_path / "out"
-    funnel = build.run(["--input", str(inputs / "*.parquet"), "--output", str(out), "--overwrite",
+    funnel = launcher.run(["--input", str(inputs / "*.parquet"), "--output", str(out), "--overwrite",
                         "--set", "vocab_size=0", "--set", "nsfw_threshold=1.0", *args])
     rejected = {}
-    for path in sorted((out / "stats" / "rejected").glob("*.jsonl")):
+    for path in sorted((committed(out) / "stats" / "rejected").glob("*.jsonl")):
         for line in path.read_text().splitlines():
             row = json.loads(line)
             rejected[row["url"]] = row["reason"]
@@ -68,7 +69,7 @@ def test_cc12m_and_in_corpus_dedup(tmp_path):
 
 def test_beam_counters_equal_the_funnel(tmp_path):
     funnel, _ = run(tmp_path)
-    counters = json.loads((tmp_path / "out" / "stats" / "metrics.json").read_text())
+    counters = json.loads((committed(tmp_path / "out") / "stats" / "metrics.json").read_text())
     assert counters.pop("input") == funnel["input"]
     for split, count in funnel["written"].items():
         assert counters.pop(f"written/{split}") == count
@@ -84,11 +85,11 @@ def test_existing_output_needs_overwrite(tmp_path):
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "x").write_text("old")
     with pytest.raises(OutputRefused, match="--overwrite"):
-        build.run(["--input", str(tmp_path / "in" / "*.parquet"), "--output", str(tmp_path / "out")])
+        launcher.run(["--input", str(tmp_path / "in" / "*.parquet"), "--output", str(tmp_path / "out")])
     assert (tmp_path / "out" / "x").read_text() == "old"
 
 
 def test_print_preset(capsys):
-    build.run(["--preset", "cc12m", "--set", "max_words=30", "--print-preset"])
+    launcher.run(["--preset", "cc12m", "--set", "max_words=30", "--print-preset"])
     printed = capsys.readouterr().out
     assert "preset: cc12m" in printed and "max_words" in printed and "30" in printed

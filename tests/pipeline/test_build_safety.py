@@ -15,7 +15,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline import build, output
+from pipeline import finish, launcher, output
+from corpus_paths import committed
 from tests.pipeline.test_read import jpeg, make_input_tree
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -48,7 +49,7 @@ def built(tmp_path_factory):
     """One small corpus; tests copy it before changing anything."""
     root = tmp_path_factory.mktemp("built")
     pattern = write_candidates(root / "in")
-    build.run(["--input", str(pattern), "--output", str(root / "corpus"), *QUICK])
+    launcher.run(["--input", str(pattern), "--output", str(root / "corpus"), *QUICK])
     return root, pattern
 
 
@@ -63,8 +64,9 @@ def copy_corpus(built, tmp_path, name="corpus"):
 def test_a_build_is_complete_and_marked(built):
     root, _ = built
     files = set(snapshot(root / "corpus"))
-    assert {"COMPLETED", output.MARKER, "dataset_info.json", "stats/funnel.json"} <= files
-    assert output.LOCK not in files and not any(f.startswith(output.STAGING) for f in files)
+    version = committed(root / "corpus").relative_to(root / "corpus").as_posix()
+    assert {output.MARKER, "dataset_info.json", f"{version}/manifest.json", f"{version}/stats/funnel.json"} <= files
+    assert {f for f in files if "/" not in f} == {output.MARKER, "dataset_info.json", "features.json"}
 
 
 def test_overwrite_refuses_when_anything_else_is_there_and_deletes_nothing(built, tmp_path):
@@ -72,7 +74,7 @@ def test_overwrite_refuses_when_anything_else_is_there_and_deletes_nothing(built
     (corpus / "notes.txt").write_text("my notes")
     before = snapshot(corpus)
     with pytest.raises(output.OutputRefused, match="notes.txt"):
-        build.run(["--input", str(pattern), "--output", str(corpus), "--overwrite", *QUICK])
+        launcher.run(["--input", str(pattern), "--output", str(corpus), "--overwrite", *QUICK])
     assert snapshot(corpus) == before
 
 
@@ -82,7 +84,7 @@ def test_overwrite_of_a_directory_that_is_not_a_corpus_is_refused(built, tmp_pat
     data.mkdir()
     (data / "holiday.jpg").write_bytes(b"precious")
     with pytest.raises(output.OutputRefused, match="not a corpus"):
-        build.run(["--input", str(pattern), "--output", str(data), "--overwrite", *QUICK])
+        launcher.run(["--input", str(pattern), "--output", str(data), "--overwrite", *QUICK])
     assert snapshot(data) == {"holiday.jpg": b"precious"}
 
 
@@ -92,8 +94,8 @@ def test_invalid_arguments_leave_the_previous_corpus_untouched(built, tmp_path):
     for bad in (["--name", "../escaped"], ["--set", "no_such_threshold=1"], ["--eval-images", "x=/no/such/dir"],
                 ["--embedder", "nope"], ["--no_such_beam_flag=1"], ["--runner", "NoSuchRunner"],
                 ["--input_format", "xls"], ["--version", "../1.0.0"]):
-        with pytest.raises(build.UsageError):
-            build.run(["--input", str(pattern), "--output", str(corpus), "--overwrite", *QUICK, *bad])
+        with pytest.raises(launcher.UsageError):
+            launcher.run(["--input", str(pattern), "--output", str(corpus), "--overwrite", *QUICK, *bad])
         assert snapshot(corpus) == before, bad
     assert not (tmp_path / "escaped").exists()
 
@@ -103,8 +105,8 @@ def test_output_equal_to_inside_or_containing_the_input_is_refused(tmp_path, mon
     monkeypatch.chdir(tmp_path)
     write_candidates(tmp_path / "in")
     before = snapshot(tmp_path)
-    with pytest.raises(build.UsageError, match="input location"):
-        build.run(["--input", "in/*.parquet", "--output", where, "--overwrite", *QUICK])
+    with pytest.raises(launcher.UsageError, match="input location"):
+        launcher.run(["--input", "in/*.parquet", "--output", where, "--overwrite", *QUICK])
     assert snapshot(tmp_path) == before
 
 
@@ -119,11 +121,12 @@ def test_glob_characters_in_the_output_are_literal(built, tmp_path):
         (neighbour / name).write_bytes(data)
     star = tmp_path / "out*"
     for _ in range(2):  # a build, then --overwrite of it
-        build.run(["--input", str(pattern), "--output", str(star), "--overwrite", *QUICK])
+        launcher.run(["--input", str(pattern), "--output", str(star), "--overwrite", *QUICK])
     assert snapshot(neighbour) == theirs
-    shards = sorted(p for p in star.iterdir() if p.name.startswith("alt_text_corpus-"))
+    shards = sorted(p for p in committed(star).iterdir() if p.name.startswith("alt_text_corpus-"))
     info = json.loads((star / "dataset_info.json").read_text())
-    assert len(shards) == sum(len(s["shardLengths"]) for s in info["splits"]) and (star / "COMPLETED").exists()
+    assert len(shards) == sum(len(s["shardLengths"]) for s in info["splits"])
+    assert len(list((star / "versions").iterdir())) == 1  # the first build's version went with the --overwrite
     # Metadata describes this output's own files, not the neighbour's.
     assert sum(int(s.get("numBytes", 0)) for s in info["splits"]) == sum(p.stat().st_size for p in shards)
 
@@ -141,9 +144,8 @@ def test_zero_record_build_ends_with_its_funnel(tmp_path):
     assert done.stderr == ""  # no traceback, no library warnings on the console
     assert "funnel of 'alt_text_corpus'" in done.stdout and "no record was written" in done.stdout
     assert not any(word in line for line in done.stdout.splitlines() for word in ("WARNING", "INFO", "I0000"))
-    funnel = json.loads((tmp_path / "out" / "stats" / "funnel.json").read_text())
+    funnel = json.loads((committed(tmp_path / "out") / "stats" / "funnel.json").read_text())
     assert funnel["input"] == 0 and funnel["conserved"]
-    assert (tmp_path / "out" / "COMPLETED").exists()
     info = tfds.builder_from_directory(str(tmp_path / "out")).info
     assert {name: split.num_examples for name, split in info.splits.items()} == {"train": 0, "validation": 0}
     assert (tmp_path / "logs" / "build.log").exists()
@@ -152,77 +154,68 @@ def test_zero_record_build_ends_with_its_funnel(tmp_path):
 @pytest.mark.slow
 def test_strict_preset_writes_nothing_and_says_so(built, tmp_path):
     _, pattern = built
-    funnel = build.run(["--input", str(pattern), "--output", str(tmp_path / "out"), *QUICK,
+    funnel = launcher.run(["--input", str(pattern), "--output", str(tmp_path / "out"), *QUICK,
                         "--set", "min_words=19", "--set", "max_words=20"])
     assert funnel["written"] == {"train": 0, "validation": 0} and funnel["rejected_total"] == funnel["input"] == 6
-    assert (tmp_path / "out" / "COMPLETED").exists()
+    assert committed(tmp_path / "out").is_dir()
 
 
 def test_every_row_of_every_readable_file_is_accounted_for(tmp_path):
     expected = make_input_tree(tmp_path / "in")
-    funnel = build.run(["--input", str(tmp_path / "in" / "*.parquet"), "--output", str(tmp_path / "out"), *QUICK,
+    funnel = launcher.run(["--input", str(tmp_path / "in" / "*.parquet"), "--output", str(tmp_path / "out"), *QUICK,
                         "--set", "min_shorter_side=0", "--set", "min_words=1"])
     assert funnel["conserved"] and funnel["input"] == sum(expected.values())
     read = next(row for row in funnel["stages"] if row["stage"] == "read")["rejected"]
     assert read == {k: v for k, v in expected.items() if k != "written"}
-    files = output.list_files(str(tmp_path / "out"))
-    ledger = [json.loads(line) for f in files if f.startswith("stats/rejected/")
-              for line in (tmp_path / "out" / f).read_text().splitlines()]
+    corpus = committed(tmp_path / "out")
+    ledger = [json.loads(line) for f in output.list_files(str(corpus)) if f.startswith("stats/rejected/")
+              for line in (corpus / f).read_text().splitlines()]
     assert len(ledger) == funnel["rejected_total"]
     assert any(row["url"].endswith("d.parquet") and row["reason"] == "read/unreadable_file" for row in ledger)
 
 
 def test_accounting_against_the_footers():
     funnel = {"input": 10, "conserved": True}
-    assert build.accounting_problems(funnel, {"parquet_rows": 9, "unreadable_files": 1}) == []
-    (problem,) = build.accounting_problems(funnel, {"parquet_rows": 12, "unreadable_files": 0})
+    assert finish.accounting_problems(funnel, {"parquet_rows": 9, "unreadable_files": 1}) == []
+    (problem,) = finish.accounting_problems(funnel, {"parquet_rows": 12, "unreadable_files": 0})
     assert "differs from the files' metadata" in problem
-    assert build.accounting_problems(funnel, {"parquet_rows": 4, "tsv_records": 5, "unreadable_files": 1}) == []
-    assert build.accounting_problems({"input": 3, "conserved": False}, None) == [
+    assert finish.accounting_problems(funnel, {"parquet_rows": 4, "tsv_records": 5, "unreadable_files": 1}) == []
+    assert finish.accounting_problems({"input": 3, "conserved": False}, None) == [
         "conservation law violated: input != written + rejected"]
 
 
 @pytest.mark.slow
-def test_concurrent_second_build_fails_fast_and_a_killed_build_is_refused(tmp_path):
-    """Build A runs; build B into the same output fails at once. A is killed: no COMPLETED,
-    the audit refuses it, and a new build with --overwrite replaces it."""
-    import socket
-
+def test_a_killed_build_is_refused_and_a_new_build_replaces_it(tmp_path):
+    """Build A is killed while its job runs: nothing is committed, the audit refuses the output; a new
+    build with --overwrite commits its own version and leaves A's (uncommitted) files alone."""
     pattern = write_candidates(tmp_path / "in", rows=400)
     out = tmp_path / "out"
     env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", ALT_TEXT_CORPUS_LOG_DIR=str(tmp_path / "logs"))
     first = subprocess.Popen([sys.executable, "-m", "pipeline.build", "--input", str(pattern), "--output", str(out),
                               *QUICK], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
-    while not (out / output.MARKER).exists():
+    while not list(out.glob("versions/*/" + output.REQUEST)):
         assert time.time() < deadline and first.poll() is None, first.communicate()
         time.sleep(0.02)
-    started = time.time()
-    with pytest.raises(output.OutputLocked, match="another build is writing"):
-        build.run(["--input", str(pattern), "--output", str(out), "--overwrite", *QUICK])
-    assert time.time() - started < 10
-    assert first.poll() is None  # A was running all along
     first.send_signal(signal.SIGKILL)
     first.wait()
-    assert not (out / "COMPLETED").exists()
+    assert not (out / "dataset_info.json").exists()
+    (killed,) = [p.name for p in (out / "versions").iterdir()]
     audit = subprocess.run([sys.executable, "-m", "pipeline.audit", str(out), "--no-html"], cwd=ROOT, env=env,
                            capture_output=True, text=True)
-    assert audit.returncode == 2 and "has no COMPLETED" in audit.stderr
-    third = cli("--input", str(pattern), "--output", str(out), "--overwrite", *QUICK)
-    assert third.returncode == 0, third.stderr
-    assert (out / "COMPLETED").exists() and not (out / output.LOCK).exists()
-    # The command line's answer to a held lock: exit code 3 and one line.
-    (out / output.LOCK).write_text(json.dumps({"run_id": "live", "host": socket.gethostname(), "pid": os.getpid(),
-                                               "started": "now"}))
-    locked = cli("--input", str(pattern), "--output", str(out), "--overwrite", *QUICK)
-    assert locked.returncode == 3 and locked.stderr.count("\n") == 1 and "run live" in locked.stderr
+    assert audit.returncode == 2 and "has no committed corpus" in audit.stderr
+    killed_files = snapshot(out / "versions" / killed)
+    second = cli("--input", str(pattern), "--output", str(out), "--overwrite", *QUICK)
+    assert second.returncode == 0, second.stderr
+    assert f"1 uncommitted build(s) ({killed})" in second.stdout
+    assert committed(out).name != killed and snapshot(out / "versions" / killed) == killed_files
 
 
 def test_usage_mistake_is_one_error_line_and_one_usage_line(tmp_path):
     """A bad preset value: the error first, one usage line, exit 2, the output never created."""
     pattern = write_candidates(tmp_path / "in")
     done = cli("--input", str(pattern), "--output", str(tmp_path / "out"), "--set", "min_shorter_side=-5")
-    assert done.returncode == build.EXIT_USAGE
+    assert done.returncode == launcher.EXIT_USAGE
     lines = done.stderr.splitlines()
-    assert lines == ["error: min_shorter_side: must be an integer in [0, inf), got -5", build.SHORT_USAGE], done.stderr
+    assert lines == ["error: min_shorter_side: must be an integer in [0, inf), got -5", launcher.SHORT_USAGE], done.stderr
     assert not (tmp_path / "out").exists()

@@ -23,7 +23,8 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from pipeline import build
+from pipeline import launcher
+from corpus_paths import committed
 
 # Every word of an ordinary caption is one of these; each occurs >= 20 times.
 COMMON = ("a", "the", "red", "blue", "old", "small", "sports", "car",
@@ -145,6 +146,7 @@ def write_parquet(rows, path):
 
 
 def job_fates(output):
+    output = str(committed(output))
     fates = {}
     for path in glob.glob(os.path.join(output, "*.tfrecord*")):
         for raw in tf.data.TFRecordDataset(path):
@@ -165,7 +167,7 @@ def cc12m_build(tmp_path_factory):
     root = tmp_path_factory.mktemp("cc12m")
     os.makedirs(root / "in")
     write_parquet(rows, str(root / "in" / "part-0.parquet"))
-    funnel = build.run(["--input", str(root / "in" / "*.parquet"), "--output", str(root / "out"), "--preset", "cc12m"])
+    funnel = launcher.run(["--input", str(root / "in" / "*.parquet"), "--output", str(root / "out"), "--preset", "cc12m"])
     return rows, expected, job_fates(str(root / "out")), funnel
 
 

@@ -3,8 +3,9 @@
 import numpy as np
 import pytest
 
-from pipeline import build
+from pipeline import launcher
 from tests.pipeline.test_build_safety import write_candidates
+from corpus_paths import committed
 
 QUICK = ["--set", "vocab_size=0", "--set", "nsfw_threshold=1.0", "--set", "min_shorter_side=0",
          "--set", "dedup_in_corpus=true"]
@@ -12,8 +13,8 @@ QUICK = ["--set", "vocab_size=0", "--set", "nsfw_threshold=1.0", "--set", "min_s
 
 def test_checkpoint_embedder_without_workdir_is_a_usage_error(tmp_path):
     pattern = write_candidates(tmp_path / "in", rows=3)
-    with pytest.raises(build.UsageError, match="workdir"):
-        build.run(["--input", str(pattern), "--output", str(tmp_path / "out"), "--embedder", "checkpoint", *QUICK])
+    with pytest.raises(launcher.UsageError, match="workdir"):
+        launcher.run(["--input", str(pattern), "--output", str(tmp_path / "out"), "--embedder", "checkpoint", *QUICK])
     assert not (tmp_path / "out").exists()
 
 
@@ -30,10 +31,10 @@ def test_checkpoint_embedder_gets_its_workdir_on_the_workers(tmp_path, monkeypat
     workdir = tmp_path / "run"
     workdir.mkdir()
     pattern = write_candidates(tmp_path / "in", rows=5)
-    funnel = build.run(["--input", str(pattern), "--output", str(tmp_path / "out"), "--embedder", "checkpoint",
+    funnel = launcher.run(["--input", str(pattern), "--output", str(tmp_path / "out"), "--embedder", "checkpoint",
                         "--embedder-arg", f"workdir={workdir}", "--embedder-arg", "threshold=0.99",
                         "--embedder-arg", "step=7", *QUICK])
-    assert (tmp_path / "out" / "COMPLETED").exists()
+    assert committed(tmp_path / "out").is_dir()
     assert loaded and set(loaded) == {(str(workdir), 7)}
     note = next(r for r in funnel["stages"] if r["stage"] == "near_duplicate_corpus")["note"]
     assert "embedder checkpoint" in note and "cosine > 0.99" in note

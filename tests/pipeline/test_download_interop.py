@@ -20,8 +20,9 @@ import pytest
 
 from common.schema import FEATURES
 from loopback_images import CASES, LoopbackImages
-from pipeline import build, tfrecord
+from pipeline import launcher, tfrecord
 from test_img2dataset_interop import TOOL, write_url_list
+from corpus_paths import committed
 
 NAME = "interop_corpus"
 
@@ -57,6 +58,7 @@ def run_img2dataset(url_list, output):
 
 
 def ledger_reasons(corpus):
+    corpus = committed(corpus)
     reasons = {}
     for path in sorted(glob.glob(str(corpus / "stats" / "rejected" / "*.jsonl"))):
         for line in open(path):
@@ -67,6 +69,7 @@ def ledger_reasons(corpus):
 
 def written(corpus):
     """{key: {feature: value}} of every shard record, the shared features only."""
+    corpus = committed(corpus)
     found = {}
     for path in sorted(glob.glob(str(corpus / f"{NAME}-*.tfrecord-*"))):
         with open(path, "rb") as handle:
@@ -80,8 +83,8 @@ def test_download_build_equals_the_build_of_img2dataset_output(tmp_path, server)
     url_list = write_url_list(tmp_path, server)
     downloaded = run_img2dataset(url_list, tmp_path / "img2dataset")
     common = ["--name", NAME, "--set", "min_ngram_count=0"]
-    theirs = build.run(["--input", str(downloaded / "*"), "--output", str(tmp_path / "theirs"), *common])
-    ours = build.run([
+    theirs = launcher.run(["--input", str(downloaded / "*"), "--output", str(tmp_path / "theirs"), *common])
+    ours = launcher.run([
         "--input", str(url_list), "--output", str(tmp_path / "ours"), *common, "--download",
         "--download-allow-loopback", "--download-deadline", "2", "--download-retries", "0",
     ])

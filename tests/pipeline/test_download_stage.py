@@ -17,10 +17,11 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from common.schema import Candidate, make_key
 from download_server import MisbehavingServer, jpeg
-from pipeline import build, tfrecord
+from pipeline import launcher, tfrecord
 from pipeline.download import stage as download_stage
 from pipeline.download.fetch import FetchOptions
 from pipeline.readers.rows import Rejection
+from corpus_paths import committed
 
 NAME = "downloaded"
 LIMITS = [
@@ -72,6 +73,7 @@ def write_tsv(path, rows):
 
 def fates(corpus):
     """{url: "written" | reason} and {url: ledger line} / {url: shard features}."""
+    corpus = committed(corpus)
     fate, ledger, shards = {}, {}, {}
     for path in sorted(glob.glob(str(corpus / f"{NAME}-*.tfrecord-*"))):
         with open(path, "rb") as handle:
@@ -92,7 +94,7 @@ def test_build_downloads_a_url_list_and_accounts_for_every_url(tmp_path, server)
     rows = cases(server)
     tsv = write_tsv(tmp_path / "urls.tsv", rows)
     corpus = tmp_path / "corpus"
-    funnel = build.run(["--input", str(tsv), "--output", str(corpus), "--name", NAME, "--download", *LIMITS])
+    funnel = launcher.run(["--input", str(tsv), "--output", str(corpus), "--name", NAME, "--download", *LIMITS])
 
     assert funnel["conserved"] and funnel["input"] == len(rows)  # URLs in == the funnel's input
     stages = [row["stage"] for row in funnel["stages"]]
@@ -126,7 +128,7 @@ def test_build_downloads_a_url_list_and_accounts_for_every_url(tmp_path, server)
     assert (wide["original_width"], wide["original_height"]) == (900, 600)  # the source size, before the resize
     assert (wide["width"], wide["height"]) == (512, 341)
 
-    metrics = json.loads((corpus / "stats" / "metrics.json").read_text())
+    metrics = json.loads((committed(corpus) / "stats" / "metrics.json").read_text())
     assert metrics["download/http_404"] == 1 and metrics["download/timeout"] == 1
 
 
@@ -134,7 +136,7 @@ def test_without_download_a_url_list_is_not_downloaded_and_the_funnel_has_no_dow
     rows = cases(server)[:3]
     tsv = write_tsv(tmp_path / "urls.tsv", rows)
     before = sum(server.hits.values())
-    funnel = build.run(["--input", str(tsv), "--output", str(tmp_path / "corpus"), "--name", NAME])
+    funnel = launcher.run(["--input", str(tsv), "--output", str(tmp_path / "corpus"), "--name", NAME])
     assert funnel["stages"][0]["rejected"] == {"read/not_downloaded": 3}
     assert "download" not in [row["stage"] for row in funnel["stages"]]
     assert "--download" in funnel["stages"][0]["note"]
@@ -144,7 +146,7 @@ def test_without_download_a_url_list_is_not_downloaded_and_the_funnel_has_no_dow
 def test_loopback_is_refused_by_the_build_unless_allowed(tmp_path, server):
     rows = cases(server)[:2]
     tsv = write_tsv(tmp_path / "urls.tsv", rows)
-    funnel = build.run(["--input", str(tsv), "--output", str(tmp_path / "corpus"), "--name", NAME, "--download"])
+    funnel = launcher.run(["--input", str(tsv), "--output", str(tmp_path / "corpus"), "--name", NAME, "--download"])
     assert funnel["stages"][1]["rejected"] == {"download/forbidden_address": 2}
 
 
@@ -152,8 +154,8 @@ def test_loopback_is_refused_by_the_build_unless_allowed(tmp_path, server):
                                         ("--download-max-bytes", "0"), ("--download-retries", "-1")])
 def test_bad_download_flags_are_usage_errors(tmp_path, flag, value):
     tsv = write_tsv(tmp_path / "urls.tsv", [("http://example.org/x.jpg", "a photo", "")])
-    with pytest.raises(build.UsageError, match=flag):
-        build.run(["--input", str(tsv), "--output", str(tmp_path / "corpus"), "--download", flag, value])
+    with pytest.raises(launcher.UsageError, match=flag):
+        launcher.run(["--input", str(tsv), "--output", str(tmp_path / "corpus"), "--download", flag, value])
     assert not (tmp_path / "corpus").exists()
 
 
@@ -194,7 +196,7 @@ def test_readme_lists_every_download_option_with_its_default():
 
     parser = argparse.ArgumentParser()
     download_stage.add_arguments(parser)
-    readme = open(os.path.join(os.path.dirname(build.__file__), "..", "README.md")).read()
+    readme = open(os.path.join(os.path.dirname(launcher.__file__), "..", "README.md")).read()
     rows = dict(re.findall(r"^\| `(--download[a-z-]*)` \| ([^|]*) \|", readme, re.M))
     flags = {a.option_strings[0]: a.default for a in parser._actions if a.option_strings[0].startswith("--download-")}
     assert set(rows) == set(flags)

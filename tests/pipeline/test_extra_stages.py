@@ -18,7 +18,8 @@ from PIL import Image
 from filters import extra_stages, language
 from filters.presets import get_preset
 from filters.record import Candidate, judge_record
-from pipeline import audit, build
+from pipeline import audit, launcher
+from corpus_paths import committed
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -76,11 +77,11 @@ def example_build(tmp_path_factory):
     args[args.index("--output") + 1] = str(root / "out")
     sys.path.insert(0, str(root / "rules"))  # what PYTHONPATH=. does for the README's layout
     try:
-        funnel = build.run(args)
+        funnel = launcher.run(args)
     finally:
         sys.path.remove(str(root / "rules"))
         sys.modules.pop("my_rules", None)
-    return rows, root / "out", funnel
+    return rows, committed(root / "out"), funnel
 
 
 def test_readme_example_runs_and_its_stages_reject_like_built_in_ones(example_build):
@@ -153,8 +154,8 @@ def test_bad_stage_definitions_are_refused_in_one_line():
         extra_stages.load("filters.language")
     with pytest.raises(ValueError, match="not a filters.extra_stages.RecordStage"):
         extra_stages.load("filters.language:language_stage")
-    with pytest.raises(build.UsageError, match="cannot import no_such_module"):
-        build.load_extra_stages(("no_such_module:X",))
+    with pytest.raises(launcher.UsageError, match="cannot import no_such_module"):
+        launcher.load_extra_stages(("no_such_module:X",))
     stage = extra_stages.RecordStage("odd", after="image_decode", check=lambda r: "surprise", reasons=("no",))
     with pytest.raises(ValueError, match="not one of its reasons"):
         judge_record(_views("a red car on the road"), get_preset("align"), (stage,))

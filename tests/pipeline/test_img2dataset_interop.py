@@ -20,9 +20,10 @@ import pytest
 
 from loopback_images import CASES, LoopbackImages
 from common.schema import Candidate
-from pipeline import build
+from pipeline import launcher
 from pipeline.readers import tfrecord as tfrecord_reader
 from pipeline.readers.rows import Columns
+from corpus_paths import committed
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOOL = os.environ.get("IMG2DATASET") or os.path.join(ROOT, ".venv-img2dataset", "bin", "img2dataset")
@@ -56,7 +57,7 @@ def run_img2dataset(url_list, output, output_format, resize_mode):
 
 
 def build_corpus(img2dataset_output, corpus, *extra):
-    funnel = build.run([
+    funnel = launcher.run([
         "--input", str(img2dataset_output / "*"), "--output", str(corpus), "--name", NAME,
         "--carry_columns", "photo_id", "--set", "min_ngram_count=0", *extra,
     ])
@@ -66,6 +67,7 @@ def build_corpus(img2dataset_output, corpus, *extra):
 
 def outcome(corpus):
     """``{url: "written" | reason}`` over every URL row, from the shards and the rejection ledger."""
+    corpus = committed(corpus)
     fates = {}
     for path in sorted(glob.glob(str(corpus / f"{NAME}-*.tfrecord-*"))):
         for record in tfrecord_reader.read_file(path, Columns()):
@@ -120,7 +122,7 @@ def test_default_img2dataset_webdataset_output_by_source_size_and_loaded_by_name
     builder = tfds.builder(NAME, data_dir=str(data_dir))  # TFDS's by-name lookup, as big_vision does it
     assert str(builder.info.version) == "1.2.0"
     assert tfds.builder_from_directory(str(corpus)).info.splits.total_num_examples == builder.info.splits.total_num_examples
-    features = json.loads((corpus / "features.json").read_text())
+    features = json.loads((committed(corpus) / "features.json").read_text())
     assert {"source_key", "source_sha256", "source_photo_id"} <= set(json.dumps(features).split('"'))
     readme_snippet_loads(data_dir, "1.2.0")
     examples = [e for split in builder.info.splits for e in tfds.as_numpy(builder.as_dataset(split=split))]

@@ -20,10 +20,11 @@ from common.schema import make_key
 from dedup.transforms import IndexRows
 from filters.image import perceptual_hash
 from filters.presets import get_preset
-from pipeline import build, dedup_options
+from pipeline import build, dedup_options, launcher
 from pipeline import eval_index as index_files
 
 from conftest import build_args
+from corpus_paths import committed
 
 
 def random_index(num_rows, dim=143, seed=0):
@@ -279,7 +280,8 @@ def test_eval_and_in_corpus_dedup_in_one_build(sample_dir, tmp_path, search):
                       "--set", f"near_duplicate_search={search}",
                       "--set", "min_ngram_count=0")  # a subset: n-gram counts of the whole sample do not hold
     args[args.index("--input") + 1] = str(inputs / "*.parquet")
-    funnel = build.run(args)
+    funnel = launcher.run(args)
+    out = committed(out)
 
     # The funnel adds up and matches the ledger.
     assert funnel["conserved"] and funnel["input"] == len(table)

@@ -5,8 +5,9 @@ import json
 
 import pytest
 
-from pipeline import build
+from pipeline import launcher
 from tests.pipeline.test_build_safety import write_candidates
+from corpus_paths import committed
 
 QUICK = ["--set", "vocab_size=0", "--set", "min_shorter_side=0"]
 
@@ -26,15 +27,15 @@ def launcher_has_nudenet(monkeypatch):
 
 def test_funnel_note_counts_the_records_the_workers_passed_unscored(tmp_path, launcher_has_nudenet):
     pattern = write_candidates(tmp_path / "in", rows=6)
-    funnel = build.run(["--input", str(pattern), "--output", str(tmp_path / "out"), *QUICK])
+    funnel = launcher.run(["--input", str(pattern), "--output", str(tmp_path / "out"), *QUICK])
     row = next(r for r in funnel["stages"] if r["stage"] == "nsfw")
     assert row["note"].startswith("6 records passed UNSCORED: nudenet not installed")
-    on_disk = json.loads((tmp_path / "out" / "stats" / "funnel.json").read_text())
+    on_disk = json.loads((committed(tmp_path / "out") / "stats" / "funnel.json").read_text())
     assert next(r for r in on_disk["stages"] if r["stage"] == "nsfw")["note"] == row["note"]
 
 
 def test_preset_can_fail_rather_than_pass_unscored(tmp_path):
     pattern = write_candidates(tmp_path / "in", rows=4)
     with pytest.raises(Exception, match="nsfw_unscored=fail"):
-        build.run(["--input", str(pattern), "--output", str(tmp_path / "out"), *QUICK, "--set", "nsfw_unscored=fail"])
-    assert not (tmp_path / "out" / "COMPLETED").exists()
+        launcher.run(["--input", str(pattern), "--output", str(tmp_path / "out"), *QUICK, "--set", "nsfw_unscored=fail"])
+    assert not (tmp_path / "out" / "dataset_info.json").exists()  # nothing committed

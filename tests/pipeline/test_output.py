@@ -1,7 +1,6 @@
-"""The output contract on real directories: what --overwrite may delete, locations, globs, the lock."""
+"""The output contract on real directories: what --overwrite accepts and later deletes, locations, globs."""
 
 import json
-import multiprocessing
 import os
 
 import pytest
@@ -28,9 +27,9 @@ def fake_corpus(directory, name="alt_text_corpus", marker=True):
 
 
 def test_empty_or_missing_output_needs_nothing(tmp_path):
-    assert output.plan_output(str(tmp_path / "new"), overwrite=False).to_delete == []
+    assert output.plan_output(str(tmp_path / "new"), overwrite=False).files == []
     (tmp_path / "empty").mkdir()
-    assert output.plan_output(str(tmp_path / "empty"), overwrite=False).to_delete == []
+    assert output.plan_output(str(tmp_path / "empty"), overwrite=False).files == []
 
 
 def test_non_empty_output_needs_overwrite(tmp_path):
@@ -39,12 +38,35 @@ def test_non_empty_output_needs_overwrite(tmp_path):
         output.plan_output(str(tmp_path / "out"), overwrite=False)
 
 
-def test_overwrite_deletes_exactly_the_build_files(tmp_path):
+def test_overwrite_deletes_nothing_first_then_exactly_the_replaced_build_files(tmp_path):
     files = fake_corpus(tmp_path / "out")
+    new = ["versions/20250101T000000Z-0123abcd/" + f for f in ("_BUILD.json", "manifest.json", "stats/funnel.json",
+                                                               "alt_text_corpus-train.tfrecord-000000-of-100000")]
+    for relative in new:
+        (tmp_path / "out" / relative).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "out" / relative).write_text("x")
     plan = output.plan_output(str(tmp_path / "out"), overwrite=True)
-    assert sorted(plan.to_delete) == sorted(files + [output.MARKER])
-    output.delete_planned(plan)
-    assert os.listdir(tmp_path / "out") == []
+    assert sorted(plan.files) == sorted(files + [output.MARKER] + new)
+    assert len(list((tmp_path / "out").rglob("*.*"))) >= len(files)  # planning touched nothing
+    # The plain-layout corpus was replaced by the new version: its files go; the marker, the commit and
+    # features.json (TFDS's by-name lookup needs one beside the commit) stay.
+    doomed = output.replaced_files(plan.files, "alt_text_corpus", "")
+    assert sorted(doomed) == sorted(f for f in files if f not in ("dataset_info.json", "features.json"))
+    output.delete_files(str(tmp_path / "out"), doomed)
+    assert sorted(output.list_files(str(tmp_path / "out"))) == sorted(
+        ["dataset_info.json", "features.json", output.MARKER] + new)
+    assert sorted(output.replaced_files(output.list_files(str(tmp_path / "out")), "alt_text_corpus",
+                                        "20250101T000000Z-0123abcd")) == sorted(new)
+
+
+def test_shard_names_of_a_million_shards_are_owned(tmp_path):
+    from common.schema import shard_filename
+
+    name = shard_filename("c", "train", 999_999, 1_000_000)
+    assert name == "c-train.tfrecord-0999999-of-1000000"
+    assert output.owned_by_build(name, "c") and output.owned_by_build(f"versions/20250101T000000Z-0123abcd/{name}", "c")
+    assert output.owned_by_build(f"concepts/{name}.json", "c")
+    assert not output.owned_by_build("versions/not-a-version/" + name, "c")
 
 
 def test_overwrite_refuses_a_directory_with_anything_else_and_deletes_nothing(tmp_path):
@@ -68,7 +90,7 @@ def test_overwrite_refuses_a_directory_that_is_not_a_corpus(tmp_path):
 
 def test_a_corpus_built_before_the_marker_is_recognised(tmp_path):
     files = fake_corpus(tmp_path / "old", marker=False)
-    assert sorted(output.plan_output(str(tmp_path / "old"), overwrite=True).to_delete) == sorted(files)
+    assert sorted(output.plan_output(str(tmp_path / "old"), overwrite=True).files) == sorted(files)
 
 
 def test_glob_characters_in_the_output_are_literal(tmp_path):
@@ -76,14 +98,14 @@ def test_glob_characters_in_the_output_are_literal(tmp_path):
     fake_corpus(star)
     neighbour = fake_corpus(tmp_path / "out1")
     plan = output.plan_output(str(star), overwrite=True)
-    output.delete_planned(plan)
+    output.delete_files(str(star), plan.files)
     assert not any(star.rglob("*"))
     assert all((tmp_path / "out1" / f).exists() for f in neighbour)
     bracket = tmp_path / "o[u]t"
     fake_corpus(bracket)
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "keep").write_text("x")
-    output.delete_planned(output.plan_output(str(bracket), overwrite=True))
+    output.delete_files(str(bracket), output.plan_output(str(bracket), overwrite=True).files)
     assert (tmp_path / "out" / "keep").exists() and not any(bracket.rglob("*"))
 
 
@@ -126,67 +148,3 @@ def test_dataset_names_must_be_plain(name):
 def test_plain_dataset_names_pass():
     assert output.valid_dataset_name("alt_text_corpus") is None
     assert output.valid_dataset_name("CC12M_v2") is None
-
-
-def _try_lock(directory, run_id, queue):
-    try:
-        output.Lock(directory, run_id).acquire()
-        queue.put(run_id)
-    except output.OutputLocked as error:
-        queue.put(str(error))
-
-
-def test_lock_admits_one_build_of_two_at_once(tmp_path):
-    ctx = multiprocessing.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_try_lock, args=(str(tmp_path), f"run{i}", queue)) for i in range(2)]
-    for p in procs:
-        p.start()
-    results = sorted(queue.get(timeout=60) for _ in procs)
-    for p in procs:
-        p.join()
-    winners = [r for r in results if r in ("run0", "run1")]
-    assert len(winners) == 1
-    (loser,) = [r for r in results if r not in winners]
-    assert "another build is writing" in loser and winners[0] in loser
-
-
-def test_a_lock_of_a_dead_process_on_this_host_is_dropped_a_live_one_is_not(tmp_path):
-    import socket
-    import subprocess
-    import sys
-
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    (tmp_path / output.LOCK).write_text(json.dumps(
-        {"run_id": "killed", "host": socket.gethostname(), "pid": int(dead.stdout), "started": "then"}))
-    output.Lock(str(tmp_path), "next").ensure_free()
-    assert not (tmp_path / output.LOCK).exists()
-    (tmp_path / output.LOCK).write_text(json.dumps(
-        {"run_id": "running", "host": socket.gethostname(), "pid": os.getpid(), "started": "now"}))
-    with pytest.raises(output.OutputLocked, match="run running"):
-        output.Lock(str(tmp_path), "next").ensure_free()
-
-
-def test_lock_release_and_takeover_detection(tmp_path):
-    first = output.Lock(str(tmp_path), "a")
-    first.acquire()
-    with pytest.raises(output.OutputLocked):
-        output.Lock(str(tmp_path), "b").acquire()
-    (tmp_path / output.LOCK).write_text(json.dumps({"run_id": "intruder"}))
-    with pytest.raises(output.OutputLocked):
-        first.check()
-    os.remove(tmp_path / output.LOCK)
-    second = output.Lock(str(tmp_path), "b")
-    second.acquire()
-    second.release()
-    assert not (tmp_path / output.LOCK).exists()
-
-
-def test_publish_moves_staged_files_to_final_names(tmp_path):
-    staging = output.staging_dir(str(tmp_path), "run1")
-    os.makedirs(os.path.join(staging, "stats"))
-    open(os.path.join(staging, "stats", "funnel.json"), "w").write("{}")
-    open(os.path.join(staging, "x-train.tfrecord-00000-of-00001"), "w").write("r")
-    moved = output.publish(staging, str(tmp_path))
-    assert sorted(moved) == ["stats/funnel.json", "x-train.tfrecord-00000-of-00001"]
-    assert sorted(os.listdir(tmp_path)) == ["stats", "x-train.tfrecord-00000-of-00001"]

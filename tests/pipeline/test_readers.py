@@ -317,7 +317,7 @@ def test_img2dataset_files_output_reads_folder_with_its_parquet(tmp_path):
 def test_build_accounts_for_mixed_inputs(tmp_path):
     """A URL list, an unknown file and a shard whose metadata Parquet is unreadable: the build's
     reconciliation (input == rows the files state + unreadable files) holds."""
-    from pipeline import build
+    from pipeline import launcher
 
     inputs = tmp_path / "in"
     inputs.mkdir()
@@ -326,7 +326,7 @@ def test_build_accounts_for_mixed_inputs(tmp_path):
     write_shard(inputs, [sample("000", "https://e.x/0.jpg", "a dog on a beach")],
                 [meta("000", "https://e.x/0.jpg", "a dog on a beach")])
     (inputs / "00000.parquet").write_bytes(b"not parquet")
-    funnel = build.run(["--input", str(inputs / "*"), "--output", str(tmp_path / "out")])
+    funnel = launcher.run(["--input", str(inputs / "*"), "--output", str(tmp_path / "out")])
     assert funnel["input"] == 2 + 1 + 2  # 2 lines, 1 unknown file, 1 sample + 1 unreadable metadata file
     assert funnel["stages"][0]["rejected"] == {
         "read/not_downloaded": 1, "read/malformed_line": 1, "read/unknown_format": 1, "read/unreadable_file": 1,

@@ -21,6 +21,8 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
+from corpus_paths import committed
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -83,10 +85,10 @@ def test_sdist_in_a_fresh_venv_builds_a_corpus_from_outside_the_repository(tmp_p
                 "--setup_file", str(setup_py), "--requirements_file", "worker-requirements.txt",
                 "--direct_running_mode=multi_processing", "--direct_num_workers=2"],
                cwd=work, env=env, timeout=1800)
-    assert "COMPLETED" in done.stdout
-    corpus = tmp_path / "corpus"
-    assert (corpus / "COMPLETED").exists() and (corpus / "stats" / "metrics.json").exists()
-    info = json.loads((corpus / "dataset_info.json").read_text())
+    assert "committed" in done.stdout.splitlines()[-1]
+    info = json.loads((tmp_path / "corpus" / "dataset_info.json").read_text())  # the commit
+    corpus = committed(tmp_path / "corpus")
+    assert (corpus / "stats" / "metrics.json").exists()
     funnel = json.loads((corpus / "stats" / "funnel.json").read_text())
     assert funnel["conserved"] and funnel["input"] == rows
     written = sum(funnel["written"].values())

@@ -21,11 +21,12 @@ from apache_beam.testing.test_pipeline import TestPipeline
 
 from common.schema import make_key, shard_glob, tf_feature_spec
 from filters.presets import get_preset
-from pipeline import build, judge, write
+from pipeline import judge, launcher, write
 from pipeline.read import MatchInputFiles
 from pipeline.readers.rows import Columns
 from tests.pipeline.test_build_safety import QUICK, write_candidates
 from tests.pipeline.test_read import jpeg
+from corpus_paths import committed
 
 ALIGN = get_preset("align", ["vocab_size=0", "nsfw_threshold=1.0", "min_shorter_side=0"])
 
@@ -134,9 +135,10 @@ def read_split(data_dir, split):
 
 def test_max_records_per_shard_is_a_true_maximum_and_every_record_is_written_once(tmp_path):
     pattern = write_candidates(tmp_path / "in", rows=23)
-    out = tmp_path / "out"
-    funnel = build.run(["--input", str(pattern), "--output", str(out), *QUICK, "--set", "max_records_per_shard=4",
-                        "--set", "validation_fraction=0.3", "--set", "min_shorter_side=0"])
+    funnel = launcher.run(["--input", str(pattern), "--output", str(tmp_path / "out"), *QUICK,
+                           "--set", "max_records_per_shard=4", "--set", "validation_fraction=0.3",
+                           "--set", "min_shorter_side=0"])
+    out = committed(tmp_path / "out")
     shards = json.loads((out / "stats" / "_shards.json").read_text())
     for split, entry in shards.items():
         assert entry["records"] and max(entry["records"]) <= 4
@@ -153,8 +155,8 @@ def test_shard_checksums_are_the_files_crc32c(tmp_path):
     import google_crc32c
 
     pattern = write_candidates(tmp_path / "in", rows=5)
-    out = tmp_path / "out"
-    build.run(["--input", str(pattern), "--output", str(out), *QUICK, "--set", "min_shorter_side=0"])
+    launcher.run(["--input", str(pattern), "--output", str(tmp_path / "out"), *QUICK, "--set", "min_shorter_side=0"])
+    out = committed(tmp_path / "out")
     shards = json.loads((out / "stats" / "_shards.json").read_text())
     for split, entry in shards.items():
         for path, crc in zip(sorted(glob.glob(shard_glob(str(out), split))), entry["crc32c"]):

@@ -55,7 +55,9 @@ from ml_collections import config_dict
 
 def vocab_path(config) -> str:
     """The run's wordpiece vocabulary: ``vocab_path``, default ``<data_dir>/vocab.txt``."""
-    return config.get("vocab_path") or os.path.join(config.data_dir, "vocab.txt")
+    from common.corpus_dir import read_dir
+
+    return config.get("vocab_path") or os.path.join(read_dir(config.data_dir), "vocab.txt")
 
 
 def compute_dtype(config):

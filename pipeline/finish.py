@@ -1,0 +1,46 @@
+"""Whether a job's counts add up: the funnel's conservation law, and its input against the files' metadata."""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+from pipeline import stats as stats_lib
+
+NS = stats_lib.METRICS_NAMESPACE
+
+
+class AccountingError(Exception):
+    """The job ran but its counts do not add up; its version is not committed."""
+
+
+def accounting_problems(funnel: dict, read_counts: Optional[dict]) -> List[str]:
+    """Why the funnel cannot be trusted: conservation, and input vs what the files state.
+
+    ``read_counts`` are the reader's counters (``pipeline.read``): rows per
+    file as its metadata states them (``parquet_rows``, ``<format>_records``)
+    and one per unreadable file.
+    """
+    problems = []
+    if not funnel.get("conserved", False):
+        problems.append("conservation law violated: input != written + rejected")
+    if read_counts is not None:
+        rows = sum(v for k, v in read_counts.items() if k == "parquet_rows" or k.endswith("_records"))
+        unreadable = read_counts.get("unreadable_files", 0)
+        if funnel["input"] != rows + unreadable:
+            problems.append(
+                f"input count {funnel['input']:,} differs from the files' metadata: {rows:,} rows "
+                f"+ {unreadable:,} unreadable files"
+            )
+    return problems
+
+
+def counters(result, namespace: str = NS) -> Optional[dict]:
+    """Beam Metrics counters of ``namespace`` by name, or None if the runner has none."""
+    from apache_beam.metrics.metric import MetricsFilter
+
+    try:
+        queried = result.metrics().query(MetricsFilter().with_namespace(namespace))["counters"]
+    except Exception:  # runners without metrics support (e.g. Dask)
+        return None
+    return {c.key.metric.name: c.committed for c in queried}
+

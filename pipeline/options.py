@@ -1,0 +1,201 @@
+"""The build's command line: its options (``BuildOptions``), its parser, and Beam's options.
+
+``BuildOptions`` is a Beam ``PipelineOptions`` subclass, so the job graph
+reads the project's flags from the same object as Beam's. Beam allows one
+class of that name: it is defined here only, and ``python -m pipeline.build``
+runs the module by its real name (see ``pipeline.build``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import List
+
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions, StandardOptions
+
+from pipeline.download import stage as download_stage
+from pipeline.readers.rows import Columns, make_columns
+
+LOCAL_RUNNER = "FnApiRunner"
+
+
+class UsageError(Exception):
+    """An invalid argument: reported in one line with the usage; nothing was touched."""
+
+
+class BuildOptions(PipelineOptions):
+    """The project's flags; everything else goes to Beam (runner, project, ...)."""
+
+    @classmethod
+    def _add_argparse_args(cls, parser):
+        parser.add_argument("--input", help="glob of input files or directories (local or gs://); see README 'Input formats'")
+        parser.add_argument(
+            "--input_format", "--input-format", dest="input_format", default=None,
+            help="read every data file as this format instead of by its name: parquet, webdataset, tsv, jsonl, tfrecord",
+        )
+        parser.add_argument("--url_col", "--url-col", dest="url_col", default="", help="input column/field of the URL (default: url)")
+        parser.add_argument(
+            "--caption_col", "--caption-col", dest="caption_col", default="",
+            help="input column/field of the alt-text (default: first of caption, alt_text, text, texts)",
+        )
+        parser.add_argument(
+            "--image_col", "--image-col", dest="image_col", default="",
+            help="input column/field of the image bytes (default: first of jpg, image, png, webp, jpeg)",
+        )
+        parser.add_argument(
+            "--carry_columns", "--carry-columns", dest="carry_columns", default="",
+            help="comma-separated input columns written to the shards as source_<column> (key and sha256 always are)",
+        )
+        parser.add_argument(
+            "--tsv_columns", "--tsv-columns", dest="tsv_columns", default="",
+            help="column names of a headerless TSV, in order (default url,caption as CC12M; CC3M is caption,url)",
+        )
+        parser.add_argument(
+            "--layout", default="flat", choices=("flat", "tfds"),
+            help="flat: the corpus in --output; tfds: in --output/NAME/VERSION/, so tfds.builder(NAME, data_dir=OUTPUT) loads it",
+        )
+        parser.add_argument("--version", default="1.0.0", help="dataset version (the VERSION directory of --layout tfds)")
+        parser.add_argument("--output", help="directory to write, a literal path (local or gs://); see --layout")
+        parser.add_argument("--preset", default="align", help="filter preset: align (default) or cc12m")
+        parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="NAME=VALUE",
+                            help="override one preset threshold (repeatable; names and ranges: --print-preset)")
+        parser.add_argument(
+            "--stage", dest="extra_stages", action="append", default=[], metavar="MODULE:ATTRIBUTE",
+            help="an extra stage, per-record or corpus (filters.extra_stages), e.g. filters.language:ENGLISH (repeatable)")
+        parser.add_argument("--name", default="alt_text_corpus",
+                            help="dataset name, the start of every shard file name (letters, digits, '_')")
+        parser.add_argument(
+            "--eval-images", "--eval_images", dest="eval_images", action="append", default=[], metavar="NAME=PATH",
+            help="evaluation image set whose near-duplicates are removed: a folder of images, TFDS shards "
+                 "or Parquet (repeatable)",
+        )
+        parser.add_argument("--embedder", default="dct",
+                            help="image embedder for near-duplicate search: dct (default, no model) or checkpoint")
+        parser.add_argument(
+            "--embedder-arg", "--embedder_arg", dest="embedder_args", action="append", default=[], metavar="KEY=VALUE",
+            help="constructor argument of the embedder (JSON values; repeatable), e.g. workdir=gs://b/run for "
+                 "checkpoint, whose workers need the 'train' extra (README 'Dataflow')")
+        parser.add_argument(
+            "--concepts", default="", metavar="ONTOLOGY",
+            help="TOnICS: tag written pairs with the classes their alt-text names: 'default' (built-in English "
+                 "ontology) or a JSON ontology file; writes the concepts feature and concepts/ index (README 'TOnICS')")
+        parser.add_argument(
+            "--concept_labels_column", "--concept-labels-column", dest="concept_labels_column", default="",
+            help="with --concepts: a carried column of detector labels per image; a class is tagged only if "
+                 "the text names it and the labels contain it")
+        parser.add_argument("--overwrite", action="store_true",
+                            help="replace the corpus a previous build wrote in --output: its files are deleted "
+                                 "only after the new one is committed")
+        parser.add_argument("--keep_previous", "--keep-previous", dest="keep_previous", action="store_true",
+                            help="with --overwrite: keep the replaced corpus's files (under --output/versions/)")
+        parser.add_argument("--detached", action="store_true",
+                            help="return once the job is submitted; publish it when it has finished with "
+                                 "'python -m pipeline.publish OUTPUT' (from any machine)")
+        download_stage.add_arguments(parser)
+
+
+
+def input_columns(opts) -> Columns:
+    """Which input columns hold what, and which are carried to the shards (``--*_col``, ``--carry_columns``).
+
+    With ``--download`` the download's HTTP status and final URL are carried too.
+    """
+    download = bool(getattr(opts, "download", False))
+    carry = [c.strip() for c in (getattr(opts, "carry_columns", "") or "").split(",")]
+    columns = make_columns(
+        getattr(opts, "url_col", ""), getattr(opts, "caption_col", ""), getattr(opts, "image_col", ""),
+        carry + list(download_stage.CARRIED if download else ()), getattr(opts, "tsv_columns", ""),
+    )
+    return columns._replace(download=download)
+
+
+def embedder_args(opts) -> tuple:
+    """``--embedder-arg KEY=VALUE`` as sorted ``(key, value)`` pairs (picklable, part of the graph)."""
+    from dedup import embedders
+
+    return tuple(sorted(embedders.parse_args(getattr(opts, "embedder_args", []) or []).items()))
+
+
+
+def corpus_directory(output: str, layout: str, name: str, version: str) -> str:
+    """Where the corpus goes: ``output`` (flat) or ``output/NAME/VERSION`` (TFDS's by-name layout)."""
+    if layout == "tfds":
+        return FileSystems.join(output, name, version)
+    return output
+
+
+
+EPILOG = """\
+Every other --flag goes to Apache Beam (--runner, --project, --region,
+--temp_location, --setup_file, --direct_running_mode, --direct_num_workers, ...).
+
+Output contract: --output is a literal directory (glob characters are
+characters). It must not equal, contain or lie inside an input location. An
+existing non-empty output is refused unless --overwrite is given, and then only
+if it is a corpus a previous build wrote and holds nothing else. The job writes
+into OUTPUT/versions/<id>/; the build becomes the corpus when OUTPUT/dataset_info.json
+naming it is written, last, in one write (tfds.builder_from_directory(OUTPUT) reads it).
+Only then are the replaced corpus's files deleted (kept with --keep_previous).
+A build that fails leaves the previous corpus as it was.
+
+Exit codes: 0 built (also when no record was written: an empty corpus) or,
+with --detached, submitted; 1 the job failed or its counts do not reconcile
+(not committed), 2 invalid arguments or unsafe output (nothing was touched),
+3 another build committed to the output while this one ran (this one's version
+is kept: python -m pipeline.publish OUTPUT --build ID --replace)."""
+
+
+SHORT_USAGE = ("usage: python -m pipeline.build --input GLOB --output DIR [--preset align|cc12m] "
+               "[--set NAME=VALUE ...] [--overwrite] (--help lists every option)")
+
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m pipeline.build",
+        description="Build a filtered alt-text corpus: img2dataset-style Parquet in, TFDS-compatible shards out.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
+    BuildOptions._add_argparse_args(parser)
+    parser.add_argument("--print-preset", action="store_true",
+                        help="print every threshold of the preset (after --set) with its meaning, and exit")
+    parser.add_argument("--log-file", default=None,
+                        help="where library logging goes (default: $ALT_TEXT_CORPUS_LOG_DIR/build.log or a temp dir)")
+    return parser
+
+
+def beam_options(beam_args: List[str]) -> PipelineOptions:
+    """Beam's options from the remaining flags; an unknown flag is an error, not a warning."""
+    from apache_beam.options import pipeline_options as po
+
+    class Parser(po._BeamArgumentParser):  # Beam's own parser: value-provider arguments
+        def error(self, message):
+            raise UsageError(message)
+
+    parser = Parser(allow_abbrev=False)
+    seen = {}
+    for cls in PipelineOptions.__subclasses__():
+        if cls is not BuildOptions:
+            seen.setdefault(str(cls), cls)
+    for cls in seen.values():
+        cls._add_argparse_args(parser)
+    _, unknown = parser.parse_known_args(beam_args)
+    if unknown:
+        raise UsageError(f"unrecognized arguments: {' '.join(unknown)}")
+    options = PipelineOptions(beam_args)
+    if options.view_as(StandardOptions).runner is None:
+        options.view_as(StandardOptions).runner = LOCAL_RUNNER
+    runner = options.view_as(StandardOptions).runner
+    if isinstance(runner, str):
+        from apache_beam.runners.runner import create_runner
+
+        try:
+            create_runner(runner)  # an unknown name fails here, before the output is touched
+        except ValueError:
+            raise UsageError(f"--runner {runner}: unknown runner (e.g. FnApiRunner, DataflowRunner)") from None
+    options.view_as(SetupOptions).save_main_session = False
+    return options
+

@@ -39,6 +39,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from common.vectors import l2_normalize
+
 IVF_THRESHOLD = 50_000
 DEFAULT_NPROBE = 16
 
@@ -89,11 +91,6 @@ class Index:
         return scores, ids
 
 
-def normalise(x: np.ndarray) -> np.ndarray:
-    x = np.asarray(x, dtype=np.float32)
-    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
-
-
 def query_embeddings(queries: Sequence[Query], encoders) -> np.ndarray:
     """``[Q, D]``: text, image, or the normalised sum of both."""
     from trainer.evaluators import encode_image_files
@@ -107,7 +104,7 @@ def query_embeddings(queries: Sequence[Query], encoders) -> np.ndarray:
                                             resize_size=encoders.resize_size, batch_size=1)[0])
         if query.text:
             parts.append(encoders.encode_texts(encoders.tokenizer.tokenize_numpy([query.text]))[0])
-        out.append(normalise(np.sum(parts, axis=0)))
+        out.append(l2_normalize(np.sum(parts, axis=0)))
     return np.stack(out)
 
 

@@ -21,7 +21,7 @@ def is_completed(data_dir: str) -> bool:
     return FileSystems.exists(FileSystems.join(data_dir, COMPLETED))
 
 
-def require_completed(data_dir: str, allow_incomplete: bool = False, flag: str = "--allow-incomplete") -> None:
+def require_completed(data_dir: str, allow_incomplete: bool = False, flag: str = "--allow_incomplete") -> None:
     """Raise ``IncompleteCorpus`` (a one-line message naming ``flag``) unless ``data_dir`` is complete."""
     if allow_incomplete or is_completed(data_dir):
         return

@@ -1,6 +1,6 @@
 """Audit a built corpus: the funnel as a table, and a self-contained HTML report.
 
-    python -m pipeline.audit OUT_DIR [--no-html]
+    python -m pipeline.audit OUT_DIR [--no_html] [--allow_incomplete]
 
 reads ``OUT_DIR/stats/`` (written by ``pipeline.build``), prints the funnel
 (stage, in, rejected, out, % of input, top reasons) with the conservation
@@ -25,7 +25,6 @@ matplotlib is imported only to render the report.
 
 from __future__ import annotations
 
-import argparse
 import base64
 import binascii
 import html
@@ -36,7 +35,7 @@ import posixpath
 import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from common import files
+from common import cli, files
 from filters import stages
 from pipeline.funnel_table import as_int, check_funnel, format_funnel, percent, stage_rejected
 from pipeline.report_plots import DISTRIBUTION_CUTS, plot_cosines, plot_count_of_counts, plot_distribution, plot_funnel
@@ -439,12 +438,12 @@ def render_report(data_dir: str) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = cli.ArgumentParser(
         prog="python -m pipeline.audit", description="Print the funnel of a built corpus and write stats/report.html."
     )
     parser.add_argument("data_dir", help="build output directory (or its stats/ directory); local or gs://")
-    parser.add_argument("--no-html", action="store_true", help="print the funnel only")
-    parser.add_argument("--allow-incomplete", action="store_true",
+    parser.add_argument("--no_html", action="store_true", help="print the funnel only")
+    parser.add_argument("--allow_incomplete", action="store_true",
                         help="audit a build that did not finish (no COMPLETED), e.g. to see where it stopped")
     args = parser.parse_args(argv)
     from common import console

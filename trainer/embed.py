@@ -27,7 +27,6 @@ refused. Batched on whatever device JAX has (CPU, GPU or TPU chip).
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import os
@@ -37,6 +36,7 @@ from typing import Iterator, Optional, Sequence
 
 import numpy as np
 
+from common import cli
 from trainer.evaluators import IMAGE_EXTENSIONS, chunks, encode_in_batches
 
 MANIFEST = "embeddings.json"
@@ -303,7 +303,7 @@ def read_embeddings(out_dir: str):
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer.embed",
+    parser = cli.ArgumentParser(prog="python -m trainer.embed",
                                      description="Export image and text embeddings to Parquet.")
     parser.add_argument("workdir", help="the training run's workdir")
     what = parser.add_mutually_exclusive_group(required=True)

@@ -28,7 +28,6 @@ above it an inverted-file index (``IndexIVFFlat``, ~4 sqrt(N) lists,
 
 from __future__ import annotations
 
-import argparse
 import base64
 import html
 import math
@@ -39,6 +38,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from common import cli
 from common.vectors import l2_normalize
 
 IVF_THRESHOLD = 50_000
@@ -258,7 +258,7 @@ def run(embeddings_dir: str, queries: Sequence[Query], *, k: int = 5, workdir: O
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer.search",
+    parser = cli.ArgumentParser(prog="python -m trainer.search",
                                      description="Search an exported embedding set (see the module docstring).")
     parser.add_argument("embeddings", help="a trainer.embed output directory")
     parser.add_argument("--text", action="append", default=[], help="a text query (repeatable)")

@@ -128,8 +128,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
         raise ValueError("set config.data_dir (e.g. --config.data_dir=out/corpus)")
     from common.corpus_dir import require_completed
 
-    require_completed(config.data_dir, config.get("allow_incomplete_data", False),
-                      "--config.allow_incomplete_data=true")
+    require_completed(config.data_dir, config.get("allow_incomplete", False), "--config.allow_incomplete=true")
     if config.get("compilation_cache_dir"):
         # Cache every compiled program (XLA:CPU compiles of this model take
         # minutes on a busy machine). reset_cache: the cache may already have

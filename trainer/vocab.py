@@ -12,9 +12,10 @@ token per line, line number = token id.
 
 from __future__ import annotations
 
-import argparse
 import os
 from typing import Optional, Sequence
+
+from common import cli
 
 #: Fixed ids: [PAD] must be 0 because the tokenizer pads with 0 and the text
 #: encoder derives its attention mask from ``ids != 0``.
@@ -82,7 +83,7 @@ def build_vocab(
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = cli.ArgumentParser(prog="python -m trainer.vocab", description=__doc__.split("\n\n")[0])
     parser.add_argument("--data_dir", required=True, help="shard directory (local or gs://)")
     parser.add_argument("--vocab_size", type=int, required=True, help="target size (ALIGN: 100000)")
     parser.add_argument("--split", default="train")

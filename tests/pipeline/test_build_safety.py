@@ -205,7 +205,7 @@ def test_concurrent_second_build_fails_fast_and_a_killed_build_is_refused(tmp_pa
     first.send_signal(signal.SIGKILL)
     first.wait()
     assert not (out / "COMPLETED").exists()
-    audit = subprocess.run([sys.executable, "-m", "pipeline.audit", str(out), "--no-html"], cwd=ROOT, env=env,
+    audit = subprocess.run([sys.executable, "-m", "pipeline.audit", str(out), "--no_html"], cwd=ROOT, env=env,
                            capture_output=True, text=True)
     assert audit.returncode == 2 and "has no COMPLETED" in audit.stderr
     third = cli("--input", str(pattern), "--output", str(out), "--overwrite", *QUICK)

@@ -8,7 +8,7 @@ field can be overridden on the command line (``--config.total_steps=100``,
 Fields:
   data_dir       shard directory (the pipeline's output); required. A build
                  that did not finish (no COMPLETED) is refused unless
-                 ``allow_incomplete_data`` is True.
+                 ``allow_incomplete`` is True.
   vocab_path     wordpiece vocabulary; default ``<data_dir>/vocab.txt``.
   eval_dir       optional labelled image folder ``{train,test}/<class>/``
                  for the zero-shot and KNN evaluators (skipped when empty).
@@ -83,7 +83,7 @@ def base_config(*, image_variant: str, text_size: str, embed_dim: int, image_siz
     c = ml_collections.ConfigDict()
     c.seed = 0
     c.data_dir = ""
-    c.allow_incomplete_data = False
+    c.allow_incomplete = False
     c.vocab_path = ""
     c.eval_dir = ""
     c.train_split = "train"

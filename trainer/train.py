@@ -63,7 +63,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from ml_collections import config_flags
 
 from trainer import checkpoint, loss, models, optim
-from trainer.configs import compute_dtype, vocab_path
+from trainer.configs import check as check_config
+from trainer.configs import ConfigError, compute_dtype, frozen_towers, vocab_path
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a trainer/configs/*.py file.",
                                           lock_config=True)
@@ -111,6 +112,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     compilation stops the run after its first step instead of killing it);
     without one, SIGTERM is handled from the loop on.
     """
+    check_config(config)
     # Imported here: TensorFlow is heavy and only the run itself needs it
     # (``trainer.checkpoint`` imports helpers from this module).
     import tensorflow as tf
@@ -124,8 +126,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     # ------------------------------------------------------------------
     # Config and mesh.
     # ------------------------------------------------------------------
-    if not config.get("data_dir"):
-        raise ValueError("set config.data_dir (e.g. --config.data_dir=out/corpus)")
     from common.corpus_dir import require_completed
 
     require_completed(config.data_dir, config.get("allow_incomplete", False), "--config.allow_incomplete=true")
@@ -198,7 +198,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     if config.get("init_from"):
         variables = _init_from(config.init_from, variables, replicated)
         _say(f"towers initialised from {config.init_from}")
-    frozen = _frozen_towers(config)
+    frozen = frozen_towers(config)
     tx, schedule = optim.make(config, variables["params"])
     state = {
         **variables,
@@ -406,15 +406,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     return final
 
 
-def _frozen_towers(config) -> set:
-    """``config.freeze`` ("", "image", "text" or "image,text") as parameter collection names."""
-    names = {part.strip() for part in (config.get("freeze") or "").split(",") if part.strip()}
-    unknown = names - {"image", "text"}
-    if unknown:
-        raise ValueError(f"config.freeze: unknown tower(s) {sorted(unknown)}; use image and/or text")
-    return {f"{name}_tower" for name in names}
-
-
 def _init_from(source_workdir: str, variables: dict, sharding) -> dict:
     """``variables`` with the params and BatchNorm statistics of ``source_workdir``'s latest checkpoint.
 
@@ -568,6 +559,10 @@ def main(argv):
     del argv
     if _WORKDIR.value is None:
         raise app.UsageError("--workdir is required")
+    try:  # before anything is printed or created
+        check_config(_CONFIG.value)
+    except ConfigError as error:
+        sys.exit(f"error: {error}")
     # First thing: a SIGTERM during start-up (distributed initialisation, data,
     # compilation: minutes on a big job) stops the run at its first step, with
     # a checkpoint and exit status 75, instead of killing this host while the

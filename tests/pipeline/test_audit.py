@@ -451,3 +451,31 @@ def test_cli_runs_as_a_module(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert "conservation: input 10,000" in done.stdout
+
+
+@pytest.mark.parametrize("damage", ["truncated", "binary", "not an object"])
+def test_cli_names_a_damaged_funnel_in_one_line(tmp_path, capsys, damage):
+    """A truncated or corrupt funnel.json: one line naming it and what to do; the report still says what it can."""
+    stats_dir = write_fixture_stats(tmp_path)
+    path = os.path.join(stats_dir, audit.FUNNEL_FILE)
+    text = open(path, "rb").read()
+    damaged = {"truncated": text[: len(text) // 2], "binary": b"\xff\xfe\x00garbage" + text,
+               "not an object": b"[1, 2, 3]"}[damage]
+    open(path, "wb").write(damaged)
+    assert audit.main([str(tmp_path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and captured.err.startswith(f"error: {path}: "), captured.err
+    assert "rebuild the corpus" in captured.err and "Traceback" not in captured.err
+    page = open(os.path.join(stats_dir, audit.REPORT_FILE), encoding="utf-8").read()
+    assert "FUNNEL CHECK FAILED" in page and "funnel.json: " in page
+
+
+def test_report_counts_what_it_cannot_read_in_the_other_stats_files(tmp_path):
+    stats_dir = write_fixture_stats(tmp_path, omit=NO_PLOTS)
+    with open(os.path.join(stats_dir, audit.SAMPLES_FILE), "ab") as handle:
+        handle.write(b'{"reason": "text/too_short", "alt_te\n\xff\xfe\n')  # a cut line, then binary junk
+    open(os.path.join(stats_dir, audit.CONCEPTS_FILE), "w").write('{"splits": {"tra')
+    text = open(audit.render_report(str(tmp_path)), encoding="utf-8").read()
+    assert "rejected_samples.jsonl: 2 unreadable line(s) skipped" in text
+    assert "concepts.json: not valid JSON" in text
+    assert 'class="banner ok"' in text  # the funnel itself is whole

@@ -81,9 +81,12 @@ class ShardSource(Source):
     def parts(self, part_size):
         import tensorflow as tf
 
+        from trainer.input_pipeline import shard_reader
+
         # File order, serialized records only: a finished part is skipped unparsed.
-        records = tf.data.Dataset.from_tensor_slices(self.files).flat_map(
-            lambda path: tf.data.TFRecordDataset(path).map(lambda r: (r, path)))
+        reader = shard_reader(self.data_dir, self.split)
+        records = tf.data.Dataset.from_tensor_slices(self.files).flat_map(tf.autograph.experimental.do_not_convert(
+            lambda path: reader.dataset(path).map(lambda r: (r, path))))
         for index, (serialized, paths) in enumerate(records.batch(part_size).as_numpy_iterator()):
             yield index, (serialized, paths)
 
@@ -329,9 +332,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         manifest = export(args.workdir, source, args.out, step=args.step, part_size=args.part_size,
                           batch_size=args.batch_size, say=lambda line: print(line, flush=True))
     except Exception as error:
+        from common.corpus_dir import DamagedFile
         from trainer.eval_data import EvalDataError
+        from trainer.shard_reader import damage_in
 
-        return console.failure(error, "embedding export", log, expected=(EvalDataError, FileNotFoundError, ValueError))
+        return console.failure(damage_in(error) or error, "embedding export", log,
+                               expected=(EvalDataError, FileNotFoundError, ValueError, DamagedFile))
     print(f"{manifest['num_rows']} rows in {manifest['num_parts']} part(s) ({manifest['written']} written, "
           f"{manifest['skipped']} already there) from step {manifest['step']}: {args.out}")
     return 0

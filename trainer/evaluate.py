@@ -185,9 +185,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except UsageError as error:
         parser.exit(2, f"error: {error}\n")
     except Exception as error:  # one line for the person, the traceback in the log
+        from common.corpus_dir import DamagedFile
         from trainer.eval_data import EvalDataError
+        from trainer.shard_reader import damage_in
 
-        return console.failure(error, "evaluation", log, expected=(EvalDataError, FileNotFoundError))
+        return console.failure(damage_in(error) or error, "evaluation", log,
+                               expected=(EvalDataError, FileNotFoundError, DamagedFile))
     print(format_table(results))
     print(f"results: {results['output']}")
     return 0

@@ -36,8 +36,9 @@ arrays); only process 0 writes metrics, config and the retrieval page; orbax
 writes the checkpoint together.
 
 What stops a run, with one line: a config value out of range (before anything
-is built); a non-finite loss or gradient (never applied: the last checkpoint
-stays good).
+is built); a damaged shard, named (``skip_corrupt_records`` skips its damaged
+records instead, counted as ``data/records_skipped``, each damage said once);
+a non-finite loss or gradient (never applied: the last checkpoint stays good).
 """
 
 from __future__ import annotations
@@ -56,16 +57,18 @@ import ml_collections
 import numpy as np
 import optax
 from absl import app, flags, logging
+from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 from ml_collections import config_flags
 
 from common import console
-from common.corpus_dir import IncompleteCorpus, require_completed
+from common.corpus_dir import DamagedFile, IncompleteCorpus, require_completed
 from trainer import checkpoint, loss, models, optim
 from trainer.configs import check as check_config
 from trainer.configs import ConfigError, compute_dtype, cpu_fast_compile_options, frozen_towers, vocab_path
 from trainer.metric_log import MetricWriter, Progress
 from trainer.preemption import EXIT_PREEMPTED, StopOnSigterm
+from trainer.shard_reader import damage_in
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a trainer/configs/*.py file.",
                                           lock_config=True)
@@ -154,14 +157,32 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
         checkpoint.save_config(config, workdir)
         tf.io.gfile.copy(vocab_path(config), os.path.join(workdir, checkpoint.VOCAB_FILE), overwrite=True)
 
+    reader = input_pipeline.shard_reader(
+        config.data_dir, config.train_split, skip_corrupt=config.get("skip_corrupt_records", False),
+        remedy="set --config.skip_corrupt_records=true to train without its damaged records")
+
     def train_batches(start_batch: int):
         dataset = input_pipeline.make_dataset(
             config.data_dir, config.train_split, global_batch_size=config.batch_size,
             image_size=config.image_size, resize_size=config.get("resize_size"), train=True,
             flip_lr=config.get("flip_lr", True), colour_augment=config.get("colour_augment", ""),
-            seed=config.seed, tokenizer=tokenizer, start_batch=start_batch)
-        for batch in dataset.as_numpy_iterator():
-            yield input_pipeline.to_global_array({"image": batch["image"], "text": batch["text"]}, mesh)
+            seed=config.seed, tokenizer=tokenizer, start_batch=start_batch, reader=reader)
+        try:
+            for batch in dataset.as_numpy_iterator():
+                yield input_pipeline.to_global_array({"image": batch["image"], "text": batch["text"]}, mesh)
+        except tf.errors.OpError as error:  # raised inside tf.data: the reader's own one-line error
+            raise damage_in(error) or error
+
+    def skipped_records() -> dict:
+        """With ``skip_corrupt_records``: records skipped so far by every host; each damage said once."""
+        if not reader.skip_corrupt:
+            return {}
+        for problem in reader.new_problems():
+            _say(f"damaged shard: {problem}")
+        skipped = np.int64(reader.records_skipped())
+        if jax.process_count() > 1:
+            skipped = np.sum(multihost_utils.process_allgather(skipped))
+        return {"data/records_skipped": int(skipped)}
 
     # ------------------------------------------------------------------
     # Model and optimizer init (params replicated on every device).
@@ -356,7 +377,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                     pending = []
                     if log:
                         train_metrics.update(timer.measure(step))
-                        writer.write(step, {f"train/{k}": v for k, v in train_metrics.items()}
+                        final.update(skipped := skipped_records())
+                        writer.write(step, {f"train/{k}": v for k, v in train_metrics.items()} | skipped
                                      | (tonics.log_metrics() if tonics is not None else {}))
                         _say(timer.line(step, train_metrics))
                     final.update({f"train/{k}": v for k, v in train_metrics.items()}, step=step)
@@ -452,11 +474,14 @@ def _run_command_line(workdir: str, sigterm: StopOnSigterm) -> None:
             final = train_and_evaluate(_CONFIG.value, workdir, sigterm=sigterm)
             summary = {k: v for k, v in final.items() if not k.startswith("train/") or k == "train/loss"}
             logging.info("final: %s", json.dumps(summary, sort_keys=True))
-            print(f"{'preempted' if final['preempted'] else 'done'} at step {final['step']}; "
+            skipped = (f", {final['data/records_skipped']:,} damaged record(s) skipped"
+                       if final.get("data/records_skipped") else "")
+            print(f"{'preempted' if final['preempted'] else 'done'} at step {final['step']}{skipped}; "
                   f"metrics: {os.path.join(workdir, 'metrics.jsonl')}", file=terminal, flush=True)
             status = EXIT_PREEMPTED if final["preempted"] else 0
         except Exception as error:  # one line on the console, the traceback in the log
-            status = console.failure(error, "training", log_path, expected=(IncompleteCorpus, ConfigError))
+            status = console.failure(damage_in(error) or error, "training", log_path,
+                                     expected=(IncompleteCorpus, DamagedFile, ConfigError))
         finally:
             _CONSOLE = None
     if status:

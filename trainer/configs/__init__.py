@@ -43,6 +43,11 @@ Fields:
   compilation_cache_dir  optional persistent XLA compilation cache.
   xla_cpu_fast_compile   on CPU, compile with LLVM's cheap passes (for tests
                  and very short runs: faster compiles, slower steps).
+  skip_corrupt_records   train past damaged shard records (a failed checksum,
+                 a truncated shard), counted and reported, instead of stopping
+                 at the first with an error naming the file. Evaluators over
+                 the shards still stop: a score over fewer pairs than the
+                 last run's would not compare with it.
 
 ``check(config)`` checks every value against its range (``RANGES``,
 ``CHOICES``) before the trainer builds anything; the error is one line
@@ -110,6 +115,7 @@ def base_config(*, image_variant: str, text_size: str, embed_dim: int, image_siz
     c.prng_impl = "threefry2x32"
     c.compilation_cache_dir = ""
     c.xla_cpu_fast_compile = False
+    c.skip_corrupt_records = False
 
     c.model = ml_collections.ConfigDict()
     c.model.name = "two_tower"

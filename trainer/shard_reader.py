@@ -97,13 +97,12 @@ class ShardReader:
                     tail = handle.read(FOOTER_BYTES)
                     if len(payload) < length or len(tail) < FOOTER_BYTES:
                         problem = "the file ends inside a record (truncated)"
-                    elif _masked_crc(payload) != struct.unpack("<I", tail)[0]:
-                        self._damaged(path, offset, index, expected, "a record is corrupt (its checksum fails)",
-                                      lost=1)
-                        index, offset = index + 1, offset + HEADER_BYTES + length + FOOTER_BYTES
-                        continue
                     else:
-                        yield payload
+                        if _masked_crc(payload) == struct.unpack("<I", tail)[0]:
+                            yield payload
+                        else:  # the frame holds: only this record is lost
+                            self._damaged(path, offset, index, expected, "a record is corrupt (its checksum fails)",
+                                          lost=1)
                         index, offset = index + 1, offset + HEADER_BYTES + length + FOOTER_BYTES
                         continue
                 lost = None if expected is None else max(expected - index, 0)

@@ -167,3 +167,15 @@ def test_vocab_command_line_names_the_damaged_shard_in_one_line(damaged_corpus, 
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.split(": ")[1] in shards and "a record is corrupt" in err and "rebuild" in err
     assert not (tmp_path / "v.txt").exists()
+
+
+def test_a_truncated_dataset_info_is_named_not_a_json_traceback(tiny_corpus, tmp_path):
+    from common.corpus_dir import DamagedFile
+
+    corpus = tmp_path / "corpus"
+    shutil.copytree(tiny_corpus, corpus)
+    info = corpus / "dataset_info.json"
+    info.write_bytes(info.read_bytes()[:40])
+    with pytest.raises(DamagedFile) as error:
+        input_pipeline.shard_reader(str(corpus), "train")
+    assert str(error.value).startswith(f"{info}: not valid JSON (") and "\n" not in str(error.value)

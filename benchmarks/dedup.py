@@ -4,7 +4,7 @@
     python -m benchmarks.dedup --parts assign,candidates,verify --repeats 5
     python -m benchmarks.dedup --parts kmeans --kmeans-sample 250000 --kmeans-niter 10
 
-Parts (targets from the issue, on 2 cores):
+Parts (targets on 2 cores):
 
 - ``kmeans``: faiss spherical k-means, 4096 clusters on a 250k sample (<= 2 min).
 - ``assign``: top-10 centroids, batches of 4096 rows (>= 20k images/s).

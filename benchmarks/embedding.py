@@ -14,7 +14,7 @@ is stated for. Measured, medians over ``--repeats``:
 - the index side (``build_index``: decode, 4 variants, embed) per image,
 - one larger size (1024x768) for scale.
 
-Target (issue 4): >= 1,500 images/s on 2 cores for typical 400x300 JPEGs.
+Target: >= 1,500 images/s on 2 cores for typical 400x300 JPEGs.
 Writes ``benchmarks/results/embedding.json`` (``benchmarks.record``).
 """
 

@@ -5,7 +5,7 @@
 Images: the download benchmark's web-typical JPEGs (400-800 px wide,
 aspect 0.6-1.6; ``benchmarks.download_vs_img2dataset.make_images``),
 decoded once. CPU-ms per image (median of ``--repeats`` passes) of the decode, of the
-pHash (and, for issue 13's open question, of a pHash whose resize to 32x32
+pHash (and of a cheaper pHash whose resize to 32x32
 box-reduces first, with how often it equals the full-size one), of the
 downscale to the preset's ``output_max_side`` each way (images larger than
 it) and of the JPEG encode after it.

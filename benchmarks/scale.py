@@ -1,4 +1,4 @@
-"""Hot keys at scale: per-worker peak memory as one key grows (the corpus stages' worst cases).
+"""Hot keys at scale: per-worker peak memory as one key grows (one pair, caption or image on most rows).
 
     python -m benchmarks.scale --cases pair,text,image --total 1000000 --rows 100000,1000000
     python -m benchmarks.scale --cases kmeans --total 1000000 --rows 1000000
@@ -29,8 +29,8 @@ light rows, as the corpus stages see them:
 Per run: wall and CPU seconds (driver plus reaped workers), the peak
 resident size (``VmHWM``) of each SDK worker process and of the driver (the
 runner's in-memory shuffle lives there), and the outcome counted in the job.
-``--tree DIR`` runs the same harness against another checkout (e.g. an
-earlier commit) for comparison.
+``--tree DIR`` runs the same harness against another checkout (e.g. a commit
+from before a change to these stages) for comparison.
 """
 
 from __future__ import annotations

@@ -14,13 +14,16 @@ when ``COMPLETED`` exists) and a version directory given directly
 (complete when its ``manifest.json`` exists) are read as they are.
 Training on or auditing half a corpus looks exactly like using a whole
 one, so an uncommitted corpus is refused unless ``allow_incomplete``.
+
+A file of a complete corpus can still be damaged later (a truncated copy, a
+bad disk): the tools then stop with ``DamagedFile``, one line naming it.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from typing import List, Optional
+from typing import List, Optional, Union
 
 COMPLETED = "COMPLETED"
 COMMIT = "dataset_info.json"
@@ -119,6 +122,18 @@ def read_dir(data_dir: str) -> str:
     return resolve(data_dir, allow_incomplete=True)
 
 
+class DamagedFile(Exception):
+    """A corpus file is truncated or corrupt; the message names it and what to do, in one line."""
+
+
+def parse_json(data: Union[bytes, str], path: str, remedy: str = "rebuild the corpus"):
+    """``json.loads(data)``, or ``DamagedFile`` naming ``path`` (truncated JSON, binary garbage)."""
+    try:
+        return json.loads(data)
+    except ValueError as error:  # JSONDecodeError, UnicodeDecodeError
+        raise DamagedFile(f"{path}: not valid JSON ({error}): the file is truncated or corrupt; {remedy}") from None
+
+
 def is_completed(data_dir: str) -> bool:
     try:
         resolve(data_dir)
@@ -127,6 +142,6 @@ def is_completed(data_dir: str) -> bool:
     return True
 
 
-def require_completed(data_dir: str, allow_incomplete: bool = False, flag: str = "--allow-incomplete") -> str:
+def require_completed(data_dir: str, allow_incomplete: bool = False, flag: str = "--allow_incomplete") -> str:
     """The corpus directory to read (``resolve``); raises ``IncompleteCorpus`` naming ``flag`` if it is not complete."""
     return resolve(data_dir, allow_incomplete, flag)

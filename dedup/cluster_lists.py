@@ -43,6 +43,7 @@ from __future__ import annotations
 import dataclasses
 import numpy as np
 
+from common.vectors import l2_normalize
 from dedup import kmeans as kmeans_lib
 
 #: Radians added to every list radius: float32 cosines near 1 give angles
@@ -114,8 +115,8 @@ class ClusterListIndex:
             raise ValueError(f"threshold must be in (0, 1), got {threshold}")
         self.threshold = float(threshold)
         self.call_overhead = int(call_overhead)
-        vectors = kmeans_lib.l2_normalize(vectors) if len(vectors) else np.zeros((0, centroids.shape[1]), np.float32)
-        centroids = kmeans_lib.l2_normalize(centroids)
+        vectors = l2_normalize(vectors) if len(vectors) else np.zeros((0, centroids.shape[1]), np.float32)
+        centroids = l2_normalize(centroids)
         if vectors.shape[1] != centroids.shape[1]:
             raise ValueError(f"index vectors have dimension {vectors.shape[1]}, centroids {centroids.shape[1]}")
         block = _block_of_centroids(centroids, lists_per_block, seed)
@@ -157,7 +158,7 @@ class ClusterListIndex:
         if len(queries) == 0 or self.num_rows == 0:
             return _empty()
         if not normalized:
-            queries = kmeans_lib.l2_normalize(queries)
+            queries = l2_normalize(queries)
         probe = self.probes(queries)
         found_q, found_r, found_c = [], [], []
         compared = 0
@@ -221,7 +222,7 @@ def _nearest(vectors: np.ndarray, centroids: np.ndarray):
 def exhaustive_pairs(queries: np.ndarray, index: np.ndarray, threshold: float, normalized: bool = False) -> Matches:
     """Reference: every pair with cosine > threshold by brute force, in blocks (for tests and benchmarks)."""
     if not normalized:
-        queries, index = kmeans_lib.l2_normalize(queries), kmeans_lib.l2_normalize(index)
+        queries, index = l2_normalize(queries), l2_normalize(index)
     found_q, found_r, found_c = [], [], []
     step = max(1, MAX_PRODUCT_ENTRIES // max(1, len(index)))
     for s in range(0, len(queries), step):

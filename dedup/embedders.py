@@ -13,212 +13,35 @@ Interface (what the bucket join and the Beam transform use)::
     vectors = embedder.embed([jpeg_bytes, ...])     # float32 [N, dim]
     ok = dedup.embedders.valid_rows(vectors)        # bool [N]
 
-Rows are L2-normalised, so cosine similarity is a dot product.
-
-Bad input: ``embed`` never raises for one bad image. An image that does not
-decode (or, for "dct", has no structure at all: a flat colour) gets an
-all-zero row. A zero row has cosine 0 with everything, so it can never be
-above a (positive) threshold: it is never called a near-duplicate. Callers
-that need to know use ``valid_rows``. The pipeline only sends images that
-fully decoded, so in practice zero rows are the flat images.
-
-Embedders are picklable (Beam ships them to workers); heavy runtime state
-(an ONNX session, a restored checkpoint) is created on first use and is not
-pickled.
-
-Over 500 lines because the registry, its argument parsing
-(``--embedder-arg``), the shared decoding and the calibration-file reading
-serve all three embedders (dct, checkpoint, onnx) here; a fourth embedder
-should move them to their own modules.
+Rows are L2-normalised, so cosine similarity is a dot product; an image that
+does not decode, or has no structure, is a zero row. This module holds the
+three embedders (dct, checkpoint, onnx); what they share (the registry,
+``--embedder-arg`` parsing, the base class, calibration files, pixel scaling)
+is ``dedup.embedder_base``.
 """
 
 from __future__ import annotations
 
-import json
-import logging
-from typing import Callable, Dict, Optional, Protocol, Sequence, Tuple, runtime_checkable
+from typing import Callable, Optional, Sequence, Tuple
 
 import numpy as np
 from PIL import Image
 
 from common import files
 from common.images import decode_rgb, draft, exif_orientation, open_image, orient
-
-log = logging.getLogger(__name__)
-
-
-@runtime_checkable
-class Embedder(Protocol):
-    name: str  # registry name, e.g. "dct"
-    dim: int  # fixed output dimension
-    threshold: float  # calibrated cosine threshold for this embedder
-
-    def embed(self, images: Sequence[bytes]) -> np.ndarray:
-        """Encoded images -> float32 [N, dim], rows L2-normalised (zero row: no descriptor)."""
-        ...
-
-
-class UncalibratedEmbedderError(RuntimeError):
-    """Raised when an embedder's threshold is read before it was calibrated."""
-
-
-def valid_rows(vectors: np.ndarray) -> np.ndarray:
-    """bool [N]: rows that hold a descriptor (zero rows are undecodable/featureless)."""
-    return np.einsum("nd,nd->n", vectors, vectors) > 0.25
-
-
-def l2_normalise(vectors: np.ndarray, min_norm: float = 1e-12) -> np.ndarray:
-    """Row-normalise; rows whose norm is <= min_norm become zero rows."""
-    vectors = np.asarray(vectors, dtype=np.float32)
-    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-    keep = norms > min_norm
-    return np.where(keep, vectors / np.where(keep, norms, 1.0), 0.0).astype(np.float32)
-
-
-# ---------------------------------------------------------------------------
-# Registry
-# ---------------------------------------------------------------------------
-
-_REGISTRY: Dict[str, Callable[..., "ImageEmbedder"]] = {}
-
-
-def register(name: str):
-    def wrap(cls):
-        _REGISTRY[name] = cls
-        cls.name = name
-        return cls
-
-    return wrap
-
-
-def names() -> Tuple[str, ...]:
-    return tuple(sorted(_REGISTRY))
-
-
-def parse_args(items: Sequence[str]) -> Dict[str, object]:
-    """``["workdir=W", "step=100"]`` -> constructor arguments (JSON values, else text).
-
-    The form of ``--embedder-arg KEY=VALUE`` (``pipeline.build``,
-    ``dedup.calibrate``); raises ``ValueError`` on an item without ``=``.
-    """
-    kwargs: Dict[str, object] = {}
-    for item in items:
-        key, sep, text = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--embedder-arg expects KEY=VALUE, got {item!r}")
-        try:
-            kwargs[key] = json.loads(text)
-        except json.JSONDecodeError:
-            kwargs[key] = text
-    return kwargs
-
-
-def get(name: str = "dct", **kwargs) -> "ImageEmbedder":
-    """Build a registered embedder: ``get("dct")``, ``get("onnx", model_path=...)``,
-    ``get("checkpoint", workdir=...)``. Keyword arguments go to its constructor."""
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown embedder {name!r}; known: {', '.join(names())}")
-    return _REGISTRY[name](**kwargs)
-
-
-# ---------------------------------------------------------------------------
-# Shared machinery
-# ---------------------------------------------------------------------------
-
-
-class ImageEmbedder:
-    """Base class: batching, decode-failure handling, bytes/PIL/array entry points.
-
-    Subclasses implement ``decode`` (bytes -> PIL image, may raise) and
-    ``embed_pil`` (list of decoded PIL images -> float32 [N, dim]).
-    """
-
-    name = "base"
-    batch_size = 256
-    _threshold: Optional[float] = None
-    _threshold_hint = ""
-
-    # -- threshold ---------------------------------------------------------
-    @property
-    def threshold(self) -> float:
-        if self._threshold is None:
-            raise UncalibratedEmbedderError(
-                f"embedder {self.name!r} has no calibrated threshold; pass threshold=... "
-                f"or run `python -m dedup.calibrate --embedder {self.name} ...`{self._threshold_hint}"
-            )
-        return self._threshold
-
-    @threshold.setter
-    def threshold(self, value: Optional[float]) -> None:
-        if value is not None and not 0.0 < float(value) < 1.0:
-            raise ValueError(f"cosine threshold must be in (0, 1), got {value}")
-        self._threshold = None if value is None else float(value)
-
-    @property
-    def is_calibrated(self) -> bool:
-        return self._threshold is not None
-
-    @property
-    def working_size(self) -> int:
-        """Decode size for callers that edit an image before embedding it
-        (index variants, calibration): enough detail for a crop to be exact."""
-        return int(getattr(self, "image_size", 256))
-
-    # -- entry points --------------------------------------------------------
-    def decode(self, data: bytes) -> Image.Image:
-        raise NotImplementedError
-
-    def embed_pil(self, images: Sequence[Image.Image]) -> np.ndarray:
-        raise NotImplementedError
-
-    def embed(self, images: Sequence[bytes]) -> np.ndarray:
-        out = np.zeros((len(images), self.dim), np.float32)
-        for start in range(0, len(images), self.batch_size):
-            chunk = images[start : start + self.batch_size]
-            decoded, rows = [], []
-            for offset, data in enumerate(chunk):
-                try:
-                    decoded.append(self.decode(data))
-                    rows.append(start + offset)
-                except Exception as error:  # any decoder failure: zero row, see module doc
-                    log.debug("image %d does not decode: %s", start + offset, error)
-            if decoded:
-                out[rows] = self.embed_pil(decoded)
-        return out
-
-    def embed_arrays(self, images: np.ndarray) -> np.ndarray:
-        """uint8 [N, H, W, 3] (or [N, H, W]) -> float32 [N, dim]."""
-        images = np.asarray(images)
-        if images.dtype != np.uint8:
-            raise ValueError(f"expected uint8 pixels, got {images.dtype}")
-        out = np.zeros((len(images), self.dim), np.float32)
-        for start in range(0, len(images), self.batch_size):
-            chunk = images[start : start + self.batch_size]
-            out[start : start + len(chunk)] = self.embed_pil([Image.fromarray(a) for a in chunk])
-        return out
-
-    # -- pickling: configuration travels, runtime state is rebuilt -----------
-    _runtime_attrs: Tuple[str, ...] = ()
-
-    def __getstate__(self):
-        state = dict(self.__dict__)
-        for attr in self._runtime_attrs:
-            state[attr] = None
-        return state
-
-    def __repr__(self):
-        threshold = self._threshold if self._threshold is not None else "uncalibrated"
-        return f"{type(self).__name__}(name={self.name!r}, dim={self.dim}, threshold={threshold})"
-
-
-def _read_calibrated_threshold(path: str, embedder_name: str) -> Optional[float]:
-    """The recommended threshold from a ``dedup.calibrate`` report, if the file exists."""
-    if not files.exists(path):
-        return None
-    report = json.loads(files.read_text(path))
-    if report.get("embedder", {}).get("name") != embedder_name:
-        raise ValueError(f"{path} calibrates embedder {report.get('embedder')!r}, not {embedder_name!r}")
-    return float(report["recommended_threshold"])
+from common.vectors import l2_normalize
+from dedup.embedder_base import (  # noqa: F401  (the interface callers use, re-exported)
+    Embedder,
+    ImageEmbedder,
+    UncalibratedEmbedderError,
+    get,
+    names,
+    parse_args,
+    read_calibrated_threshold,
+    register,
+    resize_to_unit_range,
+    valid_rows,
+)
 
 
 # ---------------------------------------------------------------------------
@@ -329,33 +152,13 @@ class DctEmbedder(ImageEmbedder):
         low = coeffs[:, : self.block, : self.block].reshape(len(images), -1)[:, 1:]
         # Orthonormal DCT: ||AC|| / size is the RMS contrast of the thumbnail.
         contrast = np.linalg.norm(low, axis=1) / self.size
-        vectors = l2_normalise(low * self._weights)
+        vectors = l2_normalize(low * self._weights)
         vectors[contrast < self.min_contrast] = 0.0
         return vectors
 
 
-# ---------------------------------------------------------------------------
-# "checkpoint": the image tower of a trainer checkpoint
-# ---------------------------------------------------------------------------
-
 #: (fn(float32 [B, S, S, 3] in [-1, 1]) -> [B, D] L2-normalised, S)
 ImageEncoder = Tuple[Callable[[np.ndarray], np.ndarray], int]
-
-
-def resize_to_unit_range(images: Sequence[Image.Image], size: int, center_crop: bool = False) -> np.ndarray:
-    """RGB PIL images -> float32 [B, size, size, 3] in [-1, 1]: squashed (whole
-    image kept) or, with ``center_crop``, the central square of the image."""
-    batch = np.empty((len(images), size, size, 3), np.float32)
-    for i, image in enumerate(images):
-        image = image if image.mode == "RGB" else image.convert("RGB")
-        box = None
-        if center_crop:
-            side = min(image.size)
-            left, top = (image.width - side) // 2, (image.height - side) // 2
-            box = (left, top, left + side, top + side)
-        image = image.resize((size, size), Image.Resampling.BILINEAR, box=box, reducing_gap=3.0)
-        batch[i] = np.asarray(image, np.float32)
-    return batch / 127.5 - 1.0
 
 
 @register("checkpoint")
@@ -395,7 +198,7 @@ class CheckpointEmbedder(ImageEmbedder):
         calibration = f"{workdir.rstrip('/')}/{self.CALIBRATION_FILE}" if workdir else ""
         self._threshold_hint = f" --out {calibration}" if calibration else ""
         if threshold is None and calibration:
-            threshold = _read_calibrated_threshold(calibration, self.name)
+            threshold = read_calibrated_threshold(calibration, self.name)
         self.threshold = threshold
 
     def __getstate__(self):
@@ -431,7 +234,7 @@ class CheckpointEmbedder(ImageEmbedder):
     def embed_pil(self, images: Sequence[Image.Image]) -> np.ndarray:
         fn, size = self._load()
         # Re-normalise: cheap, and the threshold assumes unit rows.
-        return l2_normalise(np.asarray(fn(resize_to_unit_range(images, size, self.center_crop))))
+        return l2_normalize(np.asarray(fn(resize_to_unit_range(images, size, self.center_crop))))
 
 
 # ---------------------------------------------------------------------------
@@ -475,7 +278,7 @@ class OnnxEmbedder(ImageEmbedder):
         calibration = f"{model_path}.calibration.json"
         self._threshold_hint = f" --out {calibration}"
         if threshold is None:
-            threshold = _read_calibrated_threshold(calibration, self.name)
+            threshold = read_calibrated_threshold(calibration, self.name)
         self.threshold = threshold
         session = self._load()
         shape = session.get_inputs()[0].shape
@@ -520,4 +323,4 @@ class OnnxEmbedder(ImageEmbedder):
 
     def embed_pil(self, images: Sequence[Image.Image]) -> np.ndarray:
         unit = (resize_to_unit_range(images, self.image_size) + 1.0) / 2.0
-        return l2_normalise(self._run(unit))
+        return l2_normalize(self._run(unit))

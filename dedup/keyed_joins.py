@@ -24,6 +24,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
 
+from common.vectors import l2_normalize
 from dedup import buckets as buckets_lib
 from dedup import kmeans as kmeans_lib
 from dedup import verify as verify_lib
@@ -48,7 +49,7 @@ def check_threshold(threshold) -> float:
 
 def stack_batch(batch: Sequence[Tuple[object, np.ndarray]]) -> Tuple[list, np.ndarray]:
     keys = [k for k, _ in batch]
-    vectors = kmeans_lib.l2_normalize(np.stack([np.asarray(v, np.float32).reshape(-1) for _, v in batch]))
+    vectors = l2_normalize(np.stack([np.asarray(v, np.float32).reshape(-1) for _, v in batch]))
     return keys, vectors
 
 

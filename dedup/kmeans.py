@@ -38,6 +38,8 @@ from typing import Optional
 
 import numpy as np
 
+from common.vectors import l2_normalize
+
 #: faiss's own ``min_points_per_centroid``: below it faiss warns that the
 #: clustering is unreliable.
 MIN_POINTS_PER_CENTROID = 39
@@ -65,16 +67,6 @@ def effective_num_clusters(num_clusters: int, num_train: int) -> int:
     if num_clusters < 1:
         raise ValueError(f"num_clusters must be >= 1, got {num_clusters}")
     return int(min(num_clusters, max(1, num_train // MIN_POINTS_PER_CENTROID)))
-
-
-def l2_normalize(vectors: np.ndarray) -> np.ndarray:
-    """Rows scaled to unit length as C-contiguous float32 (zero rows stay zero)."""
-    x = np.ascontiguousarray(vectors, dtype=np.float32)
-    if x.ndim != 2:
-        raise ValueError(f"expected a [N, D] matrix, got shape {x.shape}")
-    norms = np.linalg.norm(x, axis=1, keepdims=True)
-    np.maximum(norms, np.float32(1e-12), out=norms)
-    return np.ascontiguousarray(x / norms, dtype=np.float32)
 
 
 def train_spherical_kmeans(

@@ -7,7 +7,7 @@ weakest, and the planted copies put pairs on both sides of the threshold.
 
 import numpy as np
 
-from dedup import kmeans
+from common.vectors import l2_normalize
 
 
 def planted_embeddings(n_corpus, n_index, dim=64, blobs=1000, zipf=False, seed=0):
@@ -19,14 +19,14 @@ def planted_embeddings(n_corpus, n_index, dim=64, blobs=1000, zipf=False, seed=0
     largest blob holds about a quarter of all rows.
     """
     rng = np.random.default_rng(seed)
-    centers = kmeans.l2_normalize(rng.standard_normal((blobs, dim)))
+    centers = l2_normalize(rng.standard_normal((blobs, dim)))
     weights = 1.0 / np.arange(1, blobs + 1) ** 1.2 if zipf else np.ones(blobs)
     spread = rng.uniform(0.15, 0.6, blobs).astype(np.float32)
 
     def draw(n):
         g = rng.choice(blobs, n, p=weights / weights.sum())
         noise = rng.standard_normal((n, dim)).astype(np.float32) / np.sqrt(dim)
-        return kmeans.l2_normalize(centers[g] + spread[g, None] * noise)
+        return l2_normalize(centers[g] + spread[g, None] * noise)
 
     corpus, index = draw(n_corpus), draw(n_index)
     planted = n_index // 4
@@ -34,7 +34,7 @@ def planted_embeddings(n_corpus, n_index, dim=64, blobs=1000, zipf=False, seed=0
     dst = rng.choice(n_corpus, planted, replace=False)
     angle = np.deg2rad(rng.uniform(0, 20, planted)).astype(np.float32)
     corpus[dst] = at_angle(rng, index[src], angle)
-    return kmeans.l2_normalize(corpus), index
+    return l2_normalize(corpus), index
 
 
 def at_angle(rng, y, angle):

@@ -47,6 +47,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
 
+from common.vectors import l2_normalize
 from dedup import buckets as buckets_lib
 from dedup import cluster_lists
 from dedup import kmeans as kmeans_lib
@@ -82,7 +83,7 @@ class IndexRows:
         vectors = np.asarray(vectors, np.float32)
         if vectors.ndim != 2:
             vectors = vectors.reshape(len(keys), -1) if len(keys) else np.zeros((0, 0), np.float32)
-        self.vectors = kmeans_lib.l2_normalize(vectors)
+        self.vectors = l2_normalize(vectors)
         self.keys = np.asarray([str(k) for k in keys], dtype=object)
         self.set_names = np.asarray([str(s) for s in set_names], dtype=object)
         self.variants = np.asarray([str(v) for v in variants], dtype=object)

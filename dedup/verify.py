@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dedup.kmeans import l2_normalize
+from common.vectors import l2_normalize
 
 #: Pairs per block: two [block, D] float32 buffers (2 x 2 MiB at D = 64)
 #: stay in L2/L3 cache; measured best among 2k/8k/64k on 2 shared cores.

@@ -1,6 +1,6 @@
 """Audit a built corpus: the funnel as a table, and a self-contained HTML report.
 
-    python -m pipeline.audit OUT_DIR [--no-html]
+    python -m pipeline.audit OUT_DIR [--no_html] [--allow_incomplete]
 
 reads ``OUT_DIR/stats/`` (written by ``pipeline.build``), prints the funnel
 (stage, in, rejected, out, % of input, top reasons) with the conservation
@@ -12,9 +12,11 @@ looks at: the funnel, the distributions with the preset's cuts, sampled
 rejects of every reason with their alt-text, and the near-duplicate pairs.
 
 Exit status: 0 if the funnel checks pass, 1 if they fail (the report is
-still written, with the failure at the top), 2 if there is no funnel at all.
+still written, with the failure at the top), 2 if there is no readable funnel
+(missing, or truncated or corrupt: one line naming the file).
 
-Any stats file may be missing (its stage did not run); the report says so.
+Any stats file may be missing (its stage did not run) or damaged; the report
+says so, and counts the lines of a ``.jsonl`` file it could not read.
 Paths may be local or anything Beam's FileSystems reads (``gs://``).
 
 The funnel table and its checks are ``pipeline.funnel_table`` (the build
@@ -25,7 +27,6 @@ matplotlib is imported only to render the report.
 
 from __future__ import annotations
 
-import argparse
 import base64
 import binascii
 import html
@@ -36,7 +37,8 @@ import posixpath
 import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from common import files
+from common import cli, files
+from common.corpus_dir import DamagedFile, parse_json
 from filters import stages
 from pipeline.funnel_table import as_int, check_funnel, format_funnel, percent, stage_rejected
 from pipeline.report_plots import DISTRIBUTION_CUTS, plot_cosines, plot_count_of_counts, plot_distribution, plot_funnel
@@ -45,7 +47,7 @@ STATS_DIR = "stats"
 FUNNEL_FILE = "funnel.json"
 SAMPLES_FILE = "rejected_samples.jsonl"
 DISTRIBUTIONS_FILE = "distributions.json"
-NEAR_DUPLICATES_FILE = "near_duplicates.jsonl"  # what the report calls them; one file before the pairs were sharded
+NEAR_DUPLICATES_FILE = "near_duplicates.jsonl"  # the report's name for the pairs; read as one file without shards
 NEAR_DUPLICATES_SHARDS = "near_duplicates-[0-9]*-of-[0-9]*.jsonl"  # pipeline.near_duplicates.PAIRS_FILE_PATTERN
 REPORT_FILE = "report.html"
 
@@ -57,8 +59,13 @@ MIN_PAIRS_FOR_HISTOGRAM = 10
 # ---------------------------------------------------------------------------
 
 
+#: What to do about a damaged stats file.
+REMEDY = "restore it, or rebuild the corpus (python -m pipeline.build ... --overwrite)"
+
+
 def _read_text(path: str) -> Optional[str]:
-    return files.read_text(path) if files.exists(path) else None
+    """The file's text (bytes that are not UTF-8 become U+FFFD: a damaged file still parses as far as it can)."""
+    return files.read_bytes(path).decode("utf-8", "replace") if files.exists(path) else None
 
 
 def stats_dir_of(data_dir: str) -> str:
@@ -98,16 +105,21 @@ def load_stats(data_dir: str) -> dict:
     stats_dir = stats_dir_of(data_dir)
     loaded = {"stats_dir": stats_dir, "missing": [], "unreadable": {}}
 
-    def read_json(name):
+    def read_json(name, optional=False):
         text = _read_text(files.join(stats_dir, name))
         if text is None:
-            loaded["missing"].append(name)
+            if not optional:
+                loaded["missing"].append(name)
             return None
         try:
-            return json.loads(text)
+            value = json.loads(text)
         except ValueError as err:
-            loaded["unreadable"][name] = str(err)
+            loaded["unreadable"][name] = f"not valid JSON ({err}): truncated or corrupt"
             return None
+        if not isinstance(value, dict):
+            loaded["unreadable"][name] = f"a JSON {type(value).__name__}, not an object"
+            return None
+        return value
 
     def read_jsonl(name):
         text = _read_text(files.join(stats_dir, name))
@@ -119,8 +131,8 @@ def load_stats(data_dir: str) -> dict:
         return rows
 
     def read_pairs():
-        # The build writes the pairs in files by key hash, each sorted; one
-        # list sorted as a whole, as the single file of older builds was.
+        # The build writes the pairs in files by key hash, each sorted on its
+        # own; merged into one sorted list, the page does not depend on the sharding.
         from pipeline.output import escape_glob
 
         shards = files.match(files.join(escape_glob(stats_dir), NEAR_DUPLICATES_SHARDS))
@@ -140,8 +152,7 @@ def load_stats(data_dir: str) -> dict:
     loaded["samples"] = read_jsonl(SAMPLES_FILE)
     loaded["near_duplicates"] = read_pairs()
     # Only a build with --concepts (TOnICS) writes it: absent is not "missing".
-    concepts_text = _read_text(files.join(stats_dir, CONCEPTS_FILE))
-    loaded["concepts"] = json.loads(concepts_text) if concepts_text is not None else None
+    loaded["concepts"] = read_json(CONCEPTS_FILE, optional=True)
     return loaded
 
 
@@ -221,7 +232,7 @@ def _truncate(text: str, limit: int) -> str:
 
 def _section_funnel(funnel: Optional[dict]) -> str:
     if funnel is None:
-        return '<h2 id="funnel">Funnel</h2><p class="banner fail">funnel.json is missing: the build did not finish.</p>'
+        return '<h2 id="funnel">Funnel</h2><p class="banner fail">No funnel to show: funnel.json is missing or unreadable (above).</p>'
     total = as_int(funnel.get("input"))
     rows = []
     for i, row in enumerate(funnel.get("stages") or [], 1):
@@ -394,7 +405,9 @@ def build_html(loaded: dict) -> str:
     funnel = loaded.get("funnel")
     preset = (funnel or {}).get("preset") or {}
     title = f"Corpus audit: {(funnel or {}).get('dataset') or os.path.basename(loaded['stats_dir'].rstrip('/'))}"
-    problems = check_funnel(funnel) if funnel is not None else ["funnel.json is missing"]
+    unreadable = loaded.get("unreadable", {})
+    problems = (check_funnel(funnel) if funnel is not None else
+                [f"{FUNNEL_FILE}: {unreadable[FUNNEL_FILE]}" if FUNNEL_FILE in unreadable else f"{FUNNEL_FILE} is missing"])
     if problems:
         banner = '<div class="banner fail">FUNNEL CHECK FAILED<ul>' + "".join(f"<li>{_e(p)}</li>" for p in problems) + "</ul></div>"
     else:
@@ -403,7 +416,7 @@ def build_html(loaded: dict) -> str:
             f'{sum(as_int(v) for v in (funnel.get("written") or {}).values()):,} + rejected {as_int(funnel.get("rejected_total")):,}</div>'
         )
     notices = [f"{name} is missing" for name in loaded.get("missing", []) if name != FUNNEL_FILE]
-    notices += [f"{name}: {why}" for name, why in loaded.get("unreadable", {}).items()]
+    notices += [f"{name}: {why}" for name, why in unreadable.items() if name != FUNNEL_FILE]
     notice_html = "".join(f'<p class="muted">{_e(n)}</p>' for n in notices)
     body = [
         f"<h1>{_e(title)}</h1>",
@@ -443,12 +456,12 @@ def render_report(data_dir: str) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = cli.ArgumentParser(
         prog="python -m pipeline.audit", description="Print the funnel of a built corpus and write stats/report.html."
     )
     parser.add_argument("data_dir", help="build output directory (or its stats/ directory); local or gs://")
-    parser.add_argument("--no-html", action="store_true", help="print the funnel only")
-    parser.add_argument("--allow-incomplete", action="store_true",
+    parser.add_argument("--no_html", action="store_true", help="print the funnel only")
+    parser.add_argument("--allow_incomplete", action="store_true",
                         help="audit a build that did not finish (no COMPLETED), e.g. to see where it stopped")
     args = parser.parse_args(argv)
     from common import console
@@ -462,11 +475,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.exit(2, f"error: {error}\n")
     if argv is None:  # the command line, not a test: library chatter goes to a log file
         console.route_library_output("audit")
-    text = _read_text(files.join(stats_dir, FUNNEL_FILE))
-    funnel = json.loads(text) if text is not None else None
-    if funnel is None:
-        print(f"no {FUNNEL_FILE} in {stats_dir}: did the build finish?", file=sys.stderr)
-    else:
+    funnel_path = files.join(stats_dir, FUNNEL_FILE)
+    funnel = None
+    try:
+        if files.exists(funnel_path):
+            funnel = parse_json(files.read_bytes(funnel_path), funnel_path, REMEDY)
+            if not isinstance(funnel, dict):
+                raise DamagedFile(f"{funnel_path}: a JSON {type(funnel).__name__}, not a funnel: {REMEDY}")
+        else:
+            print(f"error: no {FUNNEL_FILE} in {stats_dir}: did the build finish?", file=sys.stderr)
+    except DamagedFile as error:
+        funnel = None
+        print(f"error: {error}", file=sys.stderr)
+    if funnel is not None:
         print(format_funnel(funnel))
     if not args.no_html:
         print(f"report: {render_report(args.data_dir)}")

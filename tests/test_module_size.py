@@ -13,8 +13,8 @@ TOPS = ("common", "filters", "dedup", "pipeline", "trainer", "samplegen", "tests
 MAX_LINES = 500
 SIZE_REASON = f"Over {MAX_LINES} lines"
 MIN_REASON_CHARS = 40
-# Modules being split right now (issue 9), path -> who splits them and how.
-# Remove an entry when its split lands.
+# Modules whose split is under way, path -> who splits them and how: they
+# pass meanwhile. Remove an entry when its split lands.
 BEING_SPLIT = {}
 
 

@@ -132,6 +132,23 @@ def load_model(workdir: str, step: Optional[int] = None) -> tuple[Any, dict, ml_
     return model, variables, config
 
 
+def towers_from(source_workdir: str, variables: dict, sharding) -> dict:
+    """``variables`` with the params and BatchNorm statistics of ``source_workdir``'s latest checkpoint.
+
+    TOnICS aligns pre-trained towers (``config.init_from``): a run starts from
+    another run's towers (and temperature); optimizer, step and data start fresh.
+    """
+    loaded = dict(load_model(source_workdir)[1])
+    shapes = lambda tree: {jax.tree_util.keystr(path): np.shape(x)  # noqa: E731
+                           for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+    mine, theirs = shapes(variables), shapes(loaded)
+    mismatched = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+    if mismatched:
+        raise ValueError(f"config.init_from {source_workdir}: the model differs ({len(mismatched)} parameters, "
+                         f"e.g. {mismatched[0]}): same model config and vocabulary needed")
+    return jax.tree.map(lambda x: jax.device_put(np.asarray(x), sharding), dict(loaded))
+
+
 def latest_step(workdir: str) -> Optional[int]:
     """The run's latest checkpoint step (None without one)."""
     manager = ocp.CheckpointManager(os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR)),

@@ -27,7 +27,6 @@ refused. Batched on whatever device JAX has (CPU, GPU or TPU chip).
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import os
@@ -37,6 +36,7 @@ from typing import Iterator, Optional, Sequence
 
 import numpy as np
 
+from common import cli
 from trainer.evaluators import IMAGE_EXTENSIONS, chunks, encode_in_batches
 
 MANIFEST = "embeddings.json"
@@ -81,9 +81,12 @@ class ShardSource(Source):
     def parts(self, part_size):
         import tensorflow as tf
 
+        from trainer.input_pipeline import shard_reader
+
         # File order, serialized records only: a finished part is skipped unparsed.
-        records = tf.data.Dataset.from_tensor_slices(self.files).flat_map(
-            lambda path: tf.data.TFRecordDataset(path).map(lambda r: (r, path)))
+        reader = shard_reader(self.data_dir, self.split)
+        records = tf.data.Dataset.from_tensor_slices(self.files).flat_map(tf.autograph.experimental.do_not_convert(
+            lambda path: reader.dataset(path).map(lambda r: (r, path))))
         for index, (serialized, paths) in enumerate(records.batch(part_size).as_numpy_iterator()):
             yield index, (serialized, paths)
 
@@ -303,7 +306,7 @@ def read_embeddings(out_dir: str):
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer.embed",
+    parser = cli.ArgumentParser(prog="python -m trainer.embed",
                                      description="Export image and text embeddings to Parquet.")
     parser.add_argument("workdir", help="the training run's workdir")
     what = parser.add_mutually_exclusive_group(required=True)
@@ -329,9 +332,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         manifest = export(args.workdir, source, args.out, step=args.step, part_size=args.part_size,
                           batch_size=args.batch_size, say=lambda line: print(line, flush=True))
     except Exception as error:
+        from common.corpus_dir import DamagedFile
         from trainer.eval_data import EvalDataError
+        from trainer.shard_reader import damage_in
 
-        return console.failure(error, "embedding export", log, expected=(EvalDataError, FileNotFoundError, ValueError))
+        return console.failure(damage_in(error) or error, "embedding export", log,
+                               expected=(EvalDataError, FileNotFoundError, ValueError, DamagedFile))
     print(f"{manifest['num_rows']} rows in {manifest['num_parts']} part(s) ({manifest['written']} written, "
           f"{manifest['skipped']} already there) from step {manifest['step']}: {args.out}")
     return 0

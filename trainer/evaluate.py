@@ -24,13 +24,14 @@ line on stderr.
 
 from __future__ import annotations
 
-import argparse
 import ast
 import json
 import os
 import sys
 import time
 from typing import Optional, Sequence
+
+from common import cli
 
 SKIPPED_BY_DEFAULT = ("gallery",)
 
@@ -159,7 +160,7 @@ def format_table(results: dict) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = cli.ArgumentParser(
         prog="python -m trainer.evaluate", description="Evaluate a trained checkpoint (see the module docstring).")
     parser.add_argument("workdir", help="the training run's workdir (config.json, vocab.txt, checkpoints/)")
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
@@ -184,9 +185,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except UsageError as error:
         parser.exit(2, f"error: {error}\n")
     except Exception as error:  # one line for the person, the traceback in the log
+        from common.corpus_dir import DamagedFile
         from trainer.eval_data import EvalDataError
+        from trainer.shard_reader import damage_in
 
-        return console.failure(error, "evaluation", log, expected=(EvalDataError, FileNotFoundError))
+        return console.failure(damage_in(error) or error, "evaluation", log,
+                               expected=(EvalDataError, FileNotFoundError, DamagedFile))
     print(format_table(results))
     print(f"results: {results['output']}")
     return 0

@@ -28,12 +28,18 @@ Per-host sharding: with at least as many files as hosts, host ``i`` reads
 files ``i, i + P, i + 2P, ...``; with fewer files, every host reads all files
 and keeps records ``i, i + P, ...`` of each shuffled shard (train) or of the
 file-ordered split (eval).
+
+Every shard is read through a ``trainer.shard_reader.ShardReader``: a damaged
+shard stops the stream with one line naming the file, or, with a reader that
+skips (``config.skip_corrupt_records``), loses only its damaged records,
+counted. Skipped records are not in ``dataset_info.json``'s shard lengths, so
+a run that skipped some and then resumes may see up to that many records
+again or not at all around the resume point; the stream is otherwise the same.
 """
 
 from __future__ import annotations
 
 import fnmatch
-import json
 import os
 from typing import Optional, Sequence
 
@@ -41,7 +47,9 @@ import numpy as np
 import tensorflow as tf
 
 from common import corpus_dir, schema
+from common.corpus_dir import parse_json
 from trainer import preprocess
+from trainer.shard_reader import ShardReader
 
 #: ALIGN: resize to 346 then crop 289; other image sizes keep that ratio.
 RESIZE_RATIO = 346 / 289
@@ -74,29 +82,45 @@ def parse_fields(serialized, names):
     return tf.io.parse_example(serialized, wanted)
 
 
-def read_texts(data_dir: str, split: str) -> tf.data.Dataset:
+def read_texts(data_dir: str, split: str, reader: Optional[ShardReader] = None) -> tf.data.Dataset:
     """The alt-texts of ``split`` (for the vocabulary builder; word counts ignore order)."""
-    records = tf.data.TFRecordDataset(list_shards(data_dir, split), num_parallel_reads=4)
+    reader = reader or shard_reader(data_dir, split)
+    records = tf.data.Dataset.from_tensor_slices(list_shards(data_dir, split)).interleave(
+        tf.autograph.experimental.do_not_convert(reader.dataset), cycle_length=4, num_parallel_calls=4)
     return records.batch(1024).map(lambda r: parse_fields(r, ["texts"])["texts"]).unbatch()
 
 
-def shard_lengths(data_dir: str, split: str, files: list[str]) -> list[int]:
-    """Records per file: from dataset_info.json when it describes these files, else counted."""
+def claimed_lengths(data_dir: str, split: str, files: list[str]) -> Optional[list[int]]:
+    """Records per file as ``dataset_info.json`` gives them, or None if it does not describe these files."""
     info_path = os.path.join(corpus_dir.read_dir(data_dir), "dataset_info.json")
-    if tf.io.gfile.exists(info_path):
-        with tf.io.gfile.GFile(info_path) as f:
-            info = json.load(f)
-        for entry in info.get("splits", []):
-            lengths = [int(n) for n in entry.get("shardLengths", [])]
-            if entry.get("name") == split and len(lengths) == len(files):
-                return lengths
-    return [int(tf.data.TFRecordDataset(path).reduce(np.int64(0), lambda n, _: n + 1)) for path in files]
+    if not tf.io.gfile.exists(info_path):
+        return None
+    with tf.io.gfile.GFile(info_path, "rb") as f:
+        info = parse_json(f.read(), info_path)
+    for entry in info.get("splits", []) if isinstance(info, dict) else []:
+        lengths = [int(n) for n in entry.get("shardLengths", [])]
+        if entry.get("name") == split and len(lengths) == len(files):
+            return lengths
+    return None
 
 
-def _open_shard(path, epoch):
+def shard_lengths(data_dir: str, split: str, files: list[str], reader: Optional[ShardReader] = None) -> list[int]:
+    """Records per file: from dataset_info.json when it describes these files, else counted."""
+    lengths = claimed_lengths(data_dir, split, files)
+    reader = reader or ShardReader()
+    return lengths if lengths is not None else [reader.count(path) for path in files]
+
+
+def shard_reader(data_dir: str, split: str, skip_corrupt: bool = False, remedy: str = "") -> ShardReader:
+    """A ``ShardReader`` for ``split`` that knows its shard lengths (to count a lost tail)."""
+    files = list_shards(data_dir, split)
+    return ShardReader(skip_corrupt, dict(zip(files, claimed_lengths(data_dir, split, files) or [])), remedy)
+
+
+def _open_shard(path, epoch, reader: ShardReader):
     """The raw records of one shard read in ``epoch`` (a seam: tests count what a restore reads)."""
     del epoch
-    return tf.data.TFRecordDataset(path)
+    return reader.dataset(path)
 
 
 def _epoch_seed(order_seed, epoch):
@@ -172,6 +196,7 @@ def make_dataset(
     shuffle_buffer_size: int = DEFAULT_SHUFFLE_BUFFER,
     preprocess_spec: Optional[str] = None,
     extra_features: Sequence[str] = (),
+    reader: Optional[ShardReader] = None,
 ) -> tf.data.Dataset:
     """This host's batches of ``split``; see the module docstring for the guarantees.
 
@@ -184,6 +209,7 @@ def make_dataset(
     ``schema.FEATURES``). Alt-texts are tokenised per batch, after batching:
     BERT tokenisation of a batch costs ~1/20 of one call per example.
     ``extra_features`` adds parsed features to the output (e.g. ``"sha256"``).
+    ``reader``: how shards are read (default: a damaged shard is an error).
     """
     if process_index is None or process_count is None:
         import jax
@@ -198,6 +224,7 @@ def make_dataset(
     outputs = tuple(dict.fromkeys(("image", "texts", "key", *extra_features)))
 
     files = list_shards(data_dir, split)
+    reader = reader or shard_reader(data_dir, split)
     by_file = len(files) >= process_count
     host_ids = list(range(process_index, len(files), process_count)) if by_file else list(range(len(files)))
     host_files = [files[i] for i in host_ids]
@@ -211,7 +238,7 @@ def make_dataset(
     @tf.autograph.experimental.do_not_convert
     def shard_records(epoch, file_id, path, skip):
         """(epoch, file id, index in its shuffled order, serialized) of one shard, ``skip`` dropped."""
-        records = _open_shard(path, epoch)
+        records = _open_shard(path, epoch, reader)
         if train and not by_file:  # this host's share of each shard (eval: of the whole split, below)
             records = records.shard(process_count, process_index)
         if train:
@@ -234,7 +261,7 @@ def make_dataset(
     if train:
         first_epoch, first_position, first_skip = 0, 0, 0
         if start_batch:
-            lengths = shard_lengths(data_dir, split, files)
+            lengths = shard_lengths(data_dir, split, files, reader)
             host_lengths = [lengths[i] if by_file else len(range(process_index, lengths[i], process_count))
                             for i in host_ids]
             first_epoch, first_position, first_skip = resume_position(

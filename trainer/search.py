@@ -28,7 +28,6 @@ above it an inverted-file index (``IndexIVFFlat``, ~4 sqrt(N) lists,
 
 from __future__ import annotations
 
-import argparse
 import base64
 import html
 import math
@@ -38,6 +37,9 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import numpy as np
+
+from common import cli
+from common.vectors import l2_normalize
 
 IVF_THRESHOLD = 50_000
 DEFAULT_NPROBE = 16
@@ -89,11 +91,6 @@ class Index:
         return scores, ids
 
 
-def normalise(x: np.ndarray) -> np.ndarray:
-    x = np.asarray(x, dtype=np.float32)
-    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
-
-
 def query_embeddings(queries: Sequence[Query], encoders) -> np.ndarray:
     """``[Q, D]``: text, image, or the normalised sum of both."""
     from trainer.evaluators import encode_image_files
@@ -107,7 +104,7 @@ def query_embeddings(queries: Sequence[Query], encoders) -> np.ndarray:
                                             resize_size=encoders.resize_size, batch_size=1)[0])
         if query.text:
             parts.append(encoders.encode_texts(encoders.tokenizer.tokenize_numpy([query.text]))[0])
-        out.append(normalise(np.sum(parts, axis=0)))
+        out.append(l2_normalize(np.sum(parts, axis=0)))
     return np.stack(out)
 
 
@@ -261,7 +258,7 @@ def run(embeddings_dir: str, queries: Sequence[Query], *, k: int = 5, workdir: O
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer.search",
+    parser = cli.ArgumentParser(prog="python -m trainer.search",
                                      description="Search an exported embedding set (see the module docstring).")
     parser.add_argument("embeddings", help="a trainer.embed output directory")
     parser.add_argument("--text", action="append", default=[], help="a text query (repeatable)")

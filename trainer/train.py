@@ -2,9 +2,7 @@ r"""Trains the ALIGN dual encoder on the project's shards.
 
 One file, read top to bottom (big_vision style): config and mesh; data; model
 and optimizer init; checkpoint resume; loss and train step; evaluators; the
-loop. (Over 500 lines on purpose: one run's whole story in one
-place, as big_vision's train loops are; the helpers at the end are the loop's
-own: progress line, metric writer, preemption sync point, command line.) Run it as
+loop; then the command line. Run it as
 
     python -m trainer.train --config trainer/configs/tiny.py --workdir out/train \
         --config.data_dir=out/corpus [--config.total_steps=100] [--config.eval_dir=...]
@@ -22,22 +20,25 @@ params, optimizer state, step, RNG and the data position. SIGTERM
 (preemption) on any host stops every host at the same step (a sync point
 after each step; at most ``MAX_STEPS_IN_FLIGHT`` steps are dispatched ahead
 of the device, so the stop comes within about two steps' time), saves that
-step's checkpoint and returns with
-``preempted=True``; the command line then exits with status 75
-(``EXIT_PREEMPTED``: "preempted, resume me"), 0 when the run is complete.
-The command line handles SIGTERM from its start: one that comes during
-start-up (distributed initialisation, restore, compilation) stops the run
-after its first step.
+step's checkpoint and returns with ``preempted=True``; the command line then
+exits with status 75 (``EXIT_PREEMPTED``: "preempted, resume me"), 0 when the
+run is complete. The command line handles SIGTERM from its start: one that
+comes during start-up (distributed initialisation, restore, compilation)
+stops the run after its first step.
 
 Several hosts: run the command line in every process with
 ``--coordinator_address=HOST0:PORT --num_processes=N --process_id=I`` (or call
 ``jax.distributed.initialize(...)``, then ``train_and_evaluate``, in every
 process; ``tests/trainer/test_multihost.py`` runs 2 CPU processes through
-preemption, resume and every evaluator). Each reads its share of the data; evaluators see every host's
-embeddings (the encoders return replicated arrays); only process 0 writes
-metrics, config and the retrieval page; orbax writes the checkpoint together. A
-non-finite loss or gradient is never applied to the params; the run stops with
-an error naming the step, and the last checkpoint stays the last good one.
+preemption, resume and every evaluator). Each reads its share of the data;
+evaluators see every host's embeddings (the encoders return replicated
+arrays); only process 0 writes metrics, config and the retrieval page; orbax
+writes the checkpoint together.
+
+What stops a run, with one line: a config value out of range (before anything
+is built); a damaged shard, named (``skip_corrupt_records`` skips its damaged
+records instead, counted as ``data/records_skipped``, each damage said once);
+a non-finite loss or gradient (never applied: the last checkpoint stays good).
 """
 
 from __future__ import annotations
@@ -45,10 +46,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import math
 import os
-import re
-import signal
 import sys
 import time
 from typing import Callable, Optional
@@ -59,11 +57,18 @@ import ml_collections
 import numpy as np
 import optax
 from absl import app, flags, logging
+from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 from ml_collections import config_flags
 
+from common import console
+from common.corpus_dir import DamagedFile, IncompleteCorpus, require_completed
 from trainer import checkpoint, loss, models, optim
-from trainer.configs import compute_dtype, vocab_path
+from trainer.configs import check as check_config
+from trainer.configs import ConfigError, compute_dtype, cpu_fast_compile_options, frozen_towers, vocab_path
+from trainer.metric_log import MetricWriter, Progress
+from trainer.preemption import EXIT_PREEMPTED, StopOnSigterm
+from trainer.shard_reader import damage_in
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a trainer/configs/*.py file.",
                                           lock_config=True)
@@ -78,11 +83,6 @@ _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index in 
 #: Steps dispatched but not finished at any time: enough to overlap the input
 #: pipeline with the device, few enough that SIGTERM stops within ~2 steps.
 MAX_STEPS_IN_FLIGHT = 2
-
-#: Exit status of a command-line run stopped by SIGTERM after saving a
-#: checkpoint: "preempted, resume me" (sysexits' EX_TEMPFAIL: a temporary
-#: failure, retry). 0 means the run reached total_steps; 1 is an error.
-EXIT_PREEMPTED = 75
 
 #: Set by ``main``: the console stream, where progress and results also go
 #: (library logging goes to ``<workdir>/train.log`` only). Library callers
@@ -99,20 +99,21 @@ def _say(message: str) -> None:
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                        after_step: Optional[Callable[[int], None]] = None,
-                       sigterm: Optional["_StopOnSigterm"] = None) -> dict:
+                       sigterm: Optional[StopOnSigterm] = None) -> dict:
     """Trains (or resumes) ``config`` in ``workdir``; returns the final metrics.
 
     The result holds ``step``, the last train metrics (``train/...``), the
     last result of every evaluator (``<eval name>/...``) and ``preempted``.
     ``after_step(step)``, if given, is called on the host after every step's
     dispatch, before the loop's checks (a preemption test sends SIGTERM there).
-    ``sigterm``: a ``_StopOnSigterm`` the caller has already entered (the
+    ``sigterm``: a ``StopOnSigterm`` the caller has already entered (the
     command line does so first thing, so that a SIGTERM during start-up and
     compilation stops the run after its first step instead of killing it);
     without one, SIGTERM is handled from the loop on.
     """
-    # Imported here: TensorFlow is heavy and only the run itself needs it
-    # (``trainer.checkpoint`` imports helpers from this module).
+    check_config(config)
+    # Imported here: the command line says its first line, and handles
+    # SIGTERM, before TensorFlow takes seconds to load.
     import tensorflow as tf
 
     from trainer import evaluators as evaluators_lib
@@ -124,12 +125,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     # ------------------------------------------------------------------
     # Config and mesh.
     # ------------------------------------------------------------------
-    if not config.get("data_dir"):
-        raise ValueError("set config.data_dir (e.g. --config.data_dir=out/corpus)")
-    from common.corpus_dir import require_completed
-
-    require_completed(config.data_dir, config.get("allow_incomplete_data", False),
-                      "--config.allow_incomplete_data=true")
+    require_completed(config.data_dir, config.get("allow_incomplete", False), "--config.allow_incomplete=true")
     if config.get("compilation_cache_dir"):
         # Cache every compiled program (XLA:CPU compiles of this model take
         # minutes on a busy machine). reset_cache: the cache may already have
@@ -145,13 +141,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     # One 'data' axis over every device. Auto axes: we declare the shardings of
     # the step's inputs and outputs, and the compiler places the collectives
     # (the loss's all-gathers, BatchNorm's all-reduces, the gradient psum).
-    mesh = jax.make_mesh((jax.device_count(),), ("data",),
-                         axis_types=(jax.sharding.AxisType.Auto,))
+    mesh = jax.make_mesh((jax.device_count(),), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
     replicated = NamedSharding(mesh, P())
     batch_sharded = NamedSharding(mesh, P("data"))
     if config.batch_size % jax.device_count():
-        raise ValueError(f"batch_size {config.batch_size} not divisible by "
-                         f"{jax.device_count()} devices")
+        raise ValueError(f"batch_size {config.batch_size} not divisible by {jax.device_count()} devices")
     _say(f"{jax.process_count()} process(es), mesh {dict(mesh.shape)} ({jax.default_backend()}); "
          f"global batch {config.batch_size} ({config.batch_size // jax.device_count()} per device)")
 
@@ -161,24 +155,39 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     tokenizer = tokenizer_lib.Tokenizer(vocab_path(config), max_len=config.max_text_len)
     if is_chief:
         checkpoint.save_config(config, workdir)
-        tf.io.gfile.copy(vocab_path(config), os.path.join(workdir, checkpoint.VOCAB_FILE),
-                         overwrite=True)
+        tf.io.gfile.copy(vocab_path(config), os.path.join(workdir, checkpoint.VOCAB_FILE), overwrite=True)
+
+    reader = input_pipeline.shard_reader(
+        config.data_dir, config.train_split, skip_corrupt=config.get("skip_corrupt_records", False),
+        remedy="set --config.skip_corrupt_records=true to train without its damaged records")
 
     def train_batches(start_batch: int):
         dataset = input_pipeline.make_dataset(
             config.data_dir, config.train_split, global_batch_size=config.batch_size,
             image_size=config.image_size, resize_size=config.get("resize_size"), train=True,
             flip_lr=config.get("flip_lr", True), colour_augment=config.get("colour_augment", ""),
-            seed=config.seed, tokenizer=tokenizer, start_batch=start_batch)
-        for batch in dataset.as_numpy_iterator():
-            yield input_pipeline.to_global_array(
-                {"image": batch["image"], "text": batch["text"]}, mesh)
+            seed=config.seed, tokenizer=tokenizer, start_batch=start_batch, reader=reader)
+        try:
+            for batch in dataset.as_numpy_iterator():
+                yield input_pipeline.to_global_array({"image": batch["image"], "text": batch["text"]}, mesh)
+        except tf.errors.OpError as error:  # raised inside tf.data: the reader's own one-line error
+            raise damage_in(error) or error
+
+    def skipped_records() -> dict:
+        """With ``skip_corrupt_records``: records skipped so far by every host; each damage said once."""
+        if not reader.skip_corrupt:
+            return {}
+        for problem in reader.new_problems():
+            _say(f"damaged shard: {problem}")
+        skipped = np.int64(reader.records_skipped())
+        if jax.process_count() > 1:
+            skipped = np.sum(multihost_utils.process_allgather(skipped))
+        return {"data/records_skipped": int(skipped)}
 
     # ------------------------------------------------------------------
     # Model and optimizer init (params replicated on every device).
     # ------------------------------------------------------------------
-    model = models.build(config.model, vocab_size=tokenizer.vocab_size,
-                         dtype=compute_dtype(config))
+    model = models.build(config.model, vocab_size=tokenizer.vocab_size, dtype=compute_dtype(config))
     prng_impl = config.get("prng_impl") or None
     init_rng, base_rng = jax.random.split(jax.random.key(config.seed, impl=prng_impl))
 
@@ -188,18 +197,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
         variables = model.init({"params": rng, "dropout": rng}, images, texts, train=False)
         return {"params": variables["params"], "batch_stats": variables.get("batch_stats", {})}
 
-    # Init runs once, so on CPU compile it with LLVM's cheap passes: that halves
-    # the compile time of these ~150 random initialisers; runtime is moot.
-    # ``xla_cpu_fast_compile`` does the same for every program (short runs, tests).
-    fast_compile = ({"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
-                    if jax.default_backend() == "cpu" else {})
+    # Init runs once: compiled with LLVM's cheap passes on CPU, its runtime is moot.
+    fast_compile = cpu_fast_compile_options()
     step_compile = fast_compile if config.get("xla_cpu_fast_compile") else {}
     variables = jax.jit(init, out_shardings=replicated).lower(init_rng).compile(
         compiler_options=fast_compile)(init_rng)
     if config.get("init_from"):
-        variables = _init_from(config.init_from, variables, replicated)
+        variables = checkpoint.towers_from(config.init_from, variables, replicated)
         _say(f"towers initialised from {config.init_from}")
-    frozen = _frozen_towers(config)
+    frozen = frozen_towers(config)
     tx, schedule = optim.make(config, variables["params"])
     state = {
         **variables,
@@ -208,13 +214,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
         "step": jax.device_put(jnp.zeros((), jnp.int32), replicated),
         "rng": jax.device_put(jax.random.key_data(base_rng), replicated),
     }
-    counts = {name: sum(x.size for x in jax.tree.leaves(tree))
-              for name, tree in variables["params"].items()}
+    counts = {name: sum(x.size for x in jax.tree.leaves(tree)) for name, tree in variables["params"].items()}
     _say(f"parameters: {sum(counts.values()):,} ({', '.join(f'{k} {v:,}' for k, v in counts.items())})")
 
     # Resume: everything in ``state`` plus the data position.
-    ckpt = checkpoint.Checkpointer(workdir, every=config.checkpoint_every,
-                                   keep=config.keep_checkpoints)
+    ckpt = checkpoint.Checkpointer(workdir, every=config.checkpoint_every, keep=config.keep_checkpoints)
     batches_consumed = 0
     tonics = None
     if config.get("tonics") and config.tonics.enabled:   # curriculum batches (trainer.tonics)
@@ -332,14 +336,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     # ------------------------------------------------------------------
     # The loop.
     # ------------------------------------------------------------------
-    writer = _MetricWriter(workdir, enabled=is_chief)
+    writer = MetricWriter(workdir, enabled=is_chief)
     data = train_batches(batches_consumed)
     pending = []          # (step, device metrics) since the last host check
     final = {"step": start_step, "preempted": False}
-    timer = _Progress(config.total_steps, config.batch_size)
+    timer = Progress(config.total_steps, config.batch_size)
     loop_start = time.time()
     try:
-        with contextlib.nullcontext(sigterm) if sigterm is not None else _StopOnSigterm() as stop:
+        with contextlib.nullcontext(sigterm) if sigterm is not None else StopOnSigterm() as stop:
             for step in range(start_step + 1, config.total_steps + 1):
                 node = "root" if tonics is None else tonics.choose(step)
                 if node == "root":
@@ -373,7 +377,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                     pending = []
                     if log:
                         train_metrics.update(timer.measure(step))
-                        writer.write(step, {f"train/{k}": v for k, v in train_metrics.items()}
+                        final.update(skipped := skipped_records())
+                        writer.write(step, {f"train/{k}": v for k, v in train_metrics.items()} | skipped
                                      | (tonics.log_metrics() if tonics is not None else {}))
                         _say(timer.line(step, train_metrics))
                     final.update({f"train/{k}": v for k, v in train_metrics.items()}, step=step)
@@ -407,32 +412,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     return final
 
 
-def _frozen_towers(config) -> set:
-    """``config.freeze`` ("", "image", "text" or "image,text") as parameter collection names."""
-    names = {part.strip() for part in (config.get("freeze") or "").split(",") if part.strip()}
-    unknown = names - {"image", "text"}
-    if unknown:
-        raise ValueError(f"config.freeze: unknown tower(s) {sorted(unknown)}; use image and/or text")
-    return {f"{name}_tower" for name in names}
-
-
-def _init_from(source_workdir: str, variables: dict, sharding) -> dict:
-    """``variables`` with the params and BatchNorm statistics of ``source_workdir``'s latest checkpoint.
-
-    TOnICS aligns pre-trained towers: this starts a run from another run's
-    towers (and temperature); the optimizer, step and data position start fresh.
-    """
-    loaded = dict(checkpoint.load_model(source_workdir)[1])
-    shapes = lambda tree: {jax.tree_util.keystr(path): np.shape(x)  # noqa: E731
-                           for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
-    mine, theirs = shapes(variables), shapes(loaded)
-    mismatched = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
-    if mismatched:
-        raise ValueError(f"config.init_from {source_workdir}: the model differs ({len(mismatched)} parameters, "
-                         f"e.g. {mismatched[0]}): same model config and vocabulary needed")
-    return jax.tree.map(lambda x: jax.device_put(np.asarray(x), sharding), dict(loaded))
-
-
 def _check_and_average(pending: list, last_checkpoint: Optional[int]) -> dict:
     """Averages the steps' metrics; raises on the first non-finite step."""
     fetched = jax.device_get([m for _, m in pending])
@@ -447,191 +426,63 @@ def _check_and_average(pending: list, last_checkpoint: Optional[int]) -> dict:
     return {k: float(np.mean([m[k] for m in fetched])) for k in keys}
 
 
-class _Progress:
-    """Throughput since the previous log point (the first, compiling step excluded) and ETA."""
-
-    def __init__(self, total_steps: int, batch_size: int):
-        self.total, self.batch = total_steps, batch_size
-        self.started = False
-
-    def start(self, step):
-        self.t0 = self.t_last = time.time()
-        self.step0 = self.step_last = step
-        self.started = True
-
-    def measure(self, step) -> dict:
-        if not self.started or step == self.step0:
-            return {}
-        now = time.time()
-        rate = (step - self.step_last) / max(now - self.t_last, 1e-9)
-        overall = (step - self.step0) / max(now - self.t0, 1e-9)
-        self.t_last, self.step_last = now, step
-        return {"steps_per_sec": rate, "pairs_per_sec": rate * self.batch,
-                "eta_sec": (self.total - step) / overall}
-
-    def line(self, step, m) -> str:
-        if "eta_sec" in m:
-            eta = m["eta_sec"]
-            speed = (f"{m['steps_per_sec']:.2f} steps/s | {m['pairs_per_sec']:.0f} pairs/s | "
-                     f"ETA {int(eta // 3600)}h{int(eta % 3600 // 60):02d}m{int(eta % 60):02d}s")
-        else:
-            speed = "compiling step"
-        return (f"step {step}/{self.total} | {speed} | loss {m['loss']:.4f} "
-                f"(i2t {m['loss_i2t']:.3f}, t2i {m['loss_t2i']:.3f}) | in-batch top1 "
-                f"{m['i2t_top1']:.3f} | temperature {m['temperature']:.4f} | "
-                f"lr {m['learning_rate']:.2e}")
-
-
-def tensorboard_name(key: str) -> str:
-    """A metric key as a valid TensorBoard tag (``[A-Za-z0-9_./-]``): ``R@1`` -> ``R_at_1``."""
-    return re.sub(r"[^A-Za-z0-9_./-]", "_", key.replace("@", "_at_"))
-
-
-class _MetricWriter:
-    """metrics.jsonl (one object per point) + TensorBoard scalars.
-
-    TensorBoard events are written with tensorboardX, which needs neither the
-    tensorboard package nor TensorFlow's summary ops.
-    """
-
-    def __init__(self, workdir: str, enabled: bool):
-        from tensorboardX import SummaryWriter
-
-        self.enabled = enabled
-        if enabled:
-            self.jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a")
-            self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
-
-    def write(self, step: int, metrics: dict):
-        if not (self.enabled and metrics):
-            return
-        self.jsonl.write(json.dumps({"step": step, **metrics}) + "\n")
-        self.jsonl.flush()
-        for key, value in metrics.items():
-            if math.isfinite(value):
-                self.tb.add_scalar(tensorboard_name(key), value, step)
-        self.tb.flush()
-
-    def close(self):
-        if self.enabled:
-            self.jsonl.close()
-            self.tb.close()
-
-
-class _StopOnSigterm:
-    """Turns SIGTERM into a flag; ``agreed()`` is the preemption sync point.
-
-    Hosts receive the signal at different steps (or only some of them do).
-    After every step each host calls ``agreed()``: with several processes it
-    is an all-gather of the hosts' flags (a few bytes, one collective per
-    step), so every host sees the same answer at the same step, saves the same
-    checkpoint and stops together. With one process it is the local flag.
-    """
-
-    requested = False
-
-    def _handle(self, signum, frame):
-        self.requested = True
-
-    def agreed(self) -> bool:
-        if jax.process_count() == 1:
-            return self.requested
-        from jax.experimental import multihost_utils
-
-        flags = multihost_utils.process_allgather(np.asarray(self.requested, np.int32))
-        return bool(np.any(flags))
-
-    def __enter__(self):
-        try:
-            self._previous = signal.signal(signal.SIGTERM, self._handle)
-        except ValueError:  # not the main thread: leave signals alone
-            self._previous = None
-            logging.warning("not in the main thread: SIGTERM will not checkpoint")
-        return self
-
-    def __exit__(self, *exc):
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
-        return False
-
-
 def main(argv):
     """Command line: progress and results on stdout, everything else in ``<workdir>/train.log``.
 
-    Library chatter (orbax, absl, XLA/TF C++ messages such as CUDA/TPU
-    probing, gloo's connection lines on several processes) is written to file
-    descriptors 1 and 2, which point at the log file during the run; the
-    console gets progress, results and, on an error, one line on the real
-    stderr (traceback in the log). With ``--coordinator_address`` (or any of
-    the multi-process flags) this is one process of a multi-process job:
-    process ``i > 0`` logs to ``train.process<i>.log``.
+    Library chatter (orbax, absl, XLA/TF C++ messages, gloo's connection lines)
+    goes to file descriptors 1 and 2, which point at the log during the run
+    (``common.console``); an error is one line on the terminal's stderr. With
+    the multi-process flags, process ``i > 0`` logs to ``train.process<i>.log``.
     """
     del argv
     if _WORKDIR.value is None:
         raise app.UsageError("--workdir is required")
+    try:  # before anything is printed or created
+        check_config(_CONFIG.value)
+    except ConfigError as error:
+        sys.exit(f"error: {error}")
     # First thing: a SIGTERM during start-up (distributed initialisation, data,
     # compilation: minutes on a big job) stops the run at its first step, with
     # a checkpoint and exit status 75, instead of killing this host while the
     # others wait for it.
-    with _StopOnSigterm() as sigterm:
+    with StopOnSigterm() as sigterm:
         _run_command_line(_WORKDIR.value, sigterm)
 
 
-def _run_command_line(workdir: str, sigterm: "_StopOnSigterm") -> None:
+def _run_command_line(workdir: str, sigterm: StopOnSigterm) -> None:
     global _CONSOLE
-    from common.corpus_dir import IncompleteCorpus
-
-    process = 0
     multi_process_flags = (_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
     if any(flag is not None for flag in multi_process_flags) and not jax.distributed.is_initialized():
         # Before any other JAX call: the backend is created with the job's devices.
         # Flags left unset are detected where JAX can (Cloud TPU, SLURM, ...).
         # JAX's preemption service is off: its SIGTERM notifier would replace
         # this process's handler (installed above), and the run has its own
-        # sync point (``_StopOnSigterm.agreed``).
+        # sync point (``StopOnSigterm.agreed``).
         jax.config.update("jax_enable_preemption_service", False)
         jax.distributed.initialize(coordinator_address=_COORDINATOR.value,
                                    num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)
-    if jax.distributed.is_initialized():
-        process = jax.process_index()
-    local = "://" not in workdir
+    process = jax.process_index() if jax.distributed.is_initialized() else 0
     # One log per process (process 0's is train.log): hosts sharing a workdir
     # must not interleave their lines in one file.
     log_name = "train.log" if process == 0 else f"train.process{process}.log"
-    log_path = os.path.join(workdir if local else ".", log_name)
-    os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    console, stderr = os.fdopen(os.dup(1), "w"), os.fdopen(os.dup(2), "w")   # the real ones
+    log_path = os.path.join(workdir if "://" not in workdir else ".", log_name)
     status = 0
-    with open(log_path, "a") as log:
-        os.dup2(log.fileno(), 1)
-        os.dup2(log.fileno(), 2)
-        _CONSOLE = console
-        print(f"training {workdir} (log: {log_path})", file=console, flush=True)
+    with console.library_output_to_log(log_path, stdout=True) as terminal:
+        _CONSOLE = terminal
+        print(f"training {workdir} (log: {log_path})", file=terminal, flush=True)
         try:
             final = train_and_evaluate(_CONFIG.value, workdir, sigterm=sigterm)
             summary = {k: v for k, v in final.items() if not k.startswith("train/") or k == "train/loss"}
             logging.info("final: %s", json.dumps(summary, sort_keys=True))
-            print(f"{'preempted' if final['preempted'] else 'done'} at step {final['step']}; "
-                  f"metrics: {os.path.join(workdir, 'metrics.jsonl')}", file=console, flush=True)
+            skipped = (f", {final['data/records_skipped']:,} damaged record(s) skipped"
+                       if final.get("data/records_skipped") else "")
+            print(f"{'preempted' if final['preempted'] else 'done'} at step {final['step']}{skipped}; "
+                  f"metrics: {os.path.join(workdir, 'metrics.jsonl')}", file=terminal, flush=True)
             status = EXIT_PREEMPTED if final["preempted"] else 0
-        except IncompleteCorpus as error:  # the build has not finished: its own one-line message
-            print(f"error: {error}", file=stderr, flush=True)
-            status = 1
         except Exception as error:  # one line on the console, the traceback in the log
-            logging.exception("training failed")
-            first_line = (str(error).splitlines() or [""])[0]
-            print(f"error: {type(error).__name__}: {first_line} (details: {log_path})",
-                  file=stderr, flush=True)
-            status = 1
+            status = console.failure(damage_in(error) or error, "training", log_path,
+                                     expected=(IncompleteCorpus, DamagedFile, ConfigError))
         finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os.dup2(console.fileno(), 1)
-            os.dup2(stderr.fileno(), 2)
-            console.close()
-            stderr.close()
             _CONSOLE = None
     if status:
         sys.exit(status)

@@ -12,9 +12,11 @@ token per line, line number = token id.
 
 from __future__ import annotations
 
-import argparse
 import os
+import sys
 from typing import Optional, Sequence
+
+from common import cli
 
 #: Fixed ids: [PAD] must be 0 because the tokenizer pads with 0 and the text
 #: encoder derives its attention mask from ``ids != 0``.
@@ -65,16 +67,21 @@ def build_vocab(
 
     ``max_texts`` bounds how many alt-texts are counted (word counting runs in
     this one process; a few million texts already pin down a 100k vocabulary).
-    Works for local and ``gs://`` directories.
+    Works for local and ``gs://`` directories. A damaged shard raises
+    ``trainer.shard_reader.DamagedShard`` (one line naming it).
     """
     import tensorflow as tf
 
     from trainer.input_pipeline import read_texts
+    from trainer.shard_reader import damage_in
 
     texts = read_texts(data_dir, split)
     if max_texts is not None:
         texts = texts.take(max_texts)
-    vocab = learn_vocab(texts, vocab_size, min_count=min_count)
+    try:
+        vocab = learn_vocab(texts, vocab_size, min_count=min_count)
+    except tf.errors.OpError as error:  # raised inside tf.data: the reader's own one-line error
+        raise damage_in(error) or error
     from common.corpus_dir import read_dir
 
     path = output_path or os.path.join(read_dir(data_dir), VOCAB_FILENAME)
@@ -83,8 +90,8 @@ def build_vocab(
     return path
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = cli.ArgumentParser(prog="python -m trainer.vocab", description=__doc__.split("\n\n")[0])
     parser.add_argument("--data_dir", required=True, help="shard directory (local or gs://)")
     parser.add_argument("--vocab_size", type=int, required=True, help="target size (ALIGN: 100000)")
     parser.add_argument("--split", default="train")
@@ -95,24 +102,21 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                         help="read a corpus whose build did not finish (no COMPLETED)")
     args = parser.parse_args(argv)
     from common import console
-    from common.corpus_dir import IncompleteCorpus, require_completed
+    from common.corpus_dir import DamagedFile, IncompleteCorpus, require_completed
 
     try:
         data_dir = require_completed(args.data_dir, args.allow_incomplete, "--allow_incomplete")
     except IncompleteCorpus as error:
         parser.exit(2, f"error: {error}\n")
-    if argv is None:  # the command line, not a test: library chatter goes to a log file
-        console.route_library_output("vocab")
-    path = build_vocab(
-        data_dir,
-        args.vocab_size,
-        args.split,
-        min_count=args.min_count,
-        max_texts=args.max_texts,
-        output_path=args.output,
-    )
+    log = console.route_library_output("vocab") if argv is None else "the log"
+    try:
+        path = build_vocab(data_dir, args.vocab_size, args.split, min_count=args.min_count,
+                           max_texts=args.max_texts, output_path=args.output)
+    except Exception as error:  # one line for the person, the traceback in the log
+        return console.failure(error, "vocabulary", log, expected=(DamagedFile, FileNotFoundError))
     print(path)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -7,6 +7,7 @@ import pickle
 import numpy as np
 import pytest
 
+from common.vectors import l2_normalize
 from dedup import buckets, kmeans, verify
 from dedup.synthetic import planted_embeddings
 
@@ -17,8 +18,8 @@ def _random_sets(rng, rows, num_clusters, n=10):
 
 def _correlated_sets(rng, rows, num_clusters, n=10, dim=8):
     """Top-n clusters of random points: neighbouring rows share many clusters, as in real data."""
-    centroids = kmeans.l2_normalize(rng.standard_normal((num_clusters, dim)))
-    points = kmeans.l2_normalize(rng.standard_normal((rows, dim)))
+    centroids = l2_normalize(rng.standard_normal((num_clusters, dim)))
+    points = l2_normalize(rng.standard_normal((rows, dim)))
     return kmeans.CentroidAssigner(centroids).top_clusters(points, n)
 
 
@@ -172,7 +173,7 @@ def test_pair_cosines_equal_plain_dot_products_across_blocks():
     index = rng.standard_normal((80, 12)).astype(np.float32)
     q = rng.integers(0, 50, 1000)
     r = rng.integers(0, 80, 1000)
-    expected = np.einsum("ij,ij->i", kmeans.l2_normalize(queries)[q], kmeans.l2_normalize(index)[r])
+    expected = np.einsum("ij,ij->i", l2_normalize(queries)[q], l2_normalize(index)[r])
     for block in (7, 64, 4096):
         np.testing.assert_allclose(verify.pair_cosines(queries, index, q, r, block_pairs=block), expected, atol=1e-6)
     dense = verify.block_cosines(queries, index)

@@ -137,7 +137,7 @@ def test_command_line_writes_a_report(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "recommended threshold" in printed and "flip/horizontal" in printed
     # The file is what a checkpoint/onnx embedder reads its threshold from.
-    assert embedders._read_calibrated_threshold(str(out), "dct") == report["recommended_threshold"]
+    assert embedders.read_calibrated_threshold(str(out), "dct") == report["recommended_threshold"]
 
 
 def test_average_precision_matches_scikit_learn():

@@ -5,6 +5,7 @@ import pickle
 import numpy as np
 import pytest
 
+from common.vectors import l2_normalize
 from dedup import buckets, cluster_lists, kmeans, verify
 from dedup.synthetic import planted_embeddings
 
@@ -67,7 +68,7 @@ def test_exact_whatever_the_centroids():
     """Random centroids (not k-means) only make the search slower; a single centroid too."""
     rng = np.random.default_rng(3)
     corpus, index = planted_embeddings(4_000, 2_000, zipf=True, seed=5)
-    for centroids in (kmeans.l2_normalize(rng.standard_normal((300, 64))), index[:1]):
+    for centroids in (l2_normalize(rng.standard_normal((300, 64))), index[:1]):
         lost, extra, truth = lost_and_extra(corpus, index, centroids)
         assert len(truth) > 100
         assert not lost and not extra
@@ -112,7 +113,7 @@ def test_rows_sorted_results_probes_and_counts():
     found = lists.search(corpus)
     order = np.lexsort((found.index_rows, found.query_rows))
     np.testing.assert_array_equal(order, np.arange(len(found)))
-    assert found.probed_lists == int(lists.probes(kmeans.l2_normalize(corpus)).sum())
+    assert found.probed_lists == int(lists.probes(l2_normalize(corpus)).sum())
     assert len(found) <= found.compared_pairs <= len(corpus) * len(index)
     list_by_list = cluster_lists.ClusterListIndex(index, centroids, THRESHOLD, call_overhead=0).search(corpus)
     assert list_by_list.compared_pairs < len(corpus) * len(index) / 2
@@ -121,8 +122,8 @@ def test_rows_sorted_results_probes_and_counts():
 
 def test_zero_rows_empty_inputs_and_errors():
     rng = np.random.default_rng(7)
-    centroids = kmeans.l2_normalize(rng.standard_normal((20, 16)))
-    index = kmeans.l2_normalize(rng.standard_normal((50, 16)))
+    centroids = l2_normalize(rng.standard_normal((20, 16)))
+    index = l2_normalize(rng.standard_normal((50, 16)))
     index[3] = 0.0
     lists = cluster_lists.ClusterListIndex(index, centroids, 0.9)
     assert lists.num_rows == 49 and 3 not in lists.row_ids.tolist()
@@ -142,9 +143,9 @@ def test_zero_rows_empty_inputs_and_errors():
 
 
 def test_threshold_is_exclusive():
-    x = kmeans.l2_normalize(np.array([[1.0, 0.0, 0.0]], np.float32))
+    x = l2_normalize(np.array([[1.0, 0.0, 0.0]], np.float32))
     angle = np.arccos(0.9)
-    y = kmeans.l2_normalize(np.array([[np.cos(angle), np.sin(angle), 0.0]], np.float32))
+    y = l2_normalize(np.array([[np.cos(angle), np.sin(angle), 0.0]], np.float32))
     cosine = float((x @ y.T)[0, 0])
     at = cluster_lists.ClusterListIndex(y, x, cosine)
     just_below = cluster_lists.ClusterListIndex(y, x, float(np.nextafter(np.float32(cosine), np.float32(0))))
@@ -165,8 +166,8 @@ def test_pickle_round_trip_searches_the_same():
 
 def test_exhaustive_reference_matches_plain_products():
     rng = np.random.default_rng(9)
-    q = kmeans.l2_normalize(rng.standard_normal((40, 4)))
-    x = kmeans.l2_normalize(rng.standard_normal((30, 4)))
+    q = l2_normalize(rng.standard_normal((40, 4)))
+    x = l2_normalize(rng.standard_normal((30, 4)))
     ref = cluster_lists.exhaustive_pairs(q, x, 0.8)
     sims = q @ x.T
     assert _pairs(ref) == set(zip(*[a.tolist() for a in np.nonzero(sims > 0.8)]))

@@ -5,6 +5,7 @@ import numpy as np
 from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
+from common.vectors import l2_normalize
 from dedup import corpus_dedup, keyed_joins, kmeans, transforms
 from dedup.synthetic import at_angle
 
@@ -24,12 +25,12 @@ def near_duplicate_corpus(size=600, seed=0):
     near-duplicates too); a chain c0 ~ c1 ~ c2 where c0 and c2 are not.
     """
     rng = np.random.default_rng(seed)
-    vectors = {f"r{i:04d}": v for i, v in enumerate(kmeans.l2_normalize(rng.standard_normal((size, DIM))))}
+    vectors = {f"r{i:04d}": v for i, v in enumerate(l2_normalize(rng.standard_normal((size, DIM))))}
     for group, copies in (("n0", 2), ("n1", 4)):
         base = vectors[f"r{rng.integers(size):04d}"]
         for j in range(copies):
             vectors[f"{group}_{j}"] = _copy_at(rng, base, 0.99)
-    c0 = kmeans.l2_normalize(rng.standard_normal((1, DIM)))[0]
+    c0 = l2_normalize(rng.standard_normal((1, DIM)))[0]
     c1 = _copy_at(rng, c0, 0.98)
     # c2 continues away from c0 in the c0-c1 plane: cos(c1, c2) = 0.98, cos(c0, c2) ~ 0.92.
     angle = np.arccos(0.98)
@@ -41,7 +42,7 @@ def near_duplicate_corpus(size=600, seed=0):
 
 def exhaustive_removed(vectors, threshold):
     keys = sorted(vectors)
-    x = kmeans.l2_normalize(np.stack([vectors[k] for k in keys]))
+    x = l2_normalize(np.stack([vectors[k] for k in keys]))
     sims = x @ x.T
     removed = set()
     for j, key in enumerate(keys):
@@ -114,7 +115,7 @@ def test_self_join_pairs_once_each():
     """BucketJoin returns each near-duplicate pair exactly once, smaller key first."""
     vectors = near_duplicate_corpus(size=200)
     keys = sorted(vectors)
-    x = kmeans.l2_normalize(np.stack([vectors[k] for k in keys]))
+    x = l2_normalize(np.stack([vectors[k] for k in keys]))
     sims = x @ x.T
     expected = [
         (keys[i], keys[j])

@@ -5,15 +5,16 @@ import pickle
 import numpy as np
 import pytest
 
+from common.vectors import l2_normalize
 from dedup import kmeans
 
 
 def _blobs(n, dim=16, centers=8, spread=0.05, seed=0):
     rng = np.random.default_rng(seed)
-    c = kmeans.l2_normalize(rng.standard_normal((centers, dim)))
+    c = l2_normalize(rng.standard_normal((centers, dim)))
     labels = rng.integers(0, centers, n)
     x = c[labels] + spread * rng.standard_normal((n, dim)).astype(np.float32)
-    return kmeans.l2_normalize(x), c, labels
+    return l2_normalize(x), c, labels
 
 
 def test_effective_num_clusters_rule():
@@ -96,13 +97,13 @@ def test_top_clusters_match_brute_force_and_batching():
 
 def test_thin_centroids_keeps_large_clusters_and_a_minimum_angle():
     rng = np.random.default_rng(3)
-    base = kmeans.l2_normalize(rng.standard_normal((6, 16)))
+    base = l2_normalize(rng.standard_normal((6, 16)))
     # Centroid 1 is a near copy of 0, 3 of 2; 2 is the bigger of that pair.
-    near = lambda v: kmeans.l2_normalize(v + 0.01 * rng.standard_normal(16).astype(np.float32))[0]
+    near = lambda v: l2_normalize(v + 0.01 * rng.standard_normal(16).astype(np.float32))[0]
     c = np.stack([base[0], near(base[0][None]), base[2], near(base[2][None]), base[4], base[5]])
     sizes = np.array([10, 5, 1, 7, 3, 3])
     kept = kmeans.thin_centroids(c, sizes, merge_cosine=0.99)
-    np.testing.assert_allclose(kept, kmeans.l2_normalize(c[[0, 3, 4, 5]]), rtol=1e-6)
+    np.testing.assert_allclose(kept, l2_normalize(c[[0, 3, 4, 5]]), rtol=1e-6)
     sims = kept @ kept.T
     assert (sims[~np.eye(len(kept), dtype=bool)] <= 0.99).all()
     # Nothing is close: nothing is dropped.

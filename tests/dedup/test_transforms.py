@@ -8,6 +8,7 @@ import pytest
 from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
+from common.vectors import l2_normalize
 from dedup import kmeans, transforms
 from dedup.synthetic import at_angle
 
@@ -26,7 +27,7 @@ class FakeIndexSet:
 
 
 def _unit(x):
-    return kmeans.l2_normalize(np.asarray(x, np.float32))
+    return l2_normalize(np.asarray(x, np.float32))
 
 
 def _copy_at(rng, y, cosine):

@@ -414,7 +414,7 @@ def test_cli_prints_table_and_writes_report(tmp_path, capsys):
 
 def test_cli_accepts_stats_dir_and_no_html(tmp_path, capsys):
     stats_dir = write_fixture_stats(tmp_path)
-    assert audit.main([stats_dir, "--no-html"]) == 0
+    assert audit.main([stats_dir, "--no_html"]) == 0
     assert "report: " not in capsys.readouterr().out
     assert not os.path.exists(os.path.join(stats_dir, "report.html"))
 
@@ -423,10 +423,10 @@ def test_cli_exit_status_on_failed_check_and_missing_funnel(tmp_path, capsys):
     funnel = make_funnel()
     funnel["input"] += 3
     write_fixture_stats(tmp_path / "bad", funnel=funnel)
-    assert audit.main([str(tmp_path / "bad"), "--no-html"]) == 1
+    assert audit.main([str(tmp_path / "bad"), "--no_html"]) == 1
     assert "CONSERVATION CHECK FAILED" in capsys.readouterr().out
     os.makedirs(tmp_path / "empty")
-    assert audit.main([str(tmp_path / "empty"), "--no-html", "--allow-incomplete"]) == 2
+    assert audit.main([str(tmp_path / "empty"), "--no_html", "--allow_incomplete"]) == 2
     assert "no funnel.json" in capsys.readouterr().err
 
 
@@ -436,18 +436,46 @@ def test_cli_refuses_a_build_that_did_not_finish(tmp_path, capsys):
     os.remove(tmp_path / "COMPLETED")
     for target in (str(tmp_path), stats_dir):
         with pytest.raises(SystemExit) as exit_info:
-            audit.main([target, "--no-html"])
+            audit.main([target, "--no_html"])
         assert exit_info.value.code == 2
         err = capsys.readouterr().err
-        assert err.count("\n") == 1 and "has no COMPLETED" in err and "--allow-incomplete" in err
-    assert audit.main([str(tmp_path), "--no-html", "--allow-incomplete"]) == 0
+        assert err.count("\n") == 1 and "has no COMPLETED" in err and "--allow_incomplete" in err
+    assert audit.main([str(tmp_path), "--no_html", "--allow_incomplete"]) == 0
 
 
 def test_cli_runs_as_a_module(tmp_path):
     write_fixture_stats(tmp_path)
     done = subprocess.run(
-        [sys.executable, "-m", "pipeline.audit", str(tmp_path), "--no-html"],
+        [sys.executable, "-m", "pipeline.audit", str(tmp_path), "--no_html"],
         cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO), capture_output=True, text=True,
     )
     assert done.returncode == 0, done.stderr
     assert "conservation: input 10,000" in done.stdout
+
+
+@pytest.mark.parametrize("damage", ["truncated", "binary", "not an object"])
+def test_cli_names_a_damaged_funnel_in_one_line(tmp_path, capsys, damage):
+    """A truncated or corrupt funnel.json: one line naming it and what to do; the report still says what it can."""
+    stats_dir = write_fixture_stats(tmp_path)
+    path = os.path.join(stats_dir, audit.FUNNEL_FILE)
+    text = open(path, "rb").read()
+    damaged = {"truncated": text[: len(text) // 2], "binary": b"\xff\xfe\x00garbage" + text,
+               "not an object": b"[1, 2, 3]"}[damage]
+    open(path, "wb").write(damaged)
+    assert audit.main([str(tmp_path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and captured.err.startswith(f"error: {path}: "), captured.err
+    assert "rebuild the corpus" in captured.err and "Traceback" not in captured.err
+    page = open(os.path.join(stats_dir, audit.REPORT_FILE), encoding="utf-8").read()
+    assert "FUNNEL CHECK FAILED" in page and "funnel.json: " in page
+
+
+def test_report_counts_what_it_cannot_read_in_the_other_stats_files(tmp_path):
+    stats_dir = write_fixture_stats(tmp_path, omit=NO_PLOTS)
+    with open(os.path.join(stats_dir, audit.SAMPLES_FILE), "ab") as handle:
+        handle.write(b'{"reason": "text/too_short", "alt_te\n\xff\xfe\n')  # a cut line, then binary junk
+    open(os.path.join(stats_dir, audit.CONCEPTS_FILE), "w").write('{"splits": {"tra')
+    text = open(audit.render_report(str(tmp_path)), encoding="utf-8").read()
+    assert "rejected_samples.jsonl: 2 unreadable line(s) skipped" in text
+    assert "concepts.json: not valid JSON" in text
+    assert 'class="banner ok"' in text  # the funnel itself is whole

@@ -201,7 +201,7 @@ def test_a_killed_build_is_refused_and_a_new_build_replaces_it(tmp_path):
     first.wait()
     assert not (out / "dataset_info.json").exists()
     (killed,) = [p.name for p in (out / "versions").iterdir()]
-    audit = subprocess.run([sys.executable, "-m", "pipeline.audit", str(out), "--no-html"], cwd=ROOT, env=env,
+    audit = subprocess.run([sys.executable, "-m", "pipeline.audit", str(out), "--no_html"], cwd=ROOT, env=env,
                            capture_output=True, text=True)
     assert audit.returncode == 2 and "has no committed corpus" in audit.stderr
     killed_files = snapshot(out / "versions" / killed)

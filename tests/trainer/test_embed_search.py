@@ -7,6 +7,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from common.vectors import l2_normalize
 from trainer import checkpoint, embed, search
 from trainer.evaluators import encode_in_batches
 from trainer.input_pipeline import make_dataset
@@ -145,8 +146,8 @@ def test_search_returns_the_exact_top_k_for_each_kind_of_query(exported, encoder
 
 def test_the_inverted_file_index_is_used_above_the_threshold():
     rng = np.random.default_rng(0)
-    vectors = search.normalise(rng.normal(size=(400, 16)))
-    queries = search.normalise(rng.normal(size=(5, 16)))
+    vectors = l2_normalize(rng.normal(size=(400, 16)))
+    queries = l2_normalize(rng.normal(size=(5, 16)))
     ivf = search.Index(vectors, ivf_threshold=100, nprobe=1000)   # every list probed: exact
     assert ivf.description.startswith("inverted-file search over 400 (10 lists")
     flat = search.Index(vectors, ivf_threshold=1000)

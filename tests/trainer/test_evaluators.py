@@ -5,6 +5,7 @@ import os
 import numpy as np
 import pytest
 
+from common.vectors import l2_normalize
 from trainer import evaluators
 from trainer.evaluators import knn, retrieval, zeroshot
 from trainer.input_pipeline import make_dataset
@@ -73,8 +74,8 @@ def test_identity_embeddings_retrieve_perfectly_with_chance_reported():
 def test_random_embeddings_score_near_chance():
     rng = np.random.default_rng(0)
     n, dim = 1000, 32
-    images = evaluators.l2_normalize(rng.normal(size=(n, dim)))
-    texts = evaluators.l2_normalize(rng.normal(size=(n, dim)))
+    images = l2_normalize(rng.normal(size=(n, dim)))
+    texts = l2_normalize(rng.normal(size=(n, dim)))
     metrics = retrieval.retrieval_metrics(images, texts, range(n), range(n))
     for direction in ("i2t", "t2i"):
         assert metrics[f"{direction}_R@10_chance"] == pytest.approx(0.01)
@@ -97,11 +98,11 @@ def test_ties_count_against_the_query_so_a_collapsed_model_scores_zero():
 
 def test_duplicate_captions_and_images_are_one_candidate_with_several_positives():
     e = np.eye(4, dtype=np.float32)
-    shared = evaluators.l2_normalize(e[0] + e[1])
+    shared = l2_normalize(e[0] + e[1])
     # Pairs 0 and 1: two images with the same caption; pairs 2 and 3: one image with two captions.
     images = np.stack([e[0], e[1], e[2], e[2]])
     texts = np.stack([shared, shared, e[2] + 0.1 * e[3], e[2] + 0.2 * e[3]])
-    texts = evaluators.l2_normalize(texts)
+    texts = l2_normalize(texts)
     metrics = retrieval.retrieval_metrics(images, texts, ["a", "b", "c", "c"], ["x", "x", "y", "z"])
     assert (metrics["num_pairs"], metrics["num_images"], metrics["num_captions"]) == (4, 3, 3)
     # Any tie-break among the copies is a hit: both directions are perfect.
@@ -194,13 +195,13 @@ def test_class_embedding_is_the_normalised_mean_over_templates(tokenizer):
     table = np.random.default_rng(0).normal(size=(tokenizer.vocab_size, 8))
 
     def encode(tokens):  # a bag-of-wordpieces text encoder
-        return evaluators.l2_normalize(table[tokens].sum(axis=1))
+        return l2_normalize(table[tokens].sum(axis=1))
 
     templates = ("a {}.", "photo of a {}", "{} drawn on white")
     got = zeroshot.class_embeddings(fixed_batch(encode, 4), tokenizer, ["circle", "large_square"], templates, 4)
     for row, name in zip(got, ["circle", "large square"]):
         per_template = encode(tokenizer.tokenize_numpy([t.format(name) for t in templates]))
-        np.testing.assert_allclose(row, evaluators.l2_normalize(per_template.mean(axis=0)), rtol=1e-5)
+        np.testing.assert_allclose(row, l2_normalize(per_template.mean(axis=0)), rtol=1e-5)
 
 
 def test_topk_accuracy():

@@ -345,12 +345,12 @@ def test_restore_reads_no_shard_before_its_position(tiny_corpus, tokenizer, trai
     # shard that precedes it in that epoch; the batches are the uninterrupted ones.
     reads = collections.Counter()
 
-    def counting_open(path, epoch):
+    def counting_open(path, epoch, reader):
         def count(p, e):
             reads[(int(e.numpy()), p.numpy().decode())] += 1
             return np.int64(0)
 
-        records = tf.data.TFRecordDataset(path)
+        records = reader.dataset(path)
         return records.map(lambda r: (r, tf.py_function(count, [path, epoch], tf.int64))).map(lambda r, _: r)
 
     monkeypatch.setattr(input_pipeline, "_open_shard", counting_open)

@@ -185,6 +185,6 @@ def test_a_corpus_whose_build_did_not_finish_is_refused(tiny_corpus, cache_dir, 
     killed = tmp_path / "killed"
     shutil.copytree(tiny_corpus, killed)
     os.remove(killed / "COMPLETED")
-    with pytest.raises(IncompleteCorpus, match="allow_incomplete_data"):
+    with pytest.raises(IncompleteCorpus, match="allow_incomplete"):
         train.train_and_evaluate(small_config(str(killed), cache_dir), str(tmp_path / "work"))
     assert not os.path.exists(tmp_path / "work")

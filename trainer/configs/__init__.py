@@ -8,7 +8,7 @@ field can be overridden on the command line (``--config.total_steps=100``,
 Fields:
   data_dir       shard directory (the pipeline's output); required. A build
                  that did not finish (no COMPLETED) is refused unless
-                 ``allow_incomplete_data`` is True.
+                 ``allow_incomplete`` is True.
   vocab_path     wordpiece vocabulary; default ``<data_dir>/vocab.txt``.
   eval_dir       optional labelled image folder ``{train,test}/<class>/``
                  for the zero-shot and KNN evaluators (skipped when empty).
@@ -43,11 +43,23 @@ Fields:
   compilation_cache_dir  optional persistent XLA compilation cache.
   xla_cpu_fast_compile   on CPU, compile with LLVM's cheap passes (for tests
                  and very short runs: faster compiles, slower steps).
+  skip_corrupt_records   train past damaged shard records (a failed checksum,
+                 a truncated shard), counted and reported, instead of stopping
+                 at the first with an error naming the file. Evaluators over
+                 the shards still stop: a score over fewer pairs than the
+                 last run's would not compare with it.
+
+``check(config)`` checks every value against its range (``RANGES``,
+``CHOICES``) before the trainer builds anything; the error is one line
+naming the field as the command line spells it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
+from typing import Optional
 
 import ml_collections
 from ml_collections import config_dict
@@ -68,7 +80,12 @@ def compute_dtype(config):
 
 
 def cpu_fast_compile_options() -> dict:
-    """XLA options for LLVM's cheap passes on CPU (``xla_cpu_fast_compile``); {} elsewhere."""
+    """XLA options for LLVM's cheap passes on CPU (``xla_cpu_fast_compile``); {} elsewhere.
+
+    About half the compile time of the init's ~150 random initialisers, at
+    the cost of slower code: the trainer always compiles its one-off programs
+    (init, optimizer init) so, and every program when the config asks.
+    """
     import jax  # here: a config file loads without JAX
 
     if jax.default_backend() != "cpu":
@@ -85,7 +102,7 @@ def base_config(*, image_variant: str, text_size: str, embed_dim: int, image_siz
     c = ml_collections.ConfigDict()
     c.seed = 0
     c.data_dir = ""
-    c.allow_incomplete_data = False
+    c.allow_incomplete = False
     c.vocab_path = ""
     c.eval_dir = ""
     c.train_split = "train"
@@ -100,6 +117,7 @@ def base_config(*, image_variant: str, text_size: str, embed_dim: int, image_siz
     c.prng_impl = "threefry2x32"
     c.compilation_cache_dir = ""
     c.xla_cpu_fast_compile = False
+    c.skip_corrupt_records = False
 
     c.model = ml_collections.ConfigDict()
     c.model.name = "two_tower"
@@ -146,3 +164,121 @@ def base_config(*, image_variant: str, text_size: str, embed_dim: int, image_siz
     # The page of held-out queries and what the model retrieves: at the end only.
     c.evals.gallery = {"split": "validation"}
     return c
+
+
+# ---------------------------------------------------------------------------
+# Ranges: checked before anything is built
+# ---------------------------------------------------------------------------
+
+
+class ConfigError(ValueError):
+    """A config value outside its range: ``--config.<field>=<value>: must be ...``."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """The values a numeric field may hold; ``optional``: None (unset) too."""
+
+    integer: bool
+    low: Optional[float] = None
+    high: Optional[float] = None
+    high_open: bool = False  # ``high`` itself excluded (rates, momenta, smoothing)
+    low_open: bool = False
+    optional: bool = False
+
+    def admits(self, value) -> bool:
+        if value is None:
+            return self.optional
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return False
+        if self.integer and not float(value).is_integer():
+            return False
+        if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
+            return False
+        return self.high is None or (value < self.high or (not self.high_open and value == self.high))
+
+    def __str__(self) -> str:
+        kind = "an integer" if self.integer else "a number"
+        if self.low is not None and self.high is not None:
+            bounds = f" in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+        elif self.low is not None:
+            bounds = f" {'>' if self.low_open else '>='} {self.low:g}"
+        else:
+            bounds = ""
+        return kind + bounds + (" (or unset)" if self.optional else "")
+
+
+COUNT, POSITIVE_COUNT = Range(True, 0), Range(True, 1)
+FRACTION = Range(False, 0, 1, high_open=True)  # dropout, smoothing, momentum-like rates
+PROBABILITY = Range(False, 0, 1)
+
+#: Field path -> its range. A field a config does not have is not checked.
+RANGES = {
+    "seed": Range(True), "batch_size": POSITIVE_COUNT, "total_steps": POSITIVE_COUNT,
+    "image_size": POSITIVE_COUNT, "resize_size": Range(True, 1, optional=True),
+    "max_text_len": Range(True, 2),  # [CLS] and [SEP]
+    "log_every": POSITIVE_COUNT, "checkpoint_every": POSITIVE_COUNT, "keep_checkpoints": POSITIVE_COUNT,
+    "eval_batch_size": POSITIVE_COUNT,
+    "model.embed_dim": POSITIVE_COUNT, "model.temperature_init": Range(False, 0, low_open=True),
+    "model.image.dropout": Range(False, 0, 1, high_open=True, optional=True), "model.image.drop_path": FRACTION,
+    "model.image.width": Range(False, 0, low_open=True, optional=True),
+    "model.image.depth": Range(False, 0, low_open=True, optional=True),
+    "model.image.bn_momentum": PROBABILITY, "model.text.dropout": FRACTION,
+    "loss.label_smoothing": FRACTION,
+    "optim.peak_lr": Range(False, 0), "optim.warmup_steps": COUNT,  # 0: a run that never updates
+    "optim.weight_decay": Range(False, 0), "optim.b1": FRACTION, "optim.b2": FRACTION,
+    "optim.eps": Range(False, 0, low_open=True), "optim.grad_clip_norm": Range(False, 0, low_open=True, optional=True),
+    "tonics.refresh_every": COUNT, "tonics.refresh_instances": POSITIVE_COUNT,
+    "tonics.refresh_threshold": PROBABILITY, "tonics.alpha": PROBABILITY, "tonics.beta": PROBABILITY,
+}
+#: Field path -> the values it may take.
+CHOICES = {
+    "compute_dtype": ("float32", "bfloat16"), "optim.name": ("lamb", "adam"),
+    "loss.impl": ("plain", "shard_map"), "loss.directions": ("both", "image_retrieval"),
+    "model.text.pool": ("cls", "mean"),
+}
+
+
+def _field(config, path: str):
+    """(found, value) of a dotted field path."""
+    node = config
+    for part in path.split("."):
+        if not hasattr(node, "get") or part not in node:
+            return False, None
+        node = node.get(part)
+    return True, node
+
+
+def frozen_towers(config) -> set:
+    """``config.freeze`` ("", "image", "text" or "image,text") as parameter collection names."""
+    names = {part.strip() for part in (config.get("freeze") or "").split(",") if part.strip()}
+    if names - {"image", "text"}:
+        raise ConfigError(f"--config.freeze={config.freeze}: must be image, text or image,text")
+    return {f"{name}_tower" for name in names}
+
+
+def check(config) -> None:
+    """Raises ``ConfigError`` (one line, the first field out of range) unless every value is in range."""
+    def fail(path, value, expected):
+        raise ConfigError(f"--config.{path}={value}: must be {expected}")
+
+    if not config.get("data_dir"):
+        raise ConfigError("--config.data_dir is not set: the corpus to train on (e.g. --config.data_dir=out/corpus)")
+
+    for path, allowed in RANGES.items():
+        found, value = _field(config, path)
+        if found and not allowed.admits(value):
+            fail(path, value, allowed)
+    for path, allowed in CHOICES.items():
+        found, value = _field(config, path)
+        if found and value not in allowed:
+            fail(path, value, " or ".join(allowed))
+    for name, entry in (config.get("evals") or {}).items():
+        found, every = _field(entry, "every")
+        if found and not COUNT.admits(every):
+            fail(f"evals.{name}.every", every, f"{COUNT} (steps; 0: at the end only)")
+    resize = config.get("resize_size")
+    if resize is not None and resize < config.image_size:
+        fail("resize_size", resize, f"at least image_size ({config.image_size}): the crop is cut from the resize")
+    frozen_towers(config)
+

@@ -74,11 +74,6 @@ def build(evals: dict, *, context: dict, data_dir: str, eval_dir: Optional[str])
     return built
 
 
-def l2_normalize(x: np.ndarray) -> np.ndarray:
-    x = np.asarray(x, dtype=np.float32)
-    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
-
-
 def encode_in_batches(encode: Callable, batches: Iterable[np.ndarray], batch_size: int) -> np.ndarray:
     """Concatenated ``encode`` outputs; short batches padded to ``batch_size`` and unpadded."""
     outputs = []

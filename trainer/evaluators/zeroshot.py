@@ -15,7 +15,8 @@ from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 
-from trainer.evaluators import chunks, encode_image_files, encode_in_batches, l2_normalize
+from common.vectors import l2_normalize
+from trainer.evaluators import chunks, encode_image_files, encode_in_batches
 
 #: The prompt ensembles, by name (``prompt_templates.json`` next to this module).
 TEMPLATES_FILE = os.path.join(os.path.dirname(__file__), "prompt_templates.json")

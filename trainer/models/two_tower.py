@@ -30,6 +30,8 @@ IMAGE_TOWERS = {"efficientnet": efficientnet.EfficientNet, "convnet": convnet.Co
 
 
 def l2_normalize(x, eps: float = 1e-12):
+    """Unit rows inside the jitted forward pass (traced and differentiated, so JAX ops;
+    ``common.vectors.l2_normalize`` is the numpy one that compares embeddings afterwards)."""
     x = x.astype(jnp.float32)
     return x * jax.lax.rsqrt(jnp.maximum(jnp.sum(x * x, axis=-1, keepdims=True), eps * eps))
 

@@ -1,0 +1,87 @@
+"""One spelling of every option across the commands: underscores; the hyphenated one is refused in one line.
+
+Reads every command's own ``--help`` (so a new option is checked the day it
+is added) and tries the hyphenated spelling of each of its options.
+"""
+
+import importlib
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from common import cli
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+#: Command module -> how to run it: "main" (``main(argv)`` in this process, on a
+#: ``common.cli.ArgumentParser``), "module" (``python -m``, the same parser:
+#: for commands whose main takes no argv, e.g. pipeline.build once it uses
+#: common.cli) or "absl" (absl flags: ``--helpshort``, absl's own refusal).
+COMMANDS = {
+    "pipeline.audit": "main",
+    "trainer.vocab": "main",
+    "trainer.evaluate": "main",
+    "trainer.embed": "main",
+    "trainer.search": "main",
+    "trainer.train": "absl",
+}
+
+OPTION = re.compile(r"(?<![\w-])--[A-Za-z][A-Za-z0-9_.-]*[A-Za-z0-9_]")
+ENV = {**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2"}
+
+
+def run(module: str, argv: list, capsys) -> tuple:
+    """(exit status, stdout, stderr) of the command with ``argv``."""
+    if COMMANDS[module] == "main":
+        with pytest.raises(SystemExit) as exit_info:
+            importlib.import_module(module).main(argv)
+        out, err = capsys.readouterr()
+        return exit_info.value.code, out, err
+    done = subprocess.run([sys.executable, "-m", module, *argv], cwd=ROOT, capture_output=True, text=True, env=ENV)
+    return done.returncode, done.stdout, done.stderr
+
+
+def help_text(module: str, capsys) -> str:
+    absl = COMMANDS[module] == "absl"
+    status, out, err = run(module, ["--helpshort" if absl else "--help"], capsys)
+    assert (absl and "flags:" in out) or status == 0, err  # absl's --helpshort exits with status 1
+    return out
+
+
+def options_in(text: str) -> set:
+    return set(OPTION.findall(text)) - {"--help", "--helpshort", "--helpfull"}
+
+
+@pytest.mark.parametrize("module", sorted(COMMANDS))
+def test_every_option_of_every_command_is_spelled_with_underscores(module, capsys):
+    options = options_in(help_text(module, capsys))
+    assert options, f"no options found in {module} --help"
+    assert sorted(o for o in options if "-" in o[2:]) == []
+
+
+@pytest.mark.parametrize("module", sorted(COMMANDS))
+def test_the_hyphenated_spelling_is_refused_in_one_line_naming_the_right_one(module, capsys):
+    # config overrides (--config.a.b=...) are field paths, spelled as the config's fields are
+    spelled = sorted(o for o in options_in(help_text(module, capsys)) if "_" in o and not o.startswith("--config."))
+    if not spelled:
+        pytest.skip(f"{module} has no option with an underscore")
+    for right in spelled:
+        wrong = "--" + right[2:].replace("_", "-")
+        status, _, err = run(module, [f"{wrong}=1"], capsys)
+        if COMMANDS[module] == "absl":  # absl's refusal: the error with its suggestion, then a pointer to --helpshort
+            lines = err.strip().splitlines()
+            assert status != 0 and len(lines) <= 2 and right[2:] in lines[0], (wrong, err)
+        else:
+            assert status == 2 and err.count("\n") == 1, (wrong, err)
+            assert err.startswith(f"error: {wrong}:") and right in err, (wrong, err)
+
+
+def test_the_check_finds_a_hyphenated_option_and_leaves_the_rest_alone():
+    options = {"--allow_incomplete", "--no_html", "--k"}
+    assert cli.misspelled(["x", "--no-html"], options) == ("--no-html", "--no_html")
+    assert cli.misspelled(["--allow-incomplete=1"], options) == ("--allow-incomplete", "--allow_incomplete")
+    assert cli.misspelled(["--no_html", "--k", "3", "--unknown-thing"], options) is None
+    assert cli.misspelled(["--", "--no-html"], options) is None  # a positional after --

@@ -167,7 +167,12 @@ def test_beam_reader_accounts_for_every_row_against_the_footers(tmp_path):
     result.wait_until_finish()
     counters = {c.key.metric.name: c.committed for c in
                 result.metrics().query(MetricsFilter().with_namespace(READ_NAMESPACE))["counters"]}
-    assert counters == {"parquet_rows": footer_rows, "unreadable_files": 1}
+    assert counters == {
+        "parquet_rows": footer_rows, "unreadable_files": 1,
+        # what the footers state (1 for the unreadable file) == records read
+        "stated": footer_rows + 1, "stated_read": footer_rows + 1, "stated_unread": 0, "unstated": 0,
+        "unknown_loss_files": 0,
+    }
     assert sum(expected.values()) == footer_rows + 1
 
 

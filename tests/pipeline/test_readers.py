@@ -290,9 +290,10 @@ def test_own_corpus_directory_as_input_is_counted_against_dataset_info(tmp_path)
     shard.write_bytes(data[: len(data) // 2])  # 3 records stated; the cut falls inside the second
     assert tfrecord_reader.expected_records(str(shard)) == 3
     records = list(tfrecord_reader.read_file(str(shard), Columns()))
-    assert fates(records) == {"written": 1, "read/truncated_file": 2}
+    assert fates(records) == {"written": 1, "read/truncated_file": 1}
+    assert dict(records[-1].detail) == {"unread_records": 2}  # one record standing for the 2 missing
     expected = [("written", f"https://e.x/{i}.jpg") for i in (0, 1, 2, 3)] + [
-        ("read/truncated_file", f"{shard}#{n}") for n in (2, 3)
+        ("read/truncated_file", f"{shard}#after-1")
     ]
     assert_read(str(tmp_path / "*"), expected)
 

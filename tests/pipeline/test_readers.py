@@ -218,8 +218,12 @@ def test_truncated_tar_keeps_what_was_read_and_accounts_for_the_rest(tmp_path):
     write_shard(tmp_path, [sample(r["key"], r["url"], r["caption"]) for r in rows], rows, truncate=True)
     records = list(webdataset.read_file(str(tmp_path / "00000.tar"), make_columns()))
     counts = fates(records)
-    assert counts["read/truncated_shard"] == 1
-    assert counts["written"] + counts["read/missing_from_shard"] == 6  # every metadata row once
+    # the sample the cut fell in (one of its members cut short), and one marker record for the rest
+    assert counts["read/truncated_file"] == 2
+    assert counts["written"] + counts["read/missing_from_shard"] == 5  # every other metadata row once
+    cut_sample, stopped = [r for r in records if getattr(r, "reason", "") == "read/truncated_file"]
+    assert cut_sample.url.startswith("https://e.x/") and cut_sample.detail == ()
+    assert dict(stopped.detail) == {"unread_records": "unknown"}  # a tar states no count
     assert counts["written"] >= 1
 
 

@@ -73,6 +73,7 @@ from pipeline.eval_index import EvalIndex, embed_eval_sets, write_eval_index
 from pipeline.funnel_table import format_funnel
 from pipeline.near_duplicates import PAIRS, RemoveNearDuplicates, WritePairsReport
 from pipeline.read import ReadCandidates
+from pipeline.readers import limits as read_limits
 from pipeline.readers.input_notes import input_notes
 from pipeline.readers.rows import Columns, make_columns
 from pipeline.record_stages import COUNTED, MEASURES, ApplyRecordFilters, ScorePornography
@@ -147,6 +148,7 @@ class BuildOptions(PipelineOptions):
         parser.add_argument("--overwrite", action="store_true",
                             help="replace the corpus a previous build wrote in --output (deletes only its files)")
         download_stage.add_arguments(parser)
+        read_limits.add_arguments(parser)
 
 
 # ---------------------------------------------------------------------------
@@ -248,7 +250,7 @@ def input_columns(opts) -> Columns:
         getattr(opts, "url_col", ""), getattr(opts, "caption_col", ""), getattr(opts, "image_col", ""),
         carry + list(download_stage.CARRIED if download else ()), getattr(opts, "tsv_columns", ""),
     )
-    return columns._replace(download=download)
+    return columns._replace(download=download, limits=read_limits.from_options(opts))
 
 
 def embedder_args(opts) -> tuple:

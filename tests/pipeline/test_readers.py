@@ -334,3 +334,24 @@ def test_build_accounts_for_mixed_inputs(tmp_path):
     assert funnel["stages"][0]["rejected"] == {
         "read/not_downloaded": 1, "read/malformed_line": 1, "read/unknown_format": 1, "read/unreadable_file": 1,
     }
+
+
+def test_read_limits_are_flags_listed_in_the_readme_and_checked(tmp_path):
+    import argparse
+    import os
+    import re
+
+    from pipeline import build
+    from pipeline.readers import limits
+
+    parser = argparse.ArgumentParser()
+    limits.add_arguments(parser)
+    flags = {a.option_strings[0]: a.default for a in parser._actions if a.option_strings[0].startswith("--read_")}
+    readme = open(os.path.join(os.path.dirname(build.__file__), "..", "README.md")).read()
+    rows = dict(re.findall(r"^\| `(--read_[a-z_]*)` \| (\d+)", readme, re.M))
+    assert rows == {flag: str(default) for flag, default in flags.items()}
+    assert build.input_columns(build.build_parser().parse_args(["--read_max_line_bytes", "4096"])).limits == (
+        limits.ReadLimits(max_line_bytes=4096))
+    with pytest.raises(build.UsageError, match=r"^--read_max_record_bytes 0: must be a whole number >= 1$"):
+        build.run(["--input", str(tmp_path / "*.parquet"), "--output", str(tmp_path / "out"),
+                   "--read_max_record_bytes", "0"])

@@ -119,31 +119,29 @@ def tar_samples(handle, limits: ReadLimits = ReadLimits()) -> Iterator[Sample]:
         yield Sample(key, fields, problem)
 
 
-def _metadata_rows(meta_path: str, columns: Columns):
-    """The metadata Parquet's rows by img2dataset key, plus the records it already decided.
+def _metadata_records(meta_path: str, columns: Columns, by_key: Dict[str, Row]) -> Iterator[object]:
+    """The records the metadata Parquet decides by itself, streamed; its other rows go to ``by_key``.
 
-    Returns ``(by_key, decided)``: ``decided`` holds the rows of failed
-    downloads, duplicate keys, and the Parquet reader's marker records (an
-    unreadable file or row group), each once.
+    Decided: failed downloads, duplicate keys, the Parquet reader's marker
+    records (an unreadable file or row group), each once. ``by_key`` gets the
+    rows of successful downloads by img2dataset key, to join with the tar.
     """
     if not FileSystems.exists(meta_path):
-        return {}, []
-    by_key, decided = {}, []
+        return
     try:
         with FileSystems.open(meta_path) as handle:
             for item in parquet_reader.parquet_batches(meta_path, parquet_reader.open_parquet(handle), columns):
                 if isinstance(item, Rejection):
-                    decided.append(item)
+                    yield item
                     continue
                 status = shown(item.meta.get("status"))
                 key = shown(item.meta.get("key"))
                 if status in ("", "success") and key and key not in by_key:
                     by_key[key] = item
                 else:
-                    decided.append(item)
-    except Exception as error:  # no footer: nothing of it was read (rows read before a later failure cannot be)
-        return {}, [parquet_reader.unreadable_file(meta_path, error)]
-    return by_key, decided
+                    yield decided(item.position, lambda: to_record(item, columns.carry))
+    except Exception as error:  # no footer (or it failed later): what was read stays read
+        yield parquet_reader.unreadable_file(meta_path, error)
 
 
 def sample_row(path: str, index: int, key: str, sample: Dict[str, bytes], listed: Optional[Row], columns: Columns,
@@ -199,9 +197,8 @@ def sample_record(path: str, index: int, sample: Sample, listed: Optional[Row], 
 def read_shard(path: str, meta_path: str, samples, columns: Columns = Columns()) -> Iterator[object]:
     """One shard's records: ``samples`` (an iterable of ``Sample`` that may raise ``TarError`` or
     ``StreamError`` part-way) joined with the metadata Parquet at ``meta_path``."""
-    by_key, already = _metadata_rows(meta_path, columns)
-    for item in already:
-        yield item if isinstance(item, Rejection) else decided(item.position, lambda: to_record(item, columns.carry))
+    by_key: Dict[str, Row] = {}
+    yield from _metadata_records(meta_path, columns, by_key)
     index = 0
     try:
         for sample in samples:

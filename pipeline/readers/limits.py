@@ -75,35 +75,34 @@ def lines(handle, max_line_bytes: int) -> Iterator[Union[bytes, TooLong]]:
     is one ``TooLong`` and reading goes on after its newline, so one line
     costs at most its cap in memory. A last line without a newline is a line.
     """
-    pending: List[bytes] = []  # the current line's parts, while it is within its cap
+    pending: List[bytes] = []  # the start of the current line, while it is within its cap
     held = 0
-    too_long = None  # (length so far, head) of a line past its cap
+    too_long = None  # (length so far, head) of the current line once past its cap
     while True:
         chunk = handle.read(CHUNK_BYTES)
         if not chunk:
             break
-        start = 0
-        while start < len(chunk):
-            end = chunk.find(b"\n", start)
-            stop = len(chunk) if end < 0 else end + 1
-            piece = chunk[start:stop]
-            start = stop
+        pieces = chunk.split(b"\n")
+        for piece in pieces[:-1]:  # each ends a line
+            length = held + len(piece) + 1
             if too_long is not None:
-                too_long = (too_long[0] + len(piece), too_long[1])
-            elif held + len(piece) > max_line_bytes:
-                head = b"".join(pending)[:200] if pending else piece[:200]
-                too_long = (held + len(piece), head)
-                pending, held = [], 0
+                yield TooLong(too_long[0] + len(piece) + 1, too_long[1])
+            elif length > max_line_bytes:
+                yield TooLong(length, (b"".join(pending) + piece)[:200])
+            elif pending:
+                yield b"".join(pending) + piece + b"\n"
             else:
-                pending.append(piece)
-                held += len(piece)
-            if end >= 0:  # the line is complete
-                if too_long is not None:
-                    yield TooLong(*too_long)
-                    too_long = None
-                else:
-                    yield b"".join(pending)
-                    pending, held = [], 0
+                yield piece + b"\n"
+            pending, held, too_long = [], 0, None
+        rest = pieces[-1]  # the start of a line that goes on in the next chunk
+        if too_long is not None:
+            too_long = (too_long[0] + len(rest), too_long[1])
+        elif held + len(rest) > max_line_bytes:
+            too_long = (held + len(rest), (b"".join(pending) + rest[:200])[:200])
+            pending, held = [], 0
+        elif rest:
+            pending.append(rest)
+            held += len(rest)
     if too_long is not None:
         yield TooLong(*too_long)
     elif pending:

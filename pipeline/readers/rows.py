@@ -318,11 +318,12 @@ def decided(position: str, decide) -> object:
     """``decide()``'s record, or one ``read/malformed_record`` if deciding it raises.
 
     Whatever one record's bytes provoke stays with that record: the next one
-    is still read. ``MemoryError`` is not the record's doing and is raised.
+    is still read. ``MemoryError`` is not the record's doing, and a
+    ``NameError``/``ImportError`` is the reader's own bug: those are raised.
     """
     try:
         return decide()
-    except MemoryError:
+    except (MemoryError, NameError, ImportError):
         raise
     except Exception as error:
         return Rejection(make_key(position, ""), stages.reason("read", "malformed_record"), url=position,

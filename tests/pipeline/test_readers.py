@@ -74,6 +74,25 @@ def test_headerless_tsv_cc12m_and_cc3m_orders(tmp_path, order):
     assert [(r.url, r.alt_text, r.reason) for r in records] == [(u, c, "read/not_downloaded") for u, c in rows]
 
 
+@pytest.mark.parametrize("chunk", [1, 3, 64, 1 << 20])
+def test_lines_within_their_cap_are_the_lines_of_the_stream(monkeypatch, chunk):
+    import random
+
+    from pipeline.readers import limits
+
+    monkeypatch.setattr(limits, "CHUNK_BYTES", chunk)
+    rng = random.Random(chunk)
+    for _ in range(100):
+        data = b"".join(rng.choice([b"\n", b"a", b"bb", b"x" * rng.randrange(50)]) for _ in range(rng.randrange(100)))
+        cap = rng.randrange(1, 60)
+        parts = data.split(b"\n")
+        expected = [p + b"\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+        expected = [("too long", len(x)) if len(x) > cap else x for x in expected]
+        got = [("too long", x.length) if isinstance(x, limits.TooLong) else x
+               for x in limits.lines(io.BytesIO(data), cap)]
+        assert got == expected
+
+
 def test_jsonl_malformed_lines_each_have_a_reason(tmp_path):
     path = tmp_path / "list.jsonl"
     path.write_bytes(b"\n".join([

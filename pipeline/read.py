@@ -47,8 +47,8 @@ from apache_beam.metrics import Metrics
 from common.schema import make_key
 from filters import stages
 from pipeline import readers
-from pipeline.readers import losses
 from pipeline.readers import files as files_reader
+from pipeline.readers import losses
 from pipeline.readers import parquet as parquet_reader
 from pipeline.readers.parquet import batch_to_records, image_column_usable, parquet_records  # noqa: F401 (re-exported)
 from pipeline.readers.rows import (  # noqa: F401 (re-exported)
@@ -154,13 +154,24 @@ def reconcile(path: str, stated: Optional[int], tally: FileTally) -> Optional[Re
     )
 
 
+def _data_errors() -> tuple:
+    """What a file's bytes can make a parser raise; anything else (the file system's ``OSError``, a storage
+    client's own errors, ``MemoryError``) is not the file's doing and is raised, for the runner to retry."""
+    import struct
+    import zlib
+
+    from pyarrow.lib import ArrowException
+
+    return (ValueError, TypeError, LookupError, AttributeError, ArithmeticError, RecursionError, EOFError,
+            struct.error, zlib.error, ArrowException)
+
+
 def file_records(fmt: str, path: str, columns: Columns = Columns(), tally: Optional[FileTally] = None) -> Iterator[object]:
     """Every record of one file, in order: the reader's, then at most one marker of this function.
 
-    Nothing a file holds stops the job: a reader that raises part-way ends
-    the file with one ``read/truncated_file`` record. The file system's own
-    errors (``OSError``) and ``MemoryError`` are raised, for the runner to
-    retry: they are not the file's doing.
+    Nothing a file holds stops the job: a reader that raises what bytes can
+    provoke (``_data_errors``) part-way ends the file with one
+    ``read/truncated_file`` record.
     """
     reader = readers.FORMATS[fmt]
     tally = tally if tally is not None else FileTally()
@@ -168,14 +179,17 @@ def file_records(fmt: str, path: str, columns: Columns = Columns(), tally: Optio
         for record in reader.read_file(path, columns):
             tally.add(record)
             yield record
-    except (OSError, MemoryError):
-        raise
-    except Exception as error:  # a reader's last resort; each reader handles what it knows
+    except _data_errors() as error:  # a reader's last resort; each reader handles what it knows
+        if isinstance(error, OSError):  # pyarrow's IO errors are ArrowExceptions and OSErrors
+            raise
+        tally.stated = reader.expected_records(path, columns)
+        unread = None if tally.stated is None else max(tally.stated - tally.read - tally.unread, 0)
         stopped = losses.marker(f"{path}#after-{tally.records}", "truncated_file",
-                                f"reading stopped: {type(error).__name__}: {error}", None)
+                                f"reading stopped: {type(error).__name__}: {error}", unread)
         tally.add(stopped)
         yield stopped
-    tally.stated = reader.expected_records(path, columns)
+    else:
+        tally.stated = reader.expected_records(path, columns)
     extra = reconcile(path, tally.stated, tally)
     if extra is not None:
         tally.add(extra)
@@ -213,7 +227,11 @@ class _ReadFile(beam.DoFn):
             return
         fmt, path = plan
         tally = FileTally()
-        records = [unknown_format(path)] if fmt is None else file_records(fmt, path, self.columns, tally)
+        if fmt is None:
+            records = [unknown_format(path)]
+            tally.add(records[0])
+        else:
+            records = file_records(fmt, path, self.columns, tally)
         for element in records:
             self.input_records.inc()
             if isinstance(element, Rejection):
@@ -221,8 +239,6 @@ class _ReadFile(beam.DoFn):
                 yield beam.pvalue.TaggedOutput(REJECTED, element)
             else:
                 yield element
-        if fmt is None:
-            tally.add(unknown_format(path))
         # rows + unreadable files == input records (build.accounting_problems checks it)
         self.unreadable_files.inc(tally.unreadable)
         name = "parquet_rows" if fmt == "parquet" else f"{fmt or 'unknown_format'}_records"

@@ -182,3 +182,36 @@ def test_a_directory_as_input_reads_its_data_files(tmp_path):
     make_input_tree(root)
     files = list_input_files(str(root / "c.parquet"))
     assert [f.rsplit("/", 1)[1] for f in files] == ["part-00000-abc.snappy.parquet", "part-00001-abc.snappy.parquet"]
+
+
+def test_a_reader_stopped_by_the_bytes_ends_its_file_with_one_record_and_other_errors_are_raised(monkeypatch):
+    """``file_records``' last resort: what bytes provoke is one ``read/truncated_file`` counting the rest the
+    file states; an error that is not the file's (the file system's, a storage client's) is the runner's."""
+    import struct
+
+    from pipeline import read, readers
+
+    class Flaky(Exception):
+        """Not an error bytes can provoke: a storage client's own."""
+
+    def reader(error):
+        class Reader:
+            @staticmethod
+            def read_file(path, columns):
+                yield Rejection("k1", "read/no_image", url=f"{path}#1")
+                raise error
+
+            @staticmethod
+            def expected_records(path, columns):
+                return 5
+
+        return Reader
+
+    monkeypatch.setitem(readers.FORMATS, "stops", reader(struct.error("bad bytes")))
+    records = list(read.file_records("stops", "x.bin"))
+    assert [r.reason for r in records] == ["read/no_image", "read/truncated_file"]
+    assert dict(records[1].detail) == {"unread_records": 4} and "error: bad bytes" in records[1].alt_text
+    for error in (Flaky("503 from the store"), OSError("connection reset"), MemoryError()):
+        monkeypatch.setitem(readers.FORMATS, "stops", reader(error))
+        with pytest.raises(type(error)):
+            list(read.file_records("stops", "x.bin"))

@@ -170,7 +170,7 @@ def sample_row(path: str, index: int, key: str, sample: Dict[str, bytes], listed
 
 
 def _text_or_empty(value) -> str:
-    return text_of(value) or "" if value is not BAD_CELL else ""
+    return (text_of(value) or "") if value is not BAD_CELL else ""
 
 
 def sample_record(path: str, index: int, sample: Sample, listed: Optional[Row], columns: Columns):

@@ -4,7 +4,8 @@
 the child imports the readers, then limits its own address space to what it
 holds at that point plus ``headroom`` (``RLIMIT_AS``), and reads each file
 with ``pipeline.read.file_records`` (the reader, then the count's
-reconciliation, as the build's ``ParseRows`` does) under a per-file alarm.
+reconciliation, as the build's ``ParseRows`` does) twice, under a per-file
+alarm.
 What each file gave comes back as JSON: every record's fate, url and
 ledger detail, or the exception that stopped it (a ``MemoryError`` from
 the limit, a ``TimeoutError`` from the alarm), and the child's peak RSS.
@@ -43,10 +44,25 @@ def read_bounded(paths, fmt=None, limits=None, headroom=HEADROOM_BYTES, seconds=
 
 
 def fates(outcome):
-    """A file's records as ``[fate, ...]`` (``written`` or the reason); raises what stopped the file."""
+    """A file's records as ``[fate, ...]`` (``written`` or the reason); raises what stopped the file,
+    or a second reading that gave other records (a second pass re-reads files and picks records by ordinal)."""
     if "error" in outcome:
         raise AssertionError(f"reading stopped: {outcome['error']}")
+    assert outcome["same_twice"], "the same bytes read twice gave other records"
     return [record[0] for record in outcome["records"]]
+
+
+def _read(read, fmt, path, columns):
+    records = []
+    for record in read.file_records(fmt, path, columns):
+        if len(records) >= KEPT_RECORDS:  # a runaway reader: count on, keep nothing
+            records[-1][3] = f"and more than {KEPT_RECORDS:,} records"
+            continue
+        fate = getattr(record, "reason", None) or "written"
+        detail = dict(getattr(record, "detail", ()) or ())
+        note = getattr(record, "alt_text", "")[:160] if fate != "written" else ""
+        records.append([fate, record.url, {k: v for k, v in detail.items() if isinstance(v, (int, str))}, note])
+    return records
 
 
 def _child(spec):
@@ -71,18 +87,11 @@ def _child(spec):
     results = {}
     for path in spec["paths"]:
         fmt = readers.format_of(path, spec["format"])
-        records, started = [], time.monotonic()
+        started = time.monotonic()
         signal.alarm(spec["seconds"])
         try:
-            for record in read.file_records(fmt, path, columns):
-                if len(records) >= KEPT_RECORDS:  # a runaway reader: count on, keep nothing
-                    records[-1][3] = f"and more than {KEPT_RECORDS:,} records"
-                    continue
-                fate = getattr(record, "reason", None) or "written"
-                detail = dict(getattr(record, "detail", ()) or ())
-                note = getattr(record, "alt_text", "")[:160] if fate != "written" else ""
-                records.append([fate, record.url, {k: v for k, v in detail.items() if isinstance(v, (int, str))}, note])
-            results[path] = {"records": records}
+            first = _read(read, fmt, path, columns)
+            results[path] = {"records": first, "same_twice": _read(read, fmt, path, columns) == first}
         except BaseException as error:  # what the old code did: reported, not fatal to the other files
             results[path] = {"error": f"{type(error).__name__}: {str(error)[:300]}"}
         finally:

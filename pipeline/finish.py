@@ -16,10 +16,13 @@ class AccountingError(Exception):
 def accounting_problems(funnel: dict, read_counts: Optional[dict]) -> List[str]:
     """Why the funnel cannot be trusted: conservation, and input vs what the files state.
 
-    ``read_counts`` are the reader's counters (``pipeline.read``): rows per
-    file as its metadata states them (``parquet_rows``, ``<format>_records``)
-    and one per unreadable file.
+    ``read_counts`` are the reader's counters (``pipeline.read``): records
+    per file (``parquet_rows``, ``<format>_records``), one per unreadable
+    file, and what the files state against what was read and counted
+    unread (``pipeline.read.read_accounting_problems``).
     """
+    from pipeline.read import read_accounting_problems
+
     problems = []
     if not funnel.get("conserved", False):
         problems.append("conservation law violated: input != written + rejected")
@@ -31,6 +34,7 @@ def accounting_problems(funnel: dict, read_counts: Optional[dict]) -> List[str]:
                 f"input count {funnel['input']:,} differs from the files' metadata: {rows:,} rows "
                 f"+ {unreadable:,} unreadable files"
             )
+        problems += read_accounting_problems(read_counts)
     return problems
 
 

@@ -15,6 +15,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions, StandardOptions
 
 from pipeline.download import stage as download_stage
+from pipeline.readers import limits as read_limits
 from pipeline.readers.rows import Columns, make_columns
 
 LOCAL_RUNNER = "FnApiRunner"
@@ -93,6 +94,7 @@ class BuildOptions(PipelineOptions):
                             help="return once the job is submitted; publish it when it has finished with "
                                  "'python -m pipeline.publish OUTPUT' (from any machine)")
         download_stage.add_arguments(parser)
+        read_limits.add_arguments(parser)
 
 
 
@@ -107,7 +109,7 @@ def input_columns(opts) -> Columns:
         getattr(opts, "url_col", ""), getattr(opts, "caption_col", ""), getattr(opts, "image_col", ""),
         carry + list(download_stage.CARRIED if download else ()), getattr(opts, "tsv_columns", ""),
     )
-    return columns._replace(download=download)
+    return columns._replace(download=download, limits=read_limits.from_options(opts))
 
 
 def embedder_args(opts) -> tuple:

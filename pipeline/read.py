@@ -8,11 +8,21 @@ output folder) is read file by file. Files that are not data
 never counted. Each file is read by the reader of its format
 (``pipeline.readers``: by name, or ``--input_format``), which accounts for
 every row: each becomes one ``Candidate`` or one ``Rejection`` with its
-reason. Where the file states its own count (a Parquet footer) the number of
-records read must equal it, or the job stops. The ``read`` Metrics counters
-(``parquet_rows``, ``<format>_records``, ``unreadable_files``,
-``skipped_files``) let the launcher reconcile the funnel's input with the
-files' metadata.
+reason, and what it could not read is one marker record saying how many
+records it stands for (``pipeline.readers.losses``). Where the file states
+its own count (a Parquet footer, a TFDS shard length) the records read are
+reconciled with it (``reconcile``): a count they do not explain adds one
+``read/inconsistent_metadata`` record, never a failed job. The ``read``
+Metrics counters let the launcher reconcile the funnel's input with the
+files' metadata: ``parquet_rows`` and ``<format>_records`` (records read,
+markers included) plus ``unreadable_files`` equal the input; over the files
+that state a count, ``stated + unstated == stated_read + stated_unread``
+(``read_accounting_problems``); ``unknown_loss_files`` counts markers whose
+loss no count can tell, and ``skipped_files`` the files that are not data.
+
+A record's ordinal in its file (its origin) is its place in ``file_records``:
+the reader's records in the reader's order, then at most one marker added
+here, so re-reading a file gives the same ordinals.
 
 img2dataset's WebDataset output is read shard by shard: ``00000.tar`` with
 its ``00000.parquet`` (which lists the failed downloads). A metadata-only
@@ -38,6 +48,7 @@ from common.schema import make_key
 from filters import stages
 from pipeline import readers
 from pipeline.readers import files as files_reader
+from pipeline.readers import losses
 from pipeline.readers import parquet as parquet_reader
 from pipeline.readers.parquet import batch_to_records, image_column_usable, parquet_records  # noqa: F401 (re-exported)
 from pipeline.readers.rows import (  # noqa: F401 (re-exported)
@@ -97,16 +108,117 @@ def unknown_format(path: str) -> Rejection:
     )
 
 
+class FileTally:
+    """What one file's records add up to (``pipeline.readers.losses``)."""
+
+    def __init__(self):
+        self.records = self.markers = self.unread = self.unstated = self.unknown = self.unreadable = 0
+        self.stated: Optional[int] = None  # the count the file states, once read
+
+    def add(self, record) -> None:
+        self.records += 1
+        if not isinstance(record, Rejection):
+            return
+        self.unreadable += record.reason == "read/unreadable_file"
+        if losses.is_marker(record):
+            self.markers += 1
+            unread = losses.unread_of(record)
+            if unread == losses.UNKNOWN:
+                self.unknown += 1
+            else:
+                self.unread += unread
+            self.unstated += losses.unstated_of(record)
+
+    @property
+    def read(self) -> int:
+        """Records that stand for one input record each (markers excluded)."""
+        return self.records - self.markers
+
+
+def reconcile(path: str, stated: Optional[int], tally: FileTally) -> Optional[Rejection]:
+    """The marker for a count the file states that its records do not explain, or None.
+
+    Explained: ``stated + unstated == read + unread``. A reader's own markers
+    explain what it knew; this catches what none did (a reader stopped by an
+    error, a TFDS shard holding another number of records than stated).
+    """
+    if stated is None:
+        return None
+    difference = stated + tally.unstated - tally.read - tally.unread
+    if difference == 0:
+        return None
+    return losses.marker(
+        f"{path}#count", "inconsistent_metadata",
+        f"the file states {stated:,} records; {tally.read:,} read, {tally.unread:,} stated as unread",
+        unread=max(difference, 0), unstated=max(-difference, 0),
+    )
+
+
+def _data_errors() -> tuple:
+    """What a file's bytes can make a parser raise; anything else (the file system's ``OSError``, a storage
+    client's own errors, ``MemoryError``) is not the file's doing and is raised, for the runner to retry."""
+    import struct
+    import zlib
+
+    from pyarrow.lib import ArrowException
+
+    return (ValueError, TypeError, LookupError, AttributeError, ArithmeticError, RecursionError, EOFError,
+            struct.error, zlib.error, ArrowException)
+
+
+def file_records(fmt: str, path: str, columns: Columns = Columns(), tally: Optional[FileTally] = None) -> Iterator[object]:
+    """Every record of one file, in order: the reader's, then at most one marker of this function.
+
+    Nothing a file holds stops the job: a reader that raises what bytes can
+    provoke (``_data_errors``) part-way ends the file with one
+    ``read/truncated_file`` record.
+    """
+    reader = readers.FORMATS[fmt]
+    tally = tally if tally is not None else FileTally()
+    try:
+        for record in reader.read_file(path, columns):
+            tally.add(record)
+            yield record
+    except _data_errors() as error:  # a reader's last resort; each reader handles what it knows
+        if isinstance(error, OSError):  # pyarrow's IO errors are ArrowExceptions and OSErrors
+            raise
+        tally.stated = reader.expected_records(path, columns)
+        unread = None if tally.stated is None else max(tally.stated - tally.read - tally.unread, 0)
+        stopped = losses.marker(f"{path}#after-{tally.records}", "truncated_file",
+                                f"reading stopped: {type(error).__name__}: {error}", unread)
+        tally.add(stopped)
+        yield stopped
+    else:
+        tally.stated = reader.expected_records(path, columns)
+    extra = reconcile(path, tally.stated, tally)
+    if extra is not None:
+        tally.add(extra)
+        yield extra
+
+
+#: ``read`` counters of the files that state a count: stated + unstated == read + unread.
+STATED_COUNTERS = ("stated", "stated_read", "stated_unread", "unstated")
+
+
+def read_accounting_problems(counts: dict) -> List[str]:
+    """Why the ``read`` counters do not add up to what the files state (empty when they do)."""
+    stated, read, unread, unstated = (counts.get(name, 0) for name in STATED_COUNTERS)
+    if stated + unstated != read + unread:
+        return [f"the files state {stated:,} records (+{unstated:,} found beyond that); "
+                f"{read:,} read and {unread:,} counted unread"]
+    return []
+
+
 class FileRecords:
     """Every record of one matched file, counted for the launcher's reconciliation.
 
     ``read(path)`` yields ``(reader, path read, record)`` for each record in
-    the order the reader gives them (a record's position in that sequence is
-    its ordinal: the second pass reads the file again and picks records by
-    it), and counts them: ``funnel/input`` per record, the ``read`` counters
-    per file (``parquet_rows`` / ``<format>_records``, ``unreadable_files``,
-    ``skipped_files``). Where the file states its own count (a Parquet footer)
-    the number read must equal it, or the job stops.
+    the order ``file_records`` gives them (a record's position in that
+    sequence is its ordinal: the second pass reads the file again the same
+    way and picks records by it), and counts them: ``funnel/input`` per
+    record, the ``read`` counters per file (``parquet_rows`` /
+    ``<format>_records``, ``unreadable_files``, ``skipped_files``, and the
+    stated counts of ``STATED_COUNTERS``).
     """
 
     def __init__(self, patterns, input_format: Optional[str] = None, columns: Columns = Columns()):
@@ -116,6 +228,8 @@ class FileRecords:
         self.input_records = Metrics.counter(METRICS_NAMESPACE, "input")
         self.unreadable_files = Metrics.counter(READ_NAMESPACE, "unreadable_files")
         self.skipped_files = Metrics.counter(READ_NAMESPACE, "skipped_files")
+        self.unknown_losses = Metrics.counter(READ_NAMESPACE, "unknown_loss_files")
+        self.stated = {name: Metrics.counter(READ_NAMESPACE, name) for name in STATED_COUNTERS}
 
     def read(self, path: str) -> Iterator[Tuple[str, str, object]]:
         plan = plan_file(path, self.input_format, self.patterns)
@@ -123,25 +237,23 @@ class FileRecords:
             self.skipped_files.inc()
             return
         fmt, path = plan
+        tally = FileTally()
         if fmt is None:
-            records, reader = [unknown_format(path)], None
+            records = [unknown_format(path)]
+            tally.add(records[0])
         else:
-            reader = readers.FORMATS[fmt]
-            records = reader.read_file(path, self.columns)
-        count = unreadable = 0
+            records = file_records(fmt, path, self.columns, tally)
         for element in records:
-            count += 1
             self.input_records.inc()
-            if isinstance(element, Rejection):
-                unreadable += element.reason == "read/unreadable_file"
             yield fmt or "", path, element
-        # rows + unreadable files == input records (build.accounting_problems checks it)
-        self.unreadable_files.inc(unreadable)
+        # rows + unreadable files == input records (pipeline.finish.accounting_problems checks it)
+        self.unreadable_files.inc(tally.unreadable)
         name = "parquet_rows" if fmt == "parquet" else f"{fmt or 'unknown_format'}_records"
-        Metrics.counter(READ_NAMESPACE, name).inc(count - unreadable)
-        expected = reader.expected_records(path, self.columns) if reader is not None else 1
-        if expected is not None and count != expected:
-            raise RuntimeError(f"{path}: read {count} records, the file says {expected}")
+        Metrics.counter(READ_NAMESPACE, name).inc(tally.records - tally.unreadable)
+        self.unknown_losses.inc(tally.unknown)
+        if tally.stated is not None:
+            for counter, value in zip(STATED_COUNTERS, (tally.stated, tally.read, tally.unread, tally.unstated)):
+                self.stated[counter].inc(value)
 
 
 class _ReadFile(beam.DoFn):

@@ -3,17 +3,21 @@
 A ``tf.train.Example`` is a small protobuf; encoding it by hand (with keys in
 a fixed order) keeps the Beam workers free of the TensorFlow dependency and
 makes the bytes deterministic. Reading (``read_frames``, ``decode_example``)
-is the same codec backwards, for re-filtering shards as input. ``tests/pipeline/test_tfrecord.py`` checks the
-output against TensorFlow's own parser and reader.
+is the same codec backwards, for re-filtering shards as input; it trusts no
+length beyond the bytes it has (``pipeline.readers.limits``).
+``tests/pipeline/test_tfrecord.py`` checks the output against TensorFlow's
+own parser and reader.
 """
 
 from __future__ import annotations
 
 import functools
 import struct
-from typing import Dict, Iterable, Iterator, List, Tuple, Union
+from typing import Collection, Dict, Iterable, Iterator, List, NamedTuple, Optional, Tuple, Union
 
 import google_crc32c
+
+from pipeline.readers.limits import ReadLimits, read_at_most, skip
 
 Value = Union[bytes, str, int]
 
@@ -106,14 +110,21 @@ class CorruptPayload(Exception):
     """One record's payload checksum does not match; the next record is still framed."""
 
 
-def read_frames(file_obj) -> Iterator[Union[bytes, CorruptPayload]]:
-    """Each record's payload, or ``CorruptPayload`` for one that fails its checksum.
+class TooLarge(NamedTuple):
+    """A record whose (checksummed) length is over the cap: read through, not kept; the next is still framed."""
+
+    length: int
+
+
+def read_frames(file_obj, max_record_bytes: int = ReadLimits().max_record_bytes) -> Iterator[Union[bytes, CorruptPayload, TooLarge]]:
+    """Each record's payload, ``CorruptPayload`` for one that fails its checksum, ``TooLarge`` for one over the cap.
 
     Raises ``FrameError`` where the framing itself breaks: nothing after it
-    can be located.
+    can be located. A length is believed only as far as the bytes go: a
+    payload is read in chunks, so a false length costs no memory.
     """
     while True:
-        head = file_obj.read(12)
+        head = read_at_most(file_obj, 12)
         if not head:
             return
         if len(head) < 12:
@@ -121,17 +132,23 @@ def read_frames(file_obj) -> Iterator[Union[bytes, CorruptPayload]]:
         if _masked_crc(head[:8]) != head[8:12]:
             raise FrameError("record length checksum mismatch")
         (length,) = struct.unpack("<Q", head[:8])
-        payload = file_obj.read(length)
-        tail = file_obj.read(4)
+        if length > max_record_bytes:
+            present = skip(file_obj, length + 4)
+            if present < length + 4:
+                raise FrameError(f"truncated record ({min(present, length):,} of {length:,} payload bytes)")
+            yield TooLarge(length)
+            continue
+        payload = read_at_most(file_obj, length)
+        tail = read_at_most(file_obj, 4)
         if len(payload) < length or len(tail) < 4:
-            raise FrameError(f"truncated record ({len(payload)} of {length} payload bytes)")
+            raise FrameError(f"truncated record ({len(payload):,} of {length:,} payload bytes)")
         if _masked_crc(payload) != tail:
             yield CorruptPayload("record payload checksum mismatch")
         else:
             yield payload
 
 
-def _read_varint(data: bytes, pos: int) -> Tuple[int, int]:
+def _read_varint(data, pos: int) -> Tuple[int, int]:
     result = shift = 0
     while True:
         if pos >= len(data):
@@ -146,72 +163,120 @@ def _read_varint(data: bytes, pos: int) -> Tuple[int, int]:
             raise ValueError("varint too long")
 
 
-def _fields_of(data: bytes) -> Iterator[Tuple[int, int, object]]:
-    """``(field number, wire type, value)``: value is int (varint/fixed) or bytes (length-delimited)."""
+_FIXED = {1: 8, 5: 4}  # wire type -> bytes
+
+
+def _fields_of(data) -> Iterator[Tuple[int, int, object]]:
+    """``(field number, wire type, value)``: an int for a varint, a slice of ``data`` otherwise.
+
+    ``data`` is a ``memoryview``: slices share its bytes, so walking an
+    Example's nested messages copies nothing until a value is kept.
+    """
     pos = 0
     while pos < len(data):
         tag, pos = _read_varint(data, pos)
         number, wire = tag >> 3, tag & 7
         if wire == 0:
             value, pos = _read_varint(data, pos)
-        elif wire == 1:
-            value, pos = data[pos : pos + 8], pos + 8
-        elif wire == 2:
-            length, pos = _read_varint(data, pos)
+        elif wire in _FIXED or wire == 2:
+            if wire == 2:
+                length, pos = _read_varint(data, pos)
+            else:
+                length = _FIXED[wire]
             if pos + length > len(data):
-                raise ValueError("truncated field")
+                raise ValueError(f"truncated field {number} ({len(data) - pos:,} of {length:,} bytes)")
             value, pos = data[pos : pos + length], pos + length
-        elif wire == 5:
-            value, pos = data[pos : pos + 4], pos + 4
         else:
             raise ValueError(f"unsupported wire type {wire}")
         yield number, wire, value
+
+
+def _expect(wire: int, wanted: int, what: str) -> None:
+    if wire != wanted:
+        raise ValueError(f"{what} has wire type {wire}, not {wanted}")
 
 
 def _signed(value: int) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
-def _feature_values(feature: bytes) -> List[Value]:
+_KINDS = {1: "bytes_list", 2: "float_list", 3: "int64_list"}
+
+
+def _feature_list(feature) -> Tuple[int, object]:
+    """``(kind, list message)`` of a ``Feature`` (a oneof: the last kind present wins); kind 0 if empty."""
+    found = (0, memoryview(b""))
+    for kind, wire, payload in _fields_of(feature):
+        if kind in _KINDS:
+            _expect(wire, 2, f"Feature.{_KINDS[kind]}")
+            found = (kind, payload)
+    return found
+
+
+def _list_values(kind: int, body, first_only: bool) -> List[Value]:
     values: List[Value] = []
-    for kind, _, payload in _fields_of(feature):
-        for number, wire, value in _fields_of(payload):
-            if number != 1:
-                continue
-            if kind == 1:  # bytes_list
-                values.append(bytes(value))
-            elif kind == 2:  # float_list: packed or not
-                values.extend(struct.unpack(f"<{len(value) // 4}f", value))  # packed or one fixed32
-            elif kind == 3:  # int64_list: packed (wire 2) or one varint (wire 0)
-                if wire == 0:
-                    values.append(_signed(value))
-                else:
-                    pos = 0
-                    while pos < len(value):
-                        item, pos = _read_varint(value, pos)
-                        values.append(_signed(item))
+    for number, wire, value in _fields_of(body):
+        if number != 1:
+            continue
+        if kind == 1:  # bytes_list
+            _expect(wire, 2, "a bytes_list value")
+            values.append(bytes(value))
+        elif kind == 2:  # float_list: packed (wire 2) or one fixed32 (wire 5)
+            if wire not in (2, 5):
+                raise ValueError(f"a float_list value has wire type {wire}")
+            if len(value) % 4:
+                raise ValueError(f"a float_list of {len(value):,} bytes, not whole 4-byte floats")
+            count = 1 if first_only else len(value) // 4
+            values.extend(struct.unpack(f"<{count}f", value[: 4 * count]))
+        elif kind == 3:  # int64_list: packed (wire 2) or one varint (wire 0)
+            if wire == 0:
+                values.append(_signed(value))
+            elif wire == 2:
+                pos = 0
+                while pos < len(value):
+                    item, pos = _read_varint(value, pos)
+                    values.append(_signed(item))
+                    if first_only:
+                        break
+            else:
+                raise ValueError(f"an int64_list value has wire type {wire}")
+        if first_only and values:
+            return values[:1]
     return values
 
 
-def decode_example(payload: bytes) -> Dict[str, List[Value]]:
+def decode_example(payload: bytes, names: Optional[Collection[str]] = None, first_only: bool = False) -> Dict[str, List[Value]]:
     """A serialised ``tf.train.Example`` as ``{name: [values]}`` (bytes, int or float values).
 
-    Raises ``ValueError`` on bytes that are not an Example.
+    Raises ``ValueError`` on bytes that are not an Example: a truncated
+    field, a known field of the wrong wire type, a float list of a length
+    that is not whole floats, a name that is not UTF-8. ``names``: decode
+    only these features' values (every feature is still walked and checked,
+    and every name is in the result); ``first_only``: at most one value per
+    feature, so a list of millions costs nothing to skip.
     """
     features: Dict[str, List[Value]] = {}
-    for number, wire, value in _fields_of(payload):
-        if number != 1 or wire != 2:
+    for number, wire, value in _fields_of(memoryview(payload)):
+        if number != 1:  # unknown fields are skipped, as protobuf does
             continue
+        _expect(wire, 2, "Example.features")
         for entry_number, entry_wire, entry in _fields_of(value):
-            if entry_number != 1 or entry_wire != 2:
+            if entry_number != 1:
                 continue
-            name, feature = None, b""
+            _expect(entry_wire, 2, "a feature map entry")
+            name, feature = None, memoryview(b"")
             for field, field_wire, item in _fields_of(entry):
-                if field == 1 and field_wire == 2:
+                if field == 1:
+                    _expect(field_wire, 2, "a feature name")
                     name = bytes(item).decode("utf-8")
-                elif field == 2 and field_wire == 2:
-                    feature = bytes(item)
+                elif field == 2:
+                    _expect(field_wire, 2, "a Feature")
+                    feature = item
             if name is None:
                 raise ValueError("feature map entry without a name")
-            features[name] = _feature_values(feature)
+            kind, body = _feature_list(feature)
+            if names is not None and name not in names:
+                _list_values(kind, body, first_only=True)  # its first value is checked, none kept
+                continue
+            features[name] = _list_values(kind, body, first_only)
     return features

@@ -36,8 +36,8 @@ from apache_beam.metrics import Metrics
 from common.schema import CONCEPTS_DIR, SPLITS, Candidate, shard_filename
 from filters import stages
 from filters.image import Stored, read_header, stored_picture
-from pipeline import readers
 from pipeline.download import staging
+from pipeline.read import file_records
 from pipeline.readers.rows import Columns, Rejection
 from pipeline.shards import (
     SHARDS_FILE, ShardWriter, chunk_sizes, shard_list, shard_of, shard_plan, split_of, to_example, write_empty_shard,
@@ -49,9 +49,11 @@ SHARDS, SAMPLES, LATE, CONCEPT_COUNTS = "shards", "samples", "late_rejections", 
 SOURCE_CHANGED = stages.reason("read", "source_changed")
 
 
-def reader_of(name: str):
-    """The module that reads a file of this reader name (the input formats, and the download's staging files)."""
-    return staging if name == staging.READER else readers.FORMATS[name]
+def records_of(reader: str, path: str, columns: Columns):
+    """A file's records as the first pass read them (``pipeline.read.file_records``; the download's staging files)."""
+    if reader == staging.READER:
+        return staging.read_file(path, columns)
+    return file_records(reader, path, columns)
 
 
 def source_matches(row: LightRow, record) -> bool:
@@ -145,9 +147,8 @@ class _WriteFileShards(beam.DoFn):
             wanted.setdefault(row.ordinal, []).append(("write", row))
         for row in samples:
             wanted.setdefault(row.ordinal, []).append(("sample", row))
-        reader = reader_of((rows or samples)[0].reader)
         last = max(wanted)
-        for ordinal, record in enumerate(reader.read_file(source, self.columns)):
+        for ordinal, record in enumerate(records_of((rows or samples)[0].reader, source, self.columns)):
             for kind, row in wanted.pop(ordinal, ()):
                 if kind == "sample":
                     yield beam.pvalue.TaggedOutput(SAMPLES, _sample(row, record))

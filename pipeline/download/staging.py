@@ -53,10 +53,15 @@ class StagingWriter:
 
 
 def read_file(path: str, columns: Columns = Columns()) -> Iterator[Candidate]:
-    """A staging file's bodies, in order, as records without key or alt-text (the light row has them)."""
+    """A staging file's bodies, in order, as records without key or alt-text (the light row has them).
+
+    A body that fails its checksum, or is over ``--read_max_record_bytes``
+    (larger than ``--download_max_bytes`` let in), comes back without bytes:
+    the second pass rejects its rows as changed since the first.
+    """
     with FileSystems.open(path) as handle:
-        for payload in tfrecord.read_frames(handle):
-            if isinstance(payload, tfrecord.CorruptPayload):
+        for payload in tfrecord.read_frames(handle, columns.limits.max_record_bytes):
+            if not isinstance(payload, (bytes, bytearray, memoryview)):  # CorruptPayload, TooLarge
                 yield Candidate(key="", url="", alt_text="", image=None)
                 continue
             features = tfrecord.decode_example(payload)

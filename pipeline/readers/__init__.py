@@ -10,9 +10,11 @@
 | ``tfrecord`` | ``*.tfrecord``, ``*.tfrecord-00000-of-00016``, ``*.tfrec`` (``tf.train.Example``) | ``tfrecord`` |
 
 Each module has ``read_file(path, columns)`` (every record of one file, a
-``Candidate`` or a ``Rejection`` each; rules in ``rows``) and
-``expected_records(path, columns)`` (the count the file itself states, or
-None). Files that are not data (``*_stats.json``, ``_SUCCESS``, hidden
+``Candidate`` or a ``Rejection`` each; rules in ``rows``; what it cannot
+read, one marker record counting it: ``losses``; nothing held past the caps
+of ``columns.limits``: ``limits``) and ``expected_records(path, columns)``
+(the count the file itself states, or None). The same bytes and columns
+give the same records in the same order. Files that are not data (``*_stats.json``, ``_SUCCESS``, hidden
 files, a TFDS directory's ``dataset_info.json``/``features.json``/
 ``COMPLETED``) are never read or counted.
 """

@@ -3,8 +3,9 @@
 The same samples as a WebDataset shard, as loose files in a folder instead of
 a tar, and the same metadata-only Parquet listing every row (failed downloads
 included). A shard is read by its Parquet file, together with its folder,
-exactly as ``webdataset`` reads a tar with its Parquet; the folder's files
-are never read on their own (``pipeline.read`` skips them).
+exactly as ``webdataset`` reads a tar with its Parquet (the same caps per
+file and per sample, the same reasons); the folder's files are never read on
+their own (``pipeline.read`` skips them).
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from typing import Iterator, Optional
 
 from apache_beam.io.filesystems import FileSystems
 
+from pipeline.readers.limits import ReadLimits, read_at_most
 from pipeline.readers.rows import Columns
-from pipeline.readers.webdataset import read_shard, split_member_name
+from pipeline.readers.webdataset import TEXT_FIELDS, Sample, read_shard, split_member_name
 
 
 def folder_of(parquet_path: str) -> str:
@@ -42,25 +44,43 @@ def has_folder(parquet_path: str) -> bool:
         return False
 
 
-def folder_samples(folder: str):
-    """``(key, {field: bytes})`` per key, from the folder's files in name order."""
-    key, sample = None, {}
-    for path in folder_files(folder):
-        member_key, field = split_member_name(posixpath.basename(path))
-        if sample and member_key != key:
-            yield key, sample
-            sample = {}
-        key = member_key
-        with FileSystems.open(path) as handle:
-            sample[field] = handle.read()
-    if sample:
-        yield key, sample
+def folder_samples(folder: str, limits: ReadLimits = ReadLimits()) -> Iterator[Sample]:
+    """One ``Sample`` per key, from the folder's files in name order, with the caps of a tar sample.
+
+    A file's size comes from the file system's listing and is checked again
+    as it is read (at most one byte past its cap is ever read).
+    """
+    matched = FileSystems.match([FileSystems.join(folder, "*")])[0].metadata_list
+    key, fields, held, problem, started = None, {}, 0, None, False
+    for meta in sorted(matched, key=lambda m: m.path):
+        name = posixpath.basename(meta.path)
+        member_key, field = split_member_name(name)
+        if started and member_key != key:
+            yield Sample(key, fields, problem)
+            fields, held, problem = {}, 0, None
+        key, started = member_key, True
+        text = field in TEXT_FIELDS
+        cap, flag = (limits.max_line_bytes, "line") if text else (limits.max_record_bytes, "record")
+        data = b""
+        if meta.size_in_bytes <= cap and held + meta.size_in_bytes <= limits.max_record_bytes:
+            with FileSystems.open(meta.path) as handle:
+                data = read_at_most(handle, cap + 1)
+        size = max(meta.size_in_bytes, len(data))
+        held += size
+        if size > cap:
+            problem = problem or ("too_large", f"file {name} of {size:,} bytes, over --read_max_{flag}_bytes {cap:,}")
+        elif held > limits.max_record_bytes:
+            problem = problem or ("too_large", f"sample {key} of over {limits.max_record_bytes:,} bytes (--read_max_record_bytes)")
+        else:
+            fields[field] = data
+    if started:
+        yield Sample(key, fields, problem)
 
 
 def read_file(path: str, columns: Columns = Columns()) -> Iterator[object]:
     """``path`` is the shard's metadata Parquet; its folder holds the samples."""
     folder = folder_of(path)
-    return read_shard(folder, path, folder_samples(folder), columns)
+    return read_shard(folder, path, folder_samples(folder, columns.limits), columns)
 
 
 def expected_records(path: str, columns: Columns = Columns()) -> Optional[int]:

@@ -1,41 +1,60 @@
 """URL lists as JSON Lines: one object per line, ``{"url": ..., "caption": ...}``.
 
 Each line is one record: a line that is not a JSON object (bad JSON, invalid
-UTF-8, an array, a bare string) is ``read/malformed_line``; an object
-without the url or caption field is ``read/missing_column``; a well-formed
-one has no image bytes and is ``read/not_downloaded`` (run a downloader such
-as img2dataset first). Other fields can be carried to the output
+UTF-8, an array, a bare string, nesting deeper than ``MAX_JSON_DEPTH``) is
+``read/malformed_line``; a line longer than ``--read_max_line_bytes`` is
+``read/too_large`` (never held whole); an object without the url or caption
+field is ``read/missing_column``; a well-formed one has no image bytes and
+is ``read/not_downloaded`` (run a downloader such as img2dataset first, or
+build with ``--download``). Other fields can be carried to the output
 (``--carry_columns``). Blank lines are malformed lines too: they are counted,
-not skipped, so the count always equals the file's lines.
+not skipped, so the count always equals the file's lines. ``.jsonl.gz`` and
+``.jsonl.bz2`` are read as streams; one that is cut short or corrupt ends
+with one ``read/truncated_file`` record (how many lines it lost, it cannot
+say).
 """
 
 from __future__ import annotations
 
-import json
 from typing import Iterator, Optional
 
-from apache_beam.io.filesystems import FileSystems
+from pipeline.readers.limits import TooDeep, TooLong, load_json, lines
+from pipeline.readers.losses import marker, too_large
+from pipeline.readers.rows import Columns, decided, malformed_line, shown, url_list_record
+from pipeline.readers.streams import StreamError, open_input
 
-from pipeline.readers.rows import Columns, malformed_line, shown, url_list_record
+
+def line_record(position: str, raw, columns: Columns):
+    if isinstance(raw, TooLong):
+        return too_large(position, "line", raw.length, columns.limits.max_line_bytes, "--read_max_line_bytes")
+    try:
+        found = load_json(raw)
+    except ValueError as error:  # includes invalid UTF-8 (UnicodeDecodeError) and too deep
+        found = error
+    if not isinstance(found, dict):
+        note = f"not a JSON object ({type(found).__name__}): {shown(raw[:200]).strip()}"
+        if isinstance(found, TooDeep):
+            note = f"{found}: {shown(raw[:60]).strip()}"
+        return malformed_line(position, note)
+    return url_list_record(position, found, found, columns)
 
 
-def read_lines(path: str, lines, columns: Columns = Columns()) -> Iterator[object]:
-    for number, raw in enumerate(lines, start=1):
+def read_lines(path: str, raw_lines, columns: Columns = Columns()) -> Iterator[object]:
+    """Records from an iterable of raw lines (bytes, or ``TooLong``)."""
+    for number, raw in enumerate(raw_lines, start=1):
         position = f"{path}#{number}"
-        try:
-            found = json.loads(raw)
-        except ValueError as error:  # includes invalid UTF-8 (UnicodeDecodeError)
-            found = error
-        if not isinstance(found, dict):
-            note = f"not a JSON object ({type(found).__name__}): {shown(raw[:200]).strip()}"
-            yield malformed_line(position, note)
-            continue
-        yield url_list_record(position, found, found, columns)
+        yield decided(position, lambda: line_record(position, raw, columns))
 
 
 def read_file(path: str, columns: Columns = Columns()) -> Iterator[object]:
-    with FileSystems.open(path) as handle:
-        yield from read_lines(path, handle, columns)
+    count = 0
+    with open_input(path) as handle:
+        try:
+            for record in read_lines(path, lines(handle, columns.limits.max_line_bytes), columns):
+                count += 1
+                yield record
+        except StreamError as error:
+            yield marker(f"{path}#after-{count}", "truncated_file", f"{error}; a line list states no count", None)
 
 
 def expected_records(path: str, columns: Columns = Columns()) -> Optional[int]:

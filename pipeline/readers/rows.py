@@ -16,7 +16,10 @@ decides, in this order:
    ``Candidate`` without image bytes, for the download stage
    (``pipeline.download``);
 5. an image column of the wrong type -> ``read/bad_image_column``; an empty
-   image cell -> ``read/no_image``.
+   image cell -> ``read/no_image``;
+6. a stated source size (``original_width``/``original_height``) that is no
+   size at all (infinite, or 2^31 or more) -> ``read/bad_source_size``; one
+   that is absent, null, NaN, not a number or not positive is unknown.
 
 What the row says about the source (img2dataset's ``original_width`` /
 ``original_height``) becomes ``Candidate.source_width/height``; the columns
@@ -27,12 +30,14 @@ to carry (``key``, ``sha256`` and the user's ``--carry_columns``) become
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import NamedTuple, Optional, Sequence, Tuple
 
 from common.schema import DEFAULT_CARRIED, Candidate, make_key
 from filters import stages
 from filters.text import decode_caption
+from pipeline.readers.limits import ReadLimits
 
 URL_COLUMNS = ("url",)
 CAPTION_COLUMNS = ("caption", "alt_text", "text", "texts")
@@ -72,6 +77,8 @@ class Columns(NamedTuple):
     tsv_columns: Tuple[str, ...] = ("url", "caption")
     #: The build downloads (``--download``): a URL-only row becomes a Candidate without image bytes.
     download: bool = False
+    #: What a reader holds of one record (``--read_max_*``).
+    limits: ReadLimits = ReadLimits()
 
     def wanted(self) -> Tuple[str, ...]:
         """Every column a reader should fetch."""
@@ -150,11 +157,34 @@ def image_bytes(value) -> Optional[bytes]:
     return bytes(value) if value else None
 
 
-def _positive_int(value) -> int:
+#: Larger than any image side; a stated size beyond it is no size (and would overflow int32/int64 later).
+MAX_SOURCE_SIDE = (1 << 31) - 1
+
+
+def source_side(value) -> Optional[int]:
+    """A stated source width or height: the number, 0 when unknown, None when it cannot be a size."""
+    if value is None or value is BAD_CELL or isinstance(value, bool):
+        return 0
+    if isinstance(value, (bytes, str)):
+        text = value.decode("ascii", "replace") if isinstance(value, bytes) else value
+        try:
+            value = int(text.strip())
+        except ValueError:
+            try:
+                value = float(text.strip())
+            except ValueError:
+                return 0
+    if isinstance(value, float):
+        if math.isnan(value):
+            return 0
+        if math.isinf(value):
+            return None
     try:
         number = int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return 0
+    if number > MAX_SOURCE_SIDE:
+        return None
     return number if number > 0 else 0
 
 
@@ -242,6 +272,11 @@ def to_record(row: Row, carry: Sequence[str] = DEFAULT_CARRIED, download: bool =
         image = image_bytes(row.image)
         if image is None:
             return Rejection(key, stages.reason("read", "no_image"), url=url, alt_text=caption)
+    sides = [source_side(meta.get(name)) for name in SOURCE_SIZE_COLUMNS]
+    if None in sides:
+        stated = ", ".join(f"{name}={shown(meta.get(name))[:40]}" for name in SOURCE_SIZE_COLUMNS)
+        return Rejection(key, stages.reason("read", "bad_source_size"), url=url, alt_text=caption,
+                         detail=(("stated_size", stated),))
     source = tuple(
         (name, shown(meta[name]) if isinstance(meta[name], bytes) else meta[name])
         for name in META_COLUMNS
@@ -252,8 +287,8 @@ def to_record(row: Row, carry: Sequence[str] = DEFAULT_CARRIED, download: bool =
     )
     return Candidate(
         key=key, url=url, alt_text=caption, image=image, source=source,
-        source_width=_positive_int(meta.get("original_width")),
-        source_height=_positive_int(meta.get("original_height")),
+        source_width=sides[0],
+        source_height=sides[1],
         carried=carried,
     )
 
@@ -277,3 +312,19 @@ def url_list_record(position: str, cells: dict, names, columns: "Columns"):
             meta=cells, missing=missing, has_image_column=False),
         columns.carry, columns.download,
     )
+
+
+def decided(position: str, decide) -> object:
+    """``decide()``'s record, or one ``read/malformed_record`` if deciding it raises.
+
+    Whatever one record's bytes provoke stays with that record: the next one
+    is still read. ``MemoryError`` is not the record's doing, and a
+    ``NameError``/``ImportError`` is the reader's own bug: those are raised.
+    """
+    try:
+        return decide()
+    except (MemoryError, NameError, ImportError):
+        raise
+    except Exception as error:
+        return Rejection(make_key(position, ""), stages.reason("read", "malformed_record"), url=position,
+                         alt_text=f"{type(error).__name__}: {error}"[:300])

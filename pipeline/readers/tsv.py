@@ -5,22 +5,27 @@ header; otherwise the columns are ``--tsv_columns`` (default ``url,caption``,
 CC12M's order; CC3M's is ``caption,url``). Each following line is one record:
 
 - a line with another number of fields than the header -> ``read/malformed_line``;
+- a line longer than ``--read_max_line_bytes`` -> ``read/too_large`` (never held whole);
 - fields are decoded one by one, so invalid UTF-8 in a caption is
   ``read/caption_not_utf8`` and in a url ``read/url_not_text``;
 - a well-formed line has no image bytes: ``read/not_downloaded`` until the
-  images are downloaded (run img2dataset on the file and build from its output).
+  images are downloaded (run img2dataset on the file and build from its
+  output, or build with ``--download``).
 
 Lines are split on tabs without quoting (as the CC3M/CC12M files are).
-Compressed files (``.tsv.gz``) are read through ``FileSystems``.
+``.tsv.gz`` and ``.tsv.bz2`` are read as streams (``pipeline.readers.streams``);
+one that is cut short or corrupt ends with one ``read/truncated_file``
+record (how many lines it lost, it cannot say).
 """
 
 from __future__ import annotations
 
 from typing import Iterator, List, Optional
 
-from apache_beam.io.filesystems import FileSystems
-
-from pipeline.readers.rows import Columns, first_present, malformed_line, shown, url_list_record
+from pipeline.readers.limits import TooLong, lines
+from pipeline.readers.losses import marker, too_large
+from pipeline.readers.rows import Columns, decided, first_present, malformed_line, shown, url_list_record
+from pipeline.readers.streams import StreamError, open_input
 
 
 def _fields(line: bytes) -> List[bytes]:
@@ -32,28 +37,37 @@ def _is_header(fields: List[bytes], columns: Columns) -> bool:
     return first_present(columns.url, names) is not None
 
 
-def read_lines(path: str, lines, columns: Columns = Columns()) -> Iterator[object]:
-    """Records from an iterable of raw lines (bytes with their newline)."""
+def line_record(position: str, raw, header: List[str], columns: Columns):
+    if isinstance(raw, TooLong):
+        return too_large(position, "line", raw.length, columns.limits.max_line_bytes, "--read_max_line_bytes")
+    fields = _fields(raw)
+    if len(fields) != len(header):
+        return malformed_line(position, f"{len(fields)} fields, expected {len(header)}: {shown(raw[:200])}")
+    return url_list_record(position, dict(zip(header, fields)), header, columns)
+
+
+def read_lines(path: str, raw_lines, columns: Columns = Columns()) -> Iterator[object]:
+    """Records from an iterable of raw lines (bytes with their newline, or ``TooLong``)."""
     header: Optional[List[str]] = None
-    number = 0
-    for raw in lines:
-        number += 1
-        fields = _fields(raw)
-        if number == 1 and _is_header(fields, columns):
-            header = [f.decode("utf-8", "replace").strip() for f in fields]
+    for number, raw in enumerate(raw_lines, start=1):
+        if number == 1 and not isinstance(raw, TooLong) and _is_header(_fields(raw), columns):
+            header = [f.decode("utf-8", "replace").strip() for f in _fields(raw)]
             continue
         if header is None:
             header = list(columns.tsv_columns)
         position = f"{path}#{number}"
-        if len(fields) != len(header):
-            note = f"{len(fields)} fields, expected {len(header)}: {shown(raw[:200])}"
-            yield malformed_line(position, note)
-            continue
-        yield url_list_record(position, dict(zip(header, fields)), header, columns)
+        yield decided(position, lambda: line_record(position, raw, header, columns))
+
 
 def read_file(path: str, columns: Columns = Columns()) -> Iterator[object]:
-    with FileSystems.open(path) as handle:
-        yield from read_lines(path, handle, columns)
+    count = 0
+    with open_input(path) as handle:
+        try:
+            for record in read_lines(path, lines(handle, columns.limits.max_line_bytes), columns):
+                count += 1
+                yield record
+        except StreamError as error:
+            yield marker(f"{path}#after-{count}", "truncated_file", f"{error}; a line list states no count", None)
 
 
 def expected_records(path: str, columns: Columns = Columns()) -> Optional[int]:

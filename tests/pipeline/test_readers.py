@@ -74,6 +74,25 @@ def test_headerless_tsv_cc12m_and_cc3m_orders(tmp_path, order):
     assert [(r.url, r.alt_text, r.reason) for r in records] == [(u, c, "read/not_downloaded") for u, c in rows]
 
 
+@pytest.mark.parametrize("chunk", [1, 3, 64, 1 << 20])
+def test_lines_within_their_cap_are_the_lines_of_the_stream(monkeypatch, chunk):
+    import random
+
+    from pipeline.readers import limits
+
+    monkeypatch.setattr(limits, "CHUNK_BYTES", chunk)
+    rng = random.Random(chunk)
+    for _ in range(100):
+        data = b"".join(rng.choice([b"\n", b"a", b"bb", b"x" * rng.randrange(50)]) for _ in range(rng.randrange(100)))
+        cap = rng.randrange(1, 60)
+        parts = data.split(b"\n")
+        expected = [p + b"\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+        expected = [("too long", len(x)) if len(x) > cap else x for x in expected]
+        got = [("too long", x.length) if isinstance(x, limits.TooLong) else x
+               for x in limits.lines(io.BytesIO(data), cap)]
+        assert got == expected
+
+
 def test_jsonl_malformed_lines_each_have_a_reason(tmp_path):
     path = tmp_path / "list.jsonl"
     path.write_bytes(b"\n".join([
@@ -218,8 +237,12 @@ def test_truncated_tar_keeps_what_was_read_and_accounts_for_the_rest(tmp_path):
     write_shard(tmp_path, [sample(r["key"], r["url"], r["caption"]) for r in rows], rows, truncate=True)
     records = list(webdataset.read_file(str(tmp_path / "00000.tar"), make_columns()))
     counts = fates(records)
-    assert counts["read/truncated_shard"] == 1
-    assert counts["written"] + counts["read/missing_from_shard"] == 6  # every metadata row once
+    # the sample the cut fell in (one of its members cut short), and one marker record for the rest
+    assert counts["read/truncated_file"] == 2
+    assert counts["written"] + counts["read/missing_from_shard"] == 5  # every other metadata row once
+    cut_sample, stopped = [r for r in records if getattr(r, "reason", "") == "read/truncated_file"]
+    assert cut_sample.url.startswith("https://e.x/") and cut_sample.detail == ()
+    assert dict(stopped.detail) == {"unread_records": "unknown"}  # a tar states no count
     assert counts["written"] >= 1
 
 
@@ -292,9 +315,10 @@ def test_own_corpus_directory_as_input_is_counted_against_dataset_info(tmp_path)
     shard.write_bytes(data[: len(data) // 2])  # 3 records stated; the cut falls inside the second
     assert tfrecord_reader.expected_records(str(shard)) == 3
     records = list(tfrecord_reader.read_file(str(shard), Columns()))
-    assert fates(records) == {"written": 1, "read/truncated_file": 2}
+    assert fates(records) == {"written": 1, "read/truncated_file": 1}
+    assert dict(records[-1].detail) == {"unread_records": 2}  # one record standing for the 2 missing
     expected = [("written", f"https://e.x/{i}.jpg") for i in (0, 1, 2, 3)] + [
-        ("read/truncated_file", f"{shard}#{n}") for n in (2, 3)
+        ("read/truncated_file", f"{shard}#after-1")
     ]
     assert_read(str(tmp_path / "*"), expected)
 
@@ -331,3 +355,24 @@ def test_build_accounts_for_mixed_inputs(tmp_path):
     assert funnel["stages"][0]["rejected"] == {
         "read/not_downloaded": 1, "read/malformed_line": 1, "read/unknown_format": 1, "read/unreadable_file": 1,
     }
+
+
+def test_read_limits_are_flags_listed_in_the_readme_and_checked(tmp_path):
+    import argparse
+    import os
+    import re
+
+    from pipeline import build, launcher, options
+    from pipeline.readers import limits
+
+    parser = argparse.ArgumentParser()
+    limits.add_arguments(parser)
+    flags = {a.option_strings[0]: a.default for a in parser._actions if a.option_strings[0].startswith("--read_")}
+    readme = open(os.path.join(os.path.dirname(build.__file__), "..", "README.md")).read()
+    rows = dict(re.findall(r"^\| `(--read_[a-z_]*)` \| (\d+)", readme, re.M))
+    assert rows == {flag: str(default) for flag, default in flags.items()}
+    assert options.input_columns(options.build_parser().parse_args(["--read_max_line_bytes", "4096"])).limits == (
+        limits.ReadLimits(max_line_bytes=4096))
+    with pytest.raises(options.UsageError, match=r"^--read_max_record_bytes 0: must be a whole number >= 1$"):
+        launcher.run(["--input", str(tmp_path / "*.parquet"), "--output", str(tmp_path / "out"),
+                      "--read_max_record_bytes", "0"])

@@ -76,7 +76,7 @@ def test_every_row_points_at_its_record_in_what_the_reader_yields(tmp_path):
     for (reader, source), file_rows in by_file.items():
         if not source:
             continue
-        again = list(write.reader_of(reader).read_file(source, Columns()))
+        again = list(write.records_of(reader, source, Columns()))
         for row in file_rows:
             assert again[row.ordinal].key == row.key, (source, row.ordinal)
 

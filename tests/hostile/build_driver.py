@@ -1,0 +1,30 @@
+"""Run one build (``pipeline.launcher.run``) in this process and report what it wrote and used, as JSON.
+
+The ``read`` counters are the ones the launcher stored beside the funnel
+(``pipeline.publish.READ_COUNTS``), so a test can reconcile them with what
+the input files state; the peak RSS is the whole build's (the FnApiRunner
+runs in this process).
+"""
+
+import json
+import resource
+import sys
+
+
+def main(argv):
+    from apache_beam.io.filesystems import FileSystems
+
+    from common.corpus_dir import resolve
+    from pipeline import launcher
+    from pipeline.publish import READ_COUNTS
+
+    funnel = launcher.run(argv)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    output = argv[argv.index("--output") + 1]
+    with FileSystems.open(FileSystems.join(resolve(output), READ_COUNTS)) as handle:
+        read = json.loads(handle.read())
+    print(json.dumps({"funnel": funnel, "read": read, "peak_rss": peak}, default=str))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

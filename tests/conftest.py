@@ -39,10 +39,18 @@ def build_args(sample_dir, output, *extra):
 
 
 @pytest.fixture(scope="session")
-def sample_build(sample_dir, tmp_path_factory):
-    """The sample built by the real Beam job (in-process FnApiRunner)."""
-    from pipeline import build
+def measured_sample_build(sample_dir, tmp_path_factory):
+    """The sample built by the real Beam job, in process on the FnApiRunner that also
+    measures what each shuffle receives (``benchmarks.shuffle_bytes``): (output, funnel, shuffles)."""
+    from benchmarks.shuffle_bytes import measured_build
 
     output = tmp_path_factory.mktemp("built") / "corpus"
-    funnel = build.run(build_args(sample_dir, output))
+    funnel, shuffles = measured_build(build_args(sample_dir, output))
+    return output, funnel, shuffles
+
+
+@pytest.fixture(scope="session")
+def sample_build(measured_sample_build):
+    """The sample built by the real Beam job (in-process FnApiRunner): (output, funnel)."""
+    output, funnel, _ = measured_sample_build
     return output, funnel

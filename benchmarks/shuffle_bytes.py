@@ -9,16 +9,23 @@ measured where it shuffles: after the runner lifts it, the GroupByKey's
 input is the precombined accumulators, not the raw values.
 
 ``ShuffleMeasuringRunner`` is Beam's FnApiRunner with two additions: after
-fusion it notes which PCollection each GroupByKey reads (the producer of a
-``group:`` data channel), and after the job it reads the SDK's own
-per-PCollection monitoring infos for those PCollections:
-``beam:metric:element_count:v1`` and ``beam:metric:sampled_byte_size:v1``
-(the encoded size of a sample of the elements: the first 10, then fewer and
-fewer, so ~60 of 2,000). Bytes of a shuffle = elements x mean sampled size.
+fusion it notes which PCollections each GroupByKey reads (the producers of
+its ``group:`` data channel), and while the job runs it counts the encoded
+bytes every bundle appends to each grouping buffer: exactly what crosses
+that shuffle, as the data plane carries it (length-prefixed windowed
+values). Element counts are the SDK's own ``beam:metric:element_count:v1``
+for those PCollections; the largest element its size sampling
+(``beam:metric:sampled_byte_size:v1``) saw is reported beside. (The SDK's
+sampled mean alone misjudges a CoGroupByKey, whose inputs are flattened
+into one stream: it samples the first elements most, so the order of the
+inputs sets the mean; on a join of 200 elements of 20 kB with 200 of 20 B
+it read 66% over the bytes.)
+
 It runs the real build through its real command line
 (``--runner benchmarks.shuffle_bytes.ShuffleMeasuringRunner``), in process or
-with ``--direct_running_mode=multi_processing``; it writes its figures to the
-file named by ``$SHUFFLE_BYTES_JSON`` when set, and keeps the last job's in
+with ``--direct_running_mode=multi_processing`` (all data reaches the runner's
+process either way); it writes its figures to the file named by
+``$SHUFFLE_BYTES_JSON`` when set, and keeps the last job's in
 ``ShuffleMeasuringRunner.last``.
 
 ``measured_build(argv)`` runs one build in this process and returns its
@@ -39,6 +46,7 @@ if __name__ == "__main__":
     sys.exit(main())
 
 import argparse
+import collections
 import json
 import os
 import tempfile
@@ -46,7 +54,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from apache_beam.metrics import monitoring_infos
-from apache_beam.runners.portability.fn_api_runner import fn_runner, translations
+from apache_beam.runners.portability.fn_api_runner import execution, fn_runner, translations
 from apache_beam.runners.worker import bundle_processor
 
 OUTPUT_ENV = "SHUFFLE_BYTES_JSON"
@@ -60,17 +68,12 @@ class Shuffle:
     name: str  # the GroupByKey's full label, e.g. JoinVerdicts/CoGroupByKey/GroupByKey
     pcollections: List[str]  # the PCollection(s) written into its buffer
     elements: int = 0
-    sampled: int = 0  # elements whose size was measured
-    sampled_bytes: int = 0
-    largest_element: int = 0
+    bytes: int = 0  # encoded, as they reached the runner's grouping buffer
+    largest_sampled: int = 0  # the largest element the SDK's size sampling saw
 
     @property
     def bytes_per_element(self) -> float:
-        return self.sampled_bytes / self.sampled if self.sampled else 0.0
-
-    @property
-    def bytes(self) -> float:
-        return self.elements * self.bytes_per_element
+        return self.bytes / self.elements if self.elements else 0.0
 
 
 @dataclass
@@ -79,10 +82,10 @@ class Shuffles:
 
     shuffles: List[Shuffle]
     candidates: int = 0
-    unmeasured: List[str] = field(default_factory=list)  # shuffles whose input reported no sizes
+    unmeasured: List[str] = field(default_factory=list)  # shuffles whose element count no operation reported
 
     @property
-    def total_bytes(self) -> float:
+    def total_bytes(self) -> int:
         return sum(s.bytes for s in self.shuffles)
 
     def per_candidate(self, shuffle: Shuffle) -> float:
@@ -97,35 +100,34 @@ class Shuffles:
         """One line per shuffle: name, elements, bytes per element and per candidate."""
         return "\n".join(
             f"{s.name}: {s.elements:,} elements x {s.bytes_per_element:,.0f} B "
-            f"(largest sampled {s.largest_element:,} B) = {self.per_candidate(s):,.0f} B per candidate"
+            f"(largest sampled {s.largest_sampled:,} B) = {self.per_candidate(s):,.0f} B per candidate"
             for s in (self.shuffles if shuffles is None else shuffles))
 
     def to_json(self) -> dict:
         rows = []
         for s in sorted(self.shuffles, key=lambda s: -s.bytes):
             row = asdict(s)
-            row.update(bytes_per_element=round(s.bytes_per_element, 1), bytes=round(s.bytes),
+            row.update(bytes_per_element=round(s.bytes_per_element, 1),
                        bytes_per_candidate=round(self.per_candidate(s), 1) if self.candidates else None)
             rows.append(row)
-        return {"candidates": self.candidates, "shuffles": len(self.shuffles), "total_bytes": round(self.total_bytes),
+        return {"candidates": self.candidates, "shuffles": len(self.shuffles), "total_bytes": self.total_bytes,
                 "total_bytes_per_candidate": round(self.total_bytes / self.candidates, 1) if self.candidates else None,
                 "unmeasured": self.unmeasured, "per_shuffle": rows}
 
     @classmethod
     def from_json(cls, document: dict) -> "Shuffles":
-        fields = ("name", "pcollections", "elements", "sampled", "sampled_bytes", "largest_element")
+        fields = ("name", "pcollections", "elements", "bytes", "largest_sampled")
         return cls([Shuffle(**{k: row[k] for k in fields}) for row in document["per_shuffle"]],
                    document.get("candidates") or 0, document.get("unmeasured", []))
 
 
-def grouping_inputs(stages) -> Dict[str, List[str]]:
-    """GroupByKey label -> the PCollections written into its grouping buffer, from the fused stages.
+def grouping_inputs(stages) -> Dict[bytes, Tuple[str, List[str]]]:
+    """Grouping buffer id -> (GroupByKey label, the PCollections written into it), from the fused stages.
 
     The FnApiRunner turns each GroupByKey into a ``<label>/Write`` data output
-    to a ``group:`` buffer and a ``<label>/Read``; a Flatten before it is sunk
-    into its producers, which then write to the same buffer.
+    to a ``group:`` buffer and a ``<label>/Read``.
     """
-    found: Dict[str, List[str]] = {}
+    found: Dict[bytes, Tuple[str, List[str]]] = {}
     for stage in stages:
         for transform in stage.transforms:
             if transform.spec.urn != bundle_processor.DATA_OUTPUT_URN:
@@ -134,44 +136,52 @@ def grouping_inputs(stages) -> Dict[str, List[str]]:
             if kind != "group":
                 continue
             name = transform.unique_name.removesuffix("/Write")
-            found.setdefault(name, []).extend(transform.inputs.values())
+            found.setdefault(transform.spec.payload, (name, []))[1].extend(transform.inputs.values())
     return found
 
 
-def pcollection_sizes(infos) -> Dict[str, dict]:
-    """PCollection id -> {elements, sampled, sampled_bytes, largest} from the SDK's monitoring infos."""
-    sizes: Dict[str, dict] = {}
-    for info in infos:
-        pcollection = info.labels.get(monitoring_infos.PCOLLECTION_LABEL)
-        if not pcollection:
-            continue
-        entry = sizes.setdefault(pcollection, {"elements": 0, "sampled": 0, "sampled_bytes": 0, "largest": 0})
-        if info.urn == monitoring_infos.ELEMENT_COUNT_URN:
-            entry["elements"] += monitoring_infos.extract_counter_value(info)
-        elif info.urn == monitoring_infos.SAMPLED_BYTE_SIZE_URN:
-            count, total, _, largest = monitoring_infos.extract_distribution(info)
-            entry["sampled"] += count
-            entry["sampled_bytes"] += total
-            entry["largest"] = max(entry["largest"], largest)
-    return sizes
+def pcollection_counts(infos_by_stage) -> Dict[str, Tuple[int, int]]:
+    """PCollection id -> (elements, largest sampled size) from the SDK's monitoring infos.
 
-
-def measure(result, inputs: Dict[str, List[str]], candidates: int = 0) -> Shuffles:
-    """The shuffles of a finished FnApiRunner job (``RunnerResult``), from its monitoring infos."""
-    sizes = pcollection_sizes(result.monitoring_infos())
-    shuffles, unmeasured = [], []
-    for name, pcollections in sorted(inputs.items()):
-        shuffle = Shuffle(name, list(pcollections))
-        for pcollection in pcollections:
-            size = sizes.get(pcollection)
-            if size is None:
+    A PCollection read by a later stage is reported there too (by the stage's
+    data input, with the same elements): the stage that saw most counts, the
+    reports are not added up.
+    """
+    counts: Dict[str, Tuple[int, int]] = {}
+    for infos in infos_by_stage.values():
+        seen: Dict[str, list] = {}
+        for info in infos:
+            pcollection = info.labels.get(monitoring_infos.PCOLLECTION_LABEL)
+            if not pcollection:
                 continue
-            shuffle.elements += size["elements"]
-            shuffle.sampled += size["sampled"]
-            shuffle.sampled_bytes += size["sampled_bytes"]
-            shuffle.largest_element = max(shuffle.largest_element, size["largest"])
-        if shuffle.elements and not shuffle.sampled:
-            unmeasured.append(name)
+            entry = seen.setdefault(pcollection, [0, 0])
+            if info.urn == monitoring_infos.ELEMENT_COUNT_URN:
+                entry[0] += monitoring_infos.extract_counter_value(info)
+            elif info.urn == monitoring_infos.SAMPLED_BYTE_SIZE_URN:
+                entry[1] = max(entry[1], monitoring_infos.extract_distribution(info)[3])
+        for pcollection, (elements, largest) in seen.items():
+            if pcollection not in counts or elements > counts[pcollection][0]:
+                counts[pcollection] = (elements, largest)
+    return counts
+
+
+def measure(result, inputs: Dict[bytes, Tuple[str, List[str]]], written: Dict[bytes, int],
+            candidates: int = 0) -> Shuffles:
+    """The shuffles of a finished FnApiRunner job: bytes as written to each grouping buffer, elements
+    from the job's monitoring infos."""
+    # Per stage: RunnerResult keeps them so (monitoring_infos() would flatten them).
+    by_stage = getattr(result, "_monitoring_infos_by_stage", None) or {"": list(result.monitoring_infos())}
+    counts = pcollection_counts(by_stage)
+    shuffles, unmeasured = [], []
+    for buffer_id, (name, pcollections) in sorted(inputs.items(), key=lambda item: item[1][0]):
+        shuffle = Shuffle(name, list(pcollections), bytes=written.get(buffer_id, 0))
+        for pcollection in pcollections:
+            if pcollection not in counts:  # no operation reported it: its elements are not known
+                unmeasured.append(name)
+                continue
+            elements, largest = counts[pcollection]
+            shuffle.elements += elements
+            shuffle.largest_sampled = max(shuffle.largest_sampled, largest)
         shuffles.append(shuffle)
     return Shuffles(shuffles, candidates, unmeasured)
 
@@ -187,8 +197,29 @@ class ShuffleMeasuringRunner(fn_runner.FnApiRunner):
         return stage_context, stages
 
     def run_stages(self, stage_context, stages):
-        result = super().run_stages(stage_context, stages)
-        shuffles = measure(result, self._grouping_inputs)
+        written: Dict[bytes, int] = collections.Counter()
+        get_buffer = execution.BundleContextManager.get_buffer
+
+        def counting_get_buffer(manager, buffer_id, transform_id):
+            # Every bundle's output reaches a buffer through here (under the
+            # runner's lock); a grouping buffer counts what is appended to it.
+            buffer = get_buffer(manager, buffer_id, transform_id)
+            if buffer_id in self._grouping_inputs and not getattr(buffer, "_counted", False):
+                append = buffer.append
+
+                def counting_append(data, _append=append, _id=buffer_id):
+                    written[_id] += len(data)
+                    _append(data)
+
+                buffer.append, buffer._counted = counting_append, True
+            return buffer
+
+        execution.BundleContextManager.get_buffer = counting_get_buffer
+        try:
+            result = super().run_stages(stage_context, stages)
+        finally:
+            execution.BundleContextManager.get_buffer = get_buffer
+        shuffles = measure(result, self._grouping_inputs, written)
         type(self).last = shuffles
         path = os.environ.get(OUTPUT_ENV)
         if path:

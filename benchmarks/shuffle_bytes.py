@@ -214,6 +214,9 @@ class ShuffleMeasuringRunner(fn_runner.FnApiRunner):
                 buffer.append, buffer._counted = counting_append, True
             return buffer
 
+        # The runner makes its BundleContextManagers itself and offers no hook:
+        # the method is swapped on the class for this job (one job at a time
+        # per process, as the build runs) and put back whatever happens.
         execution.BundleContextManager.get_buffer = counting_get_buffer
         try:
             result = super().run_stages(stage_context, stages)

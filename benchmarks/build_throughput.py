@@ -1,7 +1,13 @@
 """Build throughput against the image-decode floor, on the same files in one run.
 
     python -m benchmarks.build_throughput --input sample='out/s20k/candidates/*.parquet' \
-        [--input photos='...'] [--workers 1,2] [--repeats 1] [--json PATH]
+        [--input photos='out/photos20k/*.parquet'] [--workers 1,2] [--repeats 1] [--json PATH]
+
+Inputs: the sample (``python -m samplegen --out S --num-candidates 20000``)
+and photo-sized candidates (``python -m benchmarks.photo_candidates --out P
+--num_candidates 20000``: ~40 kB JPEGs of photographs, 400-800 px). For the
+peak memory per worker as the input grows, pass the same kind at two sizes
+(``--input photos10k=... --input photos100k=...``): flat is the goal.
 
 Every candidate's image has to be decoded once, so no build can beat
 reading the Parquet files and fully decoding each image with PIL: that is
@@ -12,7 +18,12 @@ build. For each input it reports:
   candidates per wall second, and their ratio (the build's share of the floor);
 - CPU-ms per candidate of the build (user + system of the build process and
   its workers) and of the floor;
-- peak resident memory of the largest build process;
+- peak resident memory (``VmHWM``, polled) of the build's own process (the
+  runner, and with one worker the whole job) and of each SDK worker process;
+- bytes shuffled per candidate: the build runs on
+  ``benchmarks.shuffle_bytes.ShuffleMeasuringRunner`` (Beam's FnApiRunner,
+  which also notes what each GroupByKey receives), so the figure comes from
+  the same run; the heaviest shuffles are named;
 - CPU-ms per candidate of the per-record steps (header parse, full decode,
   pHash, sha256, re-encode or resize of the stored image, text rules and
   n-gram keys), measured in this process on the same images with
@@ -20,8 +31,7 @@ build. For each input it reports:
   element overhead, coders, shuffles, the corpus stages and the writers;
 - what a DCT-scaled decode (libjpeg at 1/2..1/8 scale, at least 64 px a
   side: ``Image.draft``) would cost for the pHash, and how many pHashes it
-  would change (Hamming distance to the full-size pHash). The build does not
-  do this: the pHash is written to the shards.
+  would change (Hamming distance to the full-size pHash).
 
 The machine is shared: record the load (``benchmarks.record`` does) and
 compare CPU-ms, which a busy machine inflates less than wall time.
@@ -32,6 +42,7 @@ from __future__ import annotations
 import argparse
 import glob
 import io
+import json
 import multiprocessing
 import os
 import resource
@@ -46,8 +57,9 @@ import warnings
 import pyarrow.parquet as pq
 from PIL import Image
 
-from benchmarks import record
+from benchmarks import record, shuffle_bytes
 from benchmarks.image_work import hamming
+from benchmarks.keyed_joins import WorkerMemory
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMAGE_COLUMNS = ("jpg", "image", "img", "png", "webp")
@@ -99,29 +111,44 @@ def _children_cpu() -> float:
 
 
 def time_build(pattern: str, workers: int, candidates: int) -> dict:
+    """One build of ``pattern``: wall and CPU time, peak memory per process, bytes shuffled."""
+    from common.console import LOG_DIR_ENV
+
     out = tempfile.mkdtemp(prefix="build-throughput-")
+    shuffles_path = os.path.join(out, "shuffles.json")
     argv = [sys.executable, "-m", "pipeline.build", "--input", pattern, "--output", os.path.join(out, "corpus"),
-            "--preset", "align"]
+            "--preset", "align", "--runner", shuffle_bytes.RUNNER]
     if workers > 1:
         argv += ["--direct_running_mode=multi_processing", f"--direct_num_workers={workers}"]
-    # ru_maxrss of RUSAGE_CHILDREN is the largest waited-for descendant: measure in a
-    # fresh child so earlier runs do not count.
-    probe = ("import resource,subprocess,sys,time;t=time.perf_counter();"
-             "r=subprocess.run(sys.argv[1:],stdout=subprocess.DEVNULL,stderr=subprocess.PIPE);"
-             "w=time.perf_counter()-t;u=resource.getrusage(resource.RUSAGE_CHILDREN);"
-             "print(r.returncode,w,u.ru_utime+u.ru_stime,u.ru_maxrss);"
-             "sys.stderr.write(r.stderr.decode()[-2000:] if r.returncode else '')")
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", shuffle_bytes.OUTPUT_ENV: shuffles_path, LOG_DIR_ENV: out}
+    memory = WorkerMemory(markers=(b"sdk_worker_main", b"pipeline.build"))
     try:
-        done = subprocess.run([sys.executable, "-c", probe, *argv], cwd=REPO, capture_output=True, text=True,
-                              env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
-        code, wall, cpu, maxrss = done.stdout.split()
-        if int(code) != 0:
-            raise SystemExit(f"error: the build failed ({code}): {done.stderr.strip().splitlines()[-1:]}")
-    finally:
+        cpu_before, start = _children_cpu(), time.perf_counter()
+        memory.start()
+        build = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+        _, stderr = build.communicate()
+        wall, cpu = time.perf_counter() - start, _children_cpu() - cpu_before
+        memory.stop()
+        if build.returncode != 0:
+            last = stderr.decode(errors="replace").strip().splitlines()[-1:]
+            raise SystemExit(f"error: the build failed ({build.returncode}): {last} (log in {out})")
+        with open(shuffles_path) as handle:
+            shuffles = shuffle_bytes.Shuffles.from_json(json.load(handle))
         shutil.rmtree(out, ignore_errors=True)
-    wall, cpu = float(wall), float(cpu)
+    finally:
+        if memory.is_alive():
+            memory.stop()
+    shuffles.candidates = candidates
+    driver_kb = memory.peak_kb.pop(build.pid, 0)
     return {"wall_s": wall, "per_s": candidates / wall, "cpu_ms_per_candidate": 1000 * cpu / candidates,
-            "peak_rss_mb": int(maxrss) / 1024}
+            "driver_peak_rss_mb": round(driver_kb / 1024, 1),
+            "worker_peak_rss_mb": sorted(round(kb / 1024, 1) for kb in memory.peak_kb.values()),
+            "shuffled_bytes_per_candidate": round(shuffles.total_bytes / candidates, 1),
+            "shuffles": shuffles.to_json()["per_shuffle"]}
+
+
+def _heaviest(build: dict, count: int = 3) -> str:
+    return ", ".join(f"{s['name']} {s['bytes_per_candidate']:,.0f}" for s in build["shuffles"][:count])
 
 
 def per_record_steps(files, limit: int = 1500) -> dict:
@@ -218,12 +245,17 @@ def main() -> None:
                 floors.append(time_floor(files, workers))
                 builds.append(time_build(pattern, workers, candidates))
             floor = {k: statistics.median(f[k] for f in floors) for k in floors[0]}
-            build = {k: statistics.median(b[k] for b in builds) for k in builds[0]}
+            # Times are medians over the repeats; memory and shuffles are the first run's.
+            build = dict(builds[0], **{k: statistics.median(b[k] for b in builds)
+                                       for k in ("wall_s", "per_s", "cpu_ms_per_candidate")})
             entry["runs"][str(workers)] = {"floor": floor, "build": build, "share_of_floor": build["per_s"] / floor["per_s"]}
+            workers_rss = ", ".join(f"{mb:,.0f}" for mb in build["worker_peak_rss_mb"]) or "none"
             print(f"{name}: {workers} worker(s): floor {floor['per_s']:,.0f}/s, build {build['per_s']:,.0f}/s "
                   f"(share {build['per_s'] / floor['per_s']:.2f}); CPU-ms/candidate floor "
                   f"{floor['cpu_ms_per_candidate']:.2f}, build {build['cpu_ms_per_candidate']:.2f}; "
-                  f"peak RSS {build['peak_rss_mb']:,.0f} MB", flush=True)
+                  f"peak RSS MB: build process {build['driver_peak_rss_mb']:,.0f}, SDK workers {workers_rss}; "
+                  f"shuffled {build['shuffled_bytes_per_candidate']:,.0f} B/candidate (heaviest, B/candidate: "
+                  f"{_heaviest(build)})", flush=True)
         entry["per_record_cpu_ms"] = per_record_steps(files)
         print(f"{name}: per-record CPU-ms/candidate: " + ", ".join(
             f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in entry["per_record_cpu_ms"].items()),

@@ -2,24 +2,38 @@
 
     python -m benchmarks.download_vs_img2dataset [--images 6000] [--baseline-images 1500]
         [--workers 2] [--our-workers 1,2] [--threads 32] [--repeats 1]
+        [--content photo|smooth] [--output_max_side 512]
 
 The server runs in its own process and is not the bottleneck: every image
 is a distinct JPEG generated before the clock starts and served from
 memory by a threaded server on 127.0.0.1 (its CPU time is reported beside
-each run). The URL list is written as ``--shards`` TSV files, as URL lists
-usually come (img2dataset shards its input the same way).
+each run). ``--content photo`` (default): crops of real photographs,
+400-800 px, ~40 kB (``benchmarks.photo_candidates``); ``smooth``: blurred
+noise of the same sizes (~27 kB, decodes faster). The URL list is written as
+``--shards`` TSV files, as URL lists usually come (img2dataset shards its
+input the same way).
 
 - **This project**: the real build, ``python -m pipeline.build --input
-  'urls/*.tsv' --download --download-allow-loopback`` on FnApiRunner, once
+  'urls/*.tsv' --download --download_allow_loopback`` on FnApiRunner, once
   per ``--our-workers`` count: 1 runs in the launcher's process
   (``in_memory``), more as ``multi_processing`` worker processes. Download,
   every ALIGN filter (header, format, size, aspect, text rules, full
-  decode, sha256 and pHash, the downscale to 512 px, the frequency
-  filters), TFRecord shards and the stats. ``min_ngram_count=0`` so the
-  synthetic captions are not rare.
+  decode, sha256 and pHash, the downscale to ``--output_max_side``, the
+  frequency filters), TFRecord shards and the stats. ``min_ngram_count=0``
+  so the synthetic captions are not rare.
 - **img2dataset 1.47** (its own venv): ``--processes_count WORKERS
   --thread_count THREADS``, its default resize (``border`` to 256x256,
   re-encode to JPEG), Parquet output, ``--retries 0``.
+- **img2dataset, then this build on its output** (the two-step path users
+  take today): the img2dataset run above, then ``pipeline.build --input
+  'OUT/*.parquet'`` (no ``--download``) with each ``--our-workers`` count;
+  CPU of both steps, per image the build wrote. Its images are 256x256
+  already, so the build re-encodes nothing at ``output_max_side`` >= 256.
+
+Each row of the JSON says what its output is (``output``): the fair
+comparison is at the same output size, so pass ``--output_max_side 256`` for
+this project's one-step build to store what img2dataset stores (longer side
+256; img2dataset also pads to a square).
 
 Each is run on the full list (``--images``) and on a smaller one
 (``--baseline-images``): the difference in CPU seconds over the difference
@@ -36,14 +50,16 @@ bytes as they came).
 Figures per run: wall seconds, images written, images/s (wall), CPU
 seconds of the tool's processes (``RUSAGE_CHILDREN``) and images per
 CPU-second; the ratios are ours/img2dataset (for the marginal cost:
-img2dataset's CPU-ms per image over ours). The machine is shared, so the
-load (``os.getloadavg``) is recorded before and after each run. Writes
+img2dataset's CPU-ms per image over ours) and ours/two-step (CPU per
+written image of the two-step path over ours). The machine is shared, so
+the load (``os.getloadavg``) is recorded before and after each run. Writes
 ``benchmarks/results/download_vs_img2dataset.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import http.server
 import io
 import json
@@ -80,6 +96,13 @@ def make_images(count: int, seed: int = 0) -> list:
         Image.fromarray(small).resize((width, height), Image.BICUBIC).save(out, format="JPEG", quality=88)
         images.append(out.getvalue())
     return images
+
+
+def make_photos(count: int, seed: int = 0) -> list:
+    """Distinct JPEGs of photographs, 400-800 px, ~40 kB (``benchmarks.photo_candidates``)."""
+    from benchmarks.photo_candidates import candidate
+
+    return [candidate(seed, i)["jpg"] for i in range(count)]
 
 
 def caption(i: int) -> str:
@@ -150,23 +173,53 @@ def timed(command, env=None) -> dict:
     return figures
 
 
-def run_ours(urls: str, out: str, workers: int, threads: int) -> dict:
-    command = [
-        sys.executable, "-m", "pipeline.build", "--input", os.path.join(urls, "*.tsv"), "--output", out,
-        "--download", "--download-allow-loopback", "--download-threads", str(threads),
-        "--download-per-host", "0", "--set", "min_ngram_count=0",
-        # One worker: the runner in this process (no data plane between processes).
-        f"--direct_running_mode={'multi_processing' if workers > 1 else 'in_memory'}", f"--direct_num_workers={workers}",
-        "--log-file", os.path.join(os.path.dirname(out), "build.log"),
-    ]
-    figures = timed(command, dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+def _build_env(out: str) -> dict:
+    from common.console import LOG_DIR_ENV
+
+    return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **{LOG_DIR_ENV: os.path.dirname(out)})
+
+
+def _runner_flags(workers: int) -> list:
+    # One worker: the runner in this process (no data plane between processes).
+    return [f"--direct_running_mode={'multi_processing' if workers > 1 else 'in_memory'}",
+            f"--direct_num_workers={workers}"]
+
+
+def _written(out: str) -> dict:
     from common.corpus_dir import resolve
 
     with open(os.path.join(resolve(out), "stats", "funnel.json")) as handle:
         funnel = json.load(handle)
-    figures["images"] = sum(funnel["written"].values())
-    figures["rejected"] = funnel["rejected_total"]
+    return {"images": sum(funnel["written"].values()), "rejected": funnel["rejected_total"]}
+
+
+def run_ours(urls: str, out: str, workers: int, threads: int, max_side: int) -> dict:
+    command = [
+        sys.executable, "-m", "pipeline.build", "--input", os.path.join(urls, "*.tsv"), "--output", out,
+        "--download", "--download_allow_loopback", "--download_threads", str(threads),
+        "--download_per_host", "0", "--set", "min_ngram_count=0", "--set", f"output_max_side={max_side}",
+        *_runner_flags(workers),
+    ]
+    figures = timed(command, _build_env(out))
+    figures.update(_written(out))
+    figures["output"] = f"JPEG as downloaded, re-encoded where the longer side > {max_side} (output_max_side {max_side})"
     return figures
+
+
+def run_two_step(urls: str, out: str, workers: int, threads: int, img2dataset_workers: int) -> dict:
+    """img2dataset (its defaults), then this build on its Parquet output with ``workers``: both steps' CPU."""
+    download = run_img2dataset(urls, out + "-img2dataset", img2dataset_workers, threads)
+    command = [sys.executable, "-m", "pipeline.build", "--input", os.path.join(out + "-img2dataset", "*.parquet"),
+               "--output", out, "--set", "min_ngram_count=0", *_runner_flags(workers)]
+    build = timed(command, _build_env(out))
+    build.update(_written(out))
+    return {
+        "wall_s": round(download["wall_s"] + build["wall_s"], 2), "cpu_s": round(download["cpu_s"] + build["cpu_s"], 2),
+        "load_before": download["load_before"], "load_after": build["load_after"],
+        "images": build["images"], "rejected": build["rejected"], "img2dataset_images": download["images"],
+        "steps": {"img2dataset": download, "build": build},
+        "output": "img2dataset's 256x256 JPEGs (border resize); the build re-encodes none (output_max_side 512)",
+    }
 
 
 def run_img2dataset(urls: str, out: str, workers: int, threads: int, extra=()) -> dict:
@@ -182,6 +235,8 @@ def run_img2dataset(urls: str, out: str, workers: int, threads: int, extra=()) -
             with open(os.path.join(out, name)) as handle:
                 successes += json.load(handle)["successes"]
     figures["images"] = successes
+    figures["output"] = ("JPEG as downloaded" if "--resize_mode" in extra else
+                         "JPEG re-encoded at 256x256 (img2dataset's default: border resize, padded to a square)")
     return figures
 
 
@@ -201,7 +256,7 @@ def download_job(pattern: str, threads: int, workers: int) -> None:
                                     f"--direct_num_workers={workers}"])
     with beam.Pipeline(options=beam_options) as p:
         read = p | ReadCandidates(pattern, None, Columns(download=True))
-        fetched = read["survivors"] | stage.DownloadImages(options)
+        fetched = read["survivors"] | stage.DownloadImages(tempfile.mkdtemp(prefix="staging-"), options)
         _ = (fetched["survivors"] | beam.combiners.Count.Globally()
              | beam.Map(lambda n: print(json.dumps({"downloaded": n}), flush=True)))
 
@@ -233,6 +288,12 @@ def main(argv=None) -> None:
     parser.add_argument("--threads", type=int, default=32, help="download threads per worker process")
     parser.add_argument("--shards", type=int, default=4, help="TSV files the URL list is split into")
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--content", choices=("photo", "smooth"), default="photo",
+                        help="photo: crops of photographs (~40 kB); smooth: blurred noise (~27 kB)")
+    parser.add_argument("--output_max_side", type=int, default=512,
+                        help="this project's one-step build stores images up to this side (the preset's 512; "
+                             "256 stores what img2dataset stores)")
+    parser.add_argument("--no_two_step", action="store_true", help="skip img2dataset followed by this build")
     parser.add_argument("--json", default="")
     parser.add_argument("--download-job", default="", help=argparse.SUPPRESS)  # internal: the download-only job
     args = parser.parse_args(argv)
@@ -245,15 +306,18 @@ def main(argv=None) -> None:
     our_workers = [int(w) for w in args.our_workers.split(",")]
 
     run = record.Run()
-    print(f"generating {args.images:,} JPEGs", flush=True)
-    images = make_images(args.images)
+    print(f"generating {args.images:,} JPEGs ({args.content})", flush=True)
+    images = (make_photos if args.content == "photo" else make_images)(args.images)
     ready = multiprocessing.get_context("fork").Queue()
     server = multiprocessing.get_context("fork").Process(target=serve, args=(images, ready), daemon=True)
     server.start()
     port = ready.get(timeout=30)
     work = tempfile.mkdtemp(prefix="download_bench_")
     tools = [("img2dataset", run_img2dataset, args.workers)]
-    tools += [(f"ours_{w}w", run_ours, w) for w in our_workers]
+    tools += [(f"ours_{w}w", functools.partial(run_ours, max_side=args.output_max_side), w) for w in our_workers]
+    if not args.no_two_step:
+        tools += [(f"two_step_{w}w", functools.partial(run_two_step, img2dataset_workers=args.workers), w)
+                  for w in our_workers]
     jobs = [(name, runner, workers, count) for count in (small, args.images) for name, runner, workers in tools]
     jobs += [("img2dataset_download_only", run_img2dataset_download_only, args.workers, args.images)]
     jobs += [(f"ours_download_only_{w}w", run_ours_download_only, w, args.images) for w in our_workers]
@@ -272,7 +336,7 @@ def main(argv=None) -> None:
                 print(f"{name:28s} {figures['images']:,} of {count:,} images in {figures['wall_s']} s: "
                       f"{figures['images_per_s']} images/s, {figures['images_per_cpu_s']} per CPU-s "
                       f"(server {figures['server_cpu_s']} CPU-s; load {figures['load_before'][0]})", flush=True)
-                shutil.rmtree(os.path.dirname(out))
+                shutil.rmtree(os.path.dirname(out), ignore_errors=True)
     finally:
         server.terminate()
         shutil.rmtree(work, ignore_errors=True)
@@ -283,6 +347,7 @@ def main(argv=None) -> None:
     summary = {
         "images": args.images, "baseline_images": small, "workers": args.workers, "our_workers": our_workers,
         "threads": args.threads, "shards": args.shards, "mean_image_bytes": round(sum(map(len, images)) / len(images)),
+        "content": args.content, "our_output_max_side": args.output_max_side,
     }
     for name, _, _ in tools:
         big, little = f"{name}@{args.images}", f"{name}@{small}"
@@ -291,8 +356,17 @@ def main(argv=None) -> None:
             # The cost of one more image: start-up and per-job costs cancel out.
             "marginal_cpu_ms_per_image": round(
                 1000 * (median(big, "cpu_s") - median(little, "cpu_s")) / (args.images - small), 2),
+            "cpu_ms_per_written_image": round(1000 * median(big, "cpu_s") / median(big, "images"), 2),
+            "output": runs[big][0]["output"],
         }
     theirs = summary["img2dataset"]
+    for w in [] if args.no_two_step else our_workers:
+        ours, two_step = summary[f"ours_{w}w"], summary[f"two_step_{w}w"]
+        # The bar: ours at most 0.7x the two-step path's CPU per written image.
+        summary[f"ours_{w}w_over_two_step"] = {
+            "cpu_per_written_image": round(ours["cpu_ms_per_written_image"] / two_step["cpu_ms_per_written_image"], 2),
+            "marginal_cpu_per_image": round(ours["marginal_cpu_ms_per_image"] / two_step["marginal_cpu_ms_per_image"], 2),
+        }
     for name, _, _ in tools[1:]:
         ours = summary[name]
         summary[f"{name}_ratio"] = {

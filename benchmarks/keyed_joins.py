@@ -141,11 +141,16 @@ def _descendants(root: int) -> list:
 
 
 class WorkerMemory(threading.Thread):
-    """Polls the peak resident size (VmHWM) of every SDK worker process below this one."""
+    """Polls the peak resident size (VmHWM) of every SDK worker process below this one.
 
-    def __init__(self, interval: float = 0.2):
+    ``markers``: what a process's command line must contain to be watched
+    (add ``b"pipeline.build"`` to watch a build launched below this process too).
+    """
+
+    def __init__(self, interval: float = 0.2, markers=(b"sdk_worker_main",)):
         super().__init__(daemon=True)
         self.interval = interval
+        self.markers = tuple(markers)
         self.peak_kb = {}
         self._done = threading.Event()
 
@@ -155,7 +160,7 @@ class WorkerMemory(threading.Thread):
                 try:
                     with open(f"/proc/{pid}/cmdline", "rb") as f:
                         cmdline = f.read().replace(b"\0", b" ")
-                    if b"sdk_worker_main" not in cmdline or cmdline.startswith(b"/bin/sh"):
+                    if not any(m in cmdline for m in self.markers) or cmdline.startswith(b"/bin/sh"):
                         continue
                     with open(f"/proc/{pid}/status") as f:
                         for line in f:

@@ -39,12 +39,20 @@ def build_args(sample_dir, output, *extra):
 
 
 @pytest.fixture(scope="session")
-def sample_build(sample_dir, tmp_path_factory):
-    """The sample built by the real Beam job (in-process FnApiRunner): its committed version's directory."""
-    from pipeline import launcher
+def measured_sample_build(sample_dir, tmp_path_factory):
+    """The sample built by the real Beam job, in process on the FnApiRunner that also
+    measures what each shuffle receives (``benchmarks.shuffle_bytes``): (output, funnel, shuffles)."""
+    from benchmarks.shuffle_bytes import measured_build
 
     from common.corpus_dir import resolve
 
     output = tmp_path_factory.mktemp("built") / "corpus"
-    funnel = launcher.run(build_args(sample_dir, output))
-    return type(output)(resolve(str(output))), funnel  # the committed version's directory
+    funnel, shuffles = measured_build(build_args(sample_dir, output))
+    return type(output)(resolve(str(output))), funnel, shuffles  # the committed version's directory
+
+
+@pytest.fixture(scope="session")
+def sample_build(measured_sample_build):
+    """The sample built by the real Beam job (in-process FnApiRunner): (its committed version's directory, funnel)."""
+    output, funnel, _ = measured_sample_build
+    return output, funnel

@@ -57,10 +57,16 @@ class CheckpointPairModel:
 
     def pixels(self, images: Sequence) -> np.ndarray:
         """Upright RGB PIL images -> float32 ``[N, S, S, 3]`` in [-1, 1], the trainer's eval view."""
-        out = np.empty((len(images), self.image_size, self.image_size, 3), np.float32)
-        for i, image in enumerate(images):
-            array = np.asarray(image.convert("RGB") if image.mode != "RGB" else image, np.uint8)
-            out[i] = self._view(array).numpy()
+        arrays = [np.asarray(image.convert("RGB") if image.mode != "RGB" else image, np.uint8) for image in images]
+        out = np.empty((len(arrays), self.image_size, self.image_size, 3), np.float32)
+        for start, stop in padded_groups([a.shape for a in arrays], GROUP_PIXELS):
+            group = arrays[start:stop]
+            height, width = max(a.shape[0] for a in group), max(a.shape[1] for a in group)
+            padded = np.zeros((len(group), height, width, 3), np.uint8)
+            for i, array in enumerate(group):
+                padded[i, : array.shape[0], : array.shape[1]] = array
+            sizes = np.array([a.shape[:2] for a in group], np.int32)
+            out[start:stop] = self._view(padded, sizes).numpy()
         return out
 
     def score_images(self, images: Sequence, texts: Sequence[str]) -> np.ndarray:
@@ -75,15 +81,49 @@ class CheckpointPairModel:
         return np.einsum("nd,nd->n", image_vectors, text_vectors).astype(np.float32)
 
 
+#: Pixels of one padded group of images handed to the eval view at once (uint8: 3 bytes each).
+GROUP_PIXELS = 8_000_000
+
+
+def padded_groups(shapes: Sequence[tuple], budget: int = GROUP_PIXELS):
+    """``(start, stop)`` runs of images whose padded batch (count x tallest x widest) fits ``budget`` pixels.
+
+    One TensorFlow call per image costs more than the resize itself (~1 CPU-ms
+    of call overhead), so images go in groups; the budget keeps one large
+    picture from padding a whole batch to its size (a lone image over it is
+    its own group).
+    """
+    start, height, width = 0, 0, 0
+    for index, shape in enumerate(shapes):
+        grown_h, grown_w = max(height, shape[0]), max(width, shape[1])
+        if index > start and (index - start + 1) * grown_h * grown_w > budget:
+            yield start, index
+            start, grown_h, grown_w = index, shape[0], shape[1]
+        height, width = grown_h, grown_w
+    if start < len(shapes):
+        yield start, len(shapes)
+
+
 def _eval_view(image_size: int, resize_size: int):
-    """uint8 ``[H, W, 3]`` -> float32 ``[S, S, 3]``: the trainer's eval ops after its decode."""
+    """Padded uint8 ``[B, H, W, 3]`` and true sizes ``[B, 2]`` -> float32 ``[B, S, S, 3]``: the
+    trainer's eval ops after its decode, each image cut to its size first."""
     import tensorflow as tf
 
     from trainer import preprocess
 
     ops = preprocess.get_preprocess_fn(f"resize({resize_size})|central_crop({image_size})|value_range(-1,1)")
-    return tf.function(lambda image: ops({"image": image})["image"],
-                       input_signature=[tf.TensorSpec([None, None, 3], tf.uint8)])
+
+    def one(args):
+        padded, size = args
+        return ops({"image": padded[: size[0], : size[1]]})["image"]
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None, None, 3], tf.uint8), tf.TensorSpec([None, 2], tf.int32)],
+                 autograph=False)
+    def view(padded, sizes):
+        return tf.map_fn(one, (padded, sizes), fn_output_signature=tf.TensorSpec([image_size, image_size, 3],
+                                                                                  tf.float32))
+
+    return view
 
 
 def load_encoders(workdir: str, step: Optional[int] = None) -> checkpoint.Encoders:

@@ -20,10 +20,20 @@ decompression bomb, caption faults, boilerplate alt-texts shared by many
 images, one image with more than 1000 alt-texts, rare-token junk captions,
 near-duplicates of evaluation images, repeated (url, caption) pairs and a
 part file without a caption column. Rows are shuffled across the parts.
+On top, ``mismatched_pair`` rows (``plan.MISMATCHED_SHARE`` of
+``--num-candidates``): an ordinary-looking picture whose alt-text was worded
+for another drawn scene, one that shows none of the picture's shapes. ALIGN's
+rules keep them (expected ``"written"``); a model-score stage should not.
 
 Manifest lines: ``{"pipeline_key": make_key(url, caption or ""), "url",
 "case", "expected", "note", "key" (the row's img2dataset key, unique),
-"file" (part file name), "size" ([w, h] after EXIF orientation, or null)}``.
+"file" (part file name), "size" ([w, h] after EXIF orientation, or null),
+"pairing"}``. ``pairing`` says what the alt-text is of the row's own
+picture: ``"clean"`` (it describes it), ``"mismatched"`` (it describes
+another picture: the ``mismatched_pair`` rows, and most alt-texts of the
+one image with over 1000 of them), or null (no picture of its own, or an
+alt-text that describes nothing: boilerplate, junk, keyword lists, fixed
+words). Every row expected to be written is clean or mismatched.
 ``expected`` is ``"written"``, the first rejection reason in
 ``filters.stages`` order, or ``"written_once"``: a group of rows with the
 *same* (url, caption), hence the same pipeline key, of which exactly one is

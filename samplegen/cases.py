@@ -24,8 +24,9 @@ from samplegen.drawers import content_with_caption, draw_caption, draw_content, 
 from samplegen.evalset import EVAL_PER_CLASS, EVAL_SET
 from samplegen.faults import HTML_CAPTCHA_PAGE, HTML_ERROR_PAGE, PDF_DOCUMENT, SVG_IMAGE
 from samplegen.plan import (
-    MAX_ASPECT, MAX_IMAGES_PER_TEXT, MAX_TEXTS_PER_IMAGE, MIN_SHORTER_SIDE, NEAR_DUPLICATE_MARGIN,
-    TEXTS_PER_IMAGE_ROWS, WRITTEN, WRITTEN_ONCE, Plan, Recipe, expected_image_fate, word_count,
+    CLEAN, MAX_ASPECT, MAX_IMAGES_PER_TEXT, MAX_TEXTS_PER_IMAGE, MIN_SHORTER_SIDE, MISMATCHED, MISMATCHED_SHARE,
+    NEAR_DUPLICATE_MARGIN, TEXTS_PER_IMAGE_ROWS, WRITTEN, WRITTEN_ONCE, Plan, Recipe, expected_image_fate,
+    word_count,
 )
 from samplegen.render import render_bytes
 
@@ -281,18 +282,20 @@ def plant_text_cases(plan: Plan) -> None:
 
     plan.add("zero_width_inside", WRITTEN,
              "a zero-width space stands between two words: normalises to an ordinary alt-text",
-             pictured(transform=zero_width), count=2)
+             pictured(transform=zero_width, describes=True), count=2)
     plan.add("padded_caption", WRITTEN, "leading/trailing whitespace, a tab and a newline",
-             pictured(transform=lambda text, rng: "  " + text.replace(" ", " \t", 1) + " \n"))
+             pictured(transform=lambda text, rng: "  " + text.replace(" ", " \t", 1) + " \n", describes=True))
     for text in MOJIBAKE_CAPTIONS:
         plan.add("mojibake", WRITTEN,
                  "UTF-8 read as Latin-1 upstream ('cafÃ© au lait'): valid text, kept; its words are frequent enough",
-                 pictured(caption=text, photo_share=1.0, photo="coffee"), count=2, shared_caption=True)
+                 pictured(caption=text, photo_share=1.0, photo="coffee", describes=True), count=2,
+                 shared_caption=True)
     for text in NFC_CAPTIONS:
         for form in ("NFC", "NFD"):
             plan.add(f"unicode_{form.lower()}", WRITTEN,
                      f"the same words in {form} form: different raw alt-texts (and keys), one normalised text",
-                     pictured(caption=unicodedata.normalize(form, text), photo_share=1.0, photo="coffee"),
+                     pictured(caption=unicodedata.normalize(form, text), photo_share=1.0, photo="coffee",
+                              describes=True),
                      shared_caption=True)
 
 
@@ -309,11 +312,11 @@ def plant_frequency_cases(plan: Plan) -> None:
     text, images = SHARED_OVER
     plan.add("shared_text_11_images", shared, f"'{text}' on 11 distinct pictures of it: more than 10",
              pictured(caption=text, photo_share=0, dominant="circle", colour="red", background="white",
-                      second_group=0, count=1), count=images, shared_caption=True)
+                      second_group=0, count=1, describes=True), count=images, shared_caption=True)
     text, images = SHARED_AT
     plan.add("shared_text_10_images", WRITTEN, f"'{text}' on 10 distinct pictures of it: at most 10, kept",
              pictured(caption=text, photo_share=0, dominant="square", colour="blue", background="white",
-                      second_group=0, count=1), count=images, shared_caption=True)
+                      second_group=0, count=1, describes=True), count=images, shared_caption=True)
 
     def many_texts(unit, rng):
         spec = draw_content(rng, size=(260, 260), photo_share=0, dominant="star", colour="orange",
@@ -322,11 +325,14 @@ def plant_frequency_cases(plan: Plan) -> None:
         seen = set()
         for row in unit.rows:
             while True:
-                _, text = content_with_caption(rng)
+                worded_from, text = content_with_caption(rng)
                 if text_identity(text) not in seen:
                     seen.add(text_identity(text))
                     break
             row.caption, row.recipe = text, recipe
+            # Worded for other drawings: one without a star describes another picture; one with a
+            # star may fit this one, so it has no stated pairing.
+            row.pairing = None if "star" in scenes.scene_shapes(worded_from) else MISMATCHED
 
     plan.add("many_texts_one_image", stages.reason("texts_per_image", "too_many_texts"),
              f"one image (one URL, same bytes) with {TEXTS_PER_IMAGE_ROWS} distinct alt-texts (> {MAX_TEXTS_PER_IMAGE})",
@@ -345,7 +351,7 @@ def plant_frequency_cases(plan: Plan) -> None:
         spec, text = content_with_caption(rng)
         recipe = Recipe(content=spec, size=tuple(spec["size"]))
         for row in unit.rows:
-            row.caption, row.recipe = text, recipe
+            row.caption, row.recipe, row.pairing = text, recipe, CLEAN
 
     for copies in (2, 3):
         plan.add("duplicate_pair", WRITTEN_ONCE,
@@ -383,6 +389,7 @@ def plant_near_duplicates(plan: Plan, guard: "NearDuplicateGuard", count: int = 
             for row in unit.rows:
                 row.caption = draw_caption(described, rng) or scenes.SHAPES[0]
                 row.recipe = dataclasses.replace(recipe)
+                row.pairing = CLEAN
 
         plan.add("near_duplicate_eval", reason, f"copy of {path}, edit {'/'.join(map(str, edit))}", draw)
         planted += 1
@@ -396,3 +403,37 @@ def plant_missing_column(plan: Plan, count: int = 8) -> None:
 def plant_ordinary(plan: Plan, count: int) -> None:
     for _ in range(count):
         plan.add("ordinary", WRITTEN, "an ordinary picture and its alt-text", pictured())
+
+
+def describe_another_scene(rng, spec: dict) -> str:
+    """The alt-text of another drawn scene, one that shows none of ``spec``'s shapes."""
+    shown = set(scenes.scene_shapes(spec))
+    for _ in range(200):
+        other = draw_content(rng, size=spec["size"], photo_share=0)
+        if shown.isdisjoint(scenes.scene_shapes(other)):
+            caption = draw_caption(other, rng)
+            if caption is not None:
+                return caption
+    raise PlanError(f"no scene without the shapes {sorted(shown)}")
+
+
+def mismatched(unit, rng):
+    for row in unit.rows:
+        spec = draw_content(rng)
+        row.caption = describe_another_scene(rng, spec)
+        row.recipe = Recipe(content=spec, size=tuple(spec["size"]))
+        row.pairing = MISMATCHED
+
+
+def plant_mismatched(plan: Plan, num_candidates: int) -> None:
+    """Ordinary-looking pairs whose alt-text describes another picture (web alt-text noise).
+
+    The picture is drawn as an ordinary one is (a scene or a photo crop) and
+    the alt-text is a real one, worded for another drawn scene that shows
+    none of the picture's shapes: every rule of ALIGN keeps it; only a
+    model that looks at both can tell. Planted after the ordinary rows, so
+    that every other row keeps its slot and its drawing.
+    """
+    for _ in range(round(MISMATCHED_SHARE * num_candidates)):
+        plan.add("mismatched_pair", WRITTEN, "an alt-text worded for another drawn scene (none of this picture's "
+                 "shapes): a well-formed pair that does not match", mismatched)

@@ -18,8 +18,8 @@ import numpy as np
 from filters.text import ngrams, normalize_text, text_identity
 from samplegen.evalset import EVAL_SET
 from samplegen.plan import (
-    MAX_IMAGES_PER_ORDINARY_TEXT, MAX_IMAGES_PER_TEXT, MAX_TEXTS_PER_IMAGE, MIN_NGRAM_COUNT,
-    NEAR_DUPLICATE_EMBEDDER, NEAR_DUPLICATE_MARGIN, NGRAM_SUPPORT, WRITTEN_ONCE, Plan, Row, row_key,
+    CLEAN, MAX_IMAGES_PER_ORDINARY_TEXT, MAX_IMAGES_PER_TEXT, MAX_TEXTS_PER_IMAGE, MIN_NGRAM_COUNT, MISMATCHED,
+    NEAR_DUPLICATE_EMBEDDER, NEAR_DUPLICATE_MARGIN, NGRAM_SUPPORT, WRITTEN, WRITTEN_ONCE, Plan, Row, row_key,
     word_count, wording_key,
 )
 from samplegen.render import Workers, thumbnail
@@ -198,6 +198,10 @@ def verify_plan(plan: Plan) -> Dict[str, object]:
                 problems.append(f"{row.case}: {row.caption!r} has no rare n-gram")
     rare = rare_rows(plan)
     problems += [f"{r.case}: {r.caption!r} has a rare n-gram" for r in rare]
+    # A row that should be written says whether its alt-text describes its picture.
+    for row in rows:
+        if row.expected in (WRITTEN, WRITTEN_ONCE) and row.pairing not in (CLEAN, MISMATCHED):
+            problems.append(f"{row.case}: expected to be written, but its pairing is not stated")
     # One pipeline key per row, except the planted repeats.
     keys = collections.Counter(row_key(r) for r in plan.rows)
     for row in plan.rows:

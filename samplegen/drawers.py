@@ -12,7 +12,7 @@ from typing import Callable, Optional, Tuple
 import numpy as np
 
 from samplegen import content, photos, scenes
-from samplegen.plan import Recipe, Unit, ordinary_length
+from samplegen.plan import CLEAN, Recipe, Unit, ordinary_length
 
 
 def ordinary_size(rng) -> Tuple[int, int]:
@@ -51,8 +51,16 @@ def content_with_caption(rng, accept=ordinary_length, **content_args) -> Tuple[d
 
 
 def pictured(encode=("jpeg", 88), size=None, accept=ordinary_length, transform=None, caption=None,
-             reported=None, **content_args):
-    """A drawer: one picture (drawn content) per row, worded unless ``caption`` is fixed."""
+             reported=None, describes=None, **content_args):
+    """A drawer: one picture (drawn content) per row, worded unless ``caption`` is fixed.
+
+    ``describes``: does the alt-text describe the row's picture (its pairing is
+    then ``CLEAN``)? By default only when it is worded from the picture and not
+    transformed; a case whose fixed or transformed alt-text still says what the
+    picture shows passes True.
+    """
+    if describes is None:
+        describes = caption is None and transform is None
 
     def draw(unit: Unit, rng):
         for row in unit.rows:
@@ -62,6 +70,7 @@ def pictured(encode=("jpeg", 88), size=None, accept=ordinary_length, transform=N
                 spec, text = draw_content(rng, size=size, **content_args), caption
             row.caption = transform(text, rng) if transform else text
             row.recipe = Recipe(content=spec, size=tuple(spec["size"]), encode=encode)
+            row.pairing = CLEAN if describes else None
             if reported is not None:
                 row.reported_size = reported
     draw.fixed_caption = caption is not None

@@ -13,8 +13,8 @@ from typing import Optional
 from filters.text import normalize_text, words
 from samplegen.cases import (
     plant_decode_cases, plant_exif_cases, plant_format_cases, plant_frequency_cases, plant_header_cases,
-    plant_missing_column, plant_near_duplicates, plant_ordinary, plant_read_cases, plant_size_cases,
-    plant_text_cases,
+    plant_mismatched, plant_missing_column, plant_near_duplicates, plant_ordinary, plant_read_cases,
+    plant_size_cases, plant_text_cases,
 )
 from samplegen.checks import NearDuplicateGuard, settle, verify_plan
 from samplegen.evalset import eval_path, eval_specs
@@ -68,6 +68,7 @@ def build_plan(num_candidates: int, seed: int, workers: Optional[Workers] = None
     plant_near_duplicates(plan, guard)
     plant_missing_column(plan)
     plant_ordinary(plan, num_candidates)
+    plant_mismatched(plan, num_candidates)
     rounds = settle(plan, guard)
     assign_urls(plan)
     plan.facts = verify_plan(plan)
@@ -93,6 +94,7 @@ def write_sample(out: str, num_candidates: int = 3000, seed: int = 0, processes:
     log(f"sample: {info['num_rows']} rows ({num_candidates} ordinary + {info['num_planted_rows']} planted) "
         f"in {len(info['parts'])} parts, {info['num_cases']} cases, {info['num_eval_images']} eval images")
     log("sample: expected fates: " + ", ".join(f"{k} {v}" for k, v in sorted(fates.items())))
+    log("sample: pairings: " + ", ".join(f"{k} {v}" for k, v in info["pairings"].items()))
     cpu = _cpu_seconds() - cpu_started
     log(f"sample: {info['num_bytes'] / 1e6:.1f} MB in {elapsed:.1f} s (planning {planned - started:.1f} s), "
         f"{info['num_rows'] / elapsed:.0f} rows/s, {processes} processes, {cpu:.1f} CPU-s -> {out}")

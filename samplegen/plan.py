@@ -23,6 +23,16 @@ from filters.text import normalize_text, words
 WRITTEN = "written"
 WRITTEN_ONCE = "written_once"
 
+# What a row's alt-text says about its own picture (the manifest's "pairing"):
+# it describes it, or it describes another picture. Rows with no picture of
+# their own, or an alt-text that describes nothing (boilerplate, junk, keyword
+# lists, fixed words), have none.
+CLEAN = "clean"
+MISMATCHED = "mismatched"
+# Planted mismatched pairs per ordinary candidate: web alt-text is noisy, and
+# a model-score stage is judged by how many of them it finds.
+MISMATCHED_SHARE = 0.05
+
 # ALIGN preset values the per-record expectations use (checked against
 # filters.presets in the tests, not imported: the manifest is a statement of
 # the rules, not a copy of the code under test).
@@ -113,6 +123,7 @@ class Row:
     url_ext: str = "jpg"
     shared_caption: bool = False  # planted shared alt-text: exempt from the 3-images rule
     missing_column: bool = False
+    pairing: Optional[str] = None  # CLEAN, MISMATCHED or None (see above)
 
     @property
     def stage(self) -> str:

@@ -317,5 +317,10 @@ def render_scene(spec: dict, size: Tuple[int, int]) -> Image.Image:
     return canvas
 
 
+def scene_shapes(spec: dict) -> Tuple[str, ...]:
+    """The shapes a spec shows (none for a photo crop)."""
+    return tuple(g["shape"] for g in spec["groups"]) if spec["kind"] == "scene" else ()
+
+
 def dominant_class(spec: dict) -> Optional[str]:
     return spec["groups"][0]["shape"] if spec["kind"] == "scene" else None

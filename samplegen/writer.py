@@ -102,7 +102,7 @@ def write_plan(plan: Plan, out: str, workers: Optional[Workers] = None) -> dict:
             columns["jpg"].append(data)
             manifest.append({
                 "pipeline_key": row_key(row), "url": row.url, "case": row.case, "expected": row.expected,
-                "note": row.note, "key": key, "file": name, "size": _oriented_size(row),
+                "note": row.note, "key": key, "file": name, "size": _oriented_size(row), "pairing": row.pairing,
             })
         schema = MISSING_COLUMN_SCHEMA if rows is extra_rows else CANDIDATE_SCHEMA
         table = pa.table({f.name: pa.array(columns[f.name], f.type) for f in schema}, schema=schema)
@@ -123,6 +123,7 @@ def write_plan(plan: Plan, out: str, workers: Optional[Workers] = None) -> dict:
         total_bytes += len(data)
 
     fates = collections.Counter(line["expected"] for line in manifest)
+    pairings = collections.Counter(line["pairing"] or "none" for line in manifest)
     info = {
         "num_candidates": plan.num_candidates,
         "num_rows": len(manifest),
@@ -137,6 +138,7 @@ def write_plan(plan: Plan, out: str, workers: Optional[Workers] = None) -> dict:
         "zeroshot_classes": list(scenes.SHAPES),
         "build_overrides": build_overrides(),
         "expected_fates": dict(sorted(fates.items())),
+        "pairings": dict(sorted(pairings.items())),
         "checks": plan.facts,
     }
     with open(os.path.join(out, "sample_info.json"), "w", encoding="utf-8") as f:

@@ -30,6 +30,11 @@ EXCEPTIONS = {
         "trainer side (trainer.checkpoint.load_image_encoder) and is imported only when that "
         "embedder is used, so dedup itself loads without JAX"
     ),
+    ("filters/model_score.py", "trainer.pair_score"): (
+        "the 'checkpoint' pair model scores with a trained run's two towers, through the trainer's own "
+        "preprocessing and tokenizer (what makes its cosine the one trainer.embed gives); imported only "
+        "when that model is used, so filters itself loads without JAX"
+    ),
 }
 
 def modules(tops=ALLOWED):

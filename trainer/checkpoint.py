@@ -91,7 +91,7 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
         return ml_collections.ConfigDict(json.load(f))
 
 
-def _vocab(workdir: str, config) -> str:
+def vocab_file(workdir: str, config) -> str:
     """The run's copy of its vocabulary, else the one its config names."""
     copy = os.path.join(workdir, VOCAB_FILE)
     return copy if os.path.exists(copy) else vocab_path(config)
@@ -107,28 +107,30 @@ def load_model(workdir: str, step: Optional[int] = None) -> tuple[Any, dict, ml_
     from trainer import models, tokenizer as tokenizer_lib
 
     config = load_config(workdir)
-    vocab_size = tokenizer_lib.Tokenizer(_vocab(workdir, config), config.max_text_len).vocab_size
+    vocab_size = tokenizer_lib.Tokenizer(vocab_file(workdir, config), config.max_text_len).vocab_size
     model = models.build(config.model, vocab_size=vocab_size, dtype=compute_dtype(config))
     manager = ocp.CheckpointManager(
         os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR)),
         options=ocp.CheckpointManagerOptions(read_only=True), item_names=("model",))
-    available = manager.all_steps()
-    step = manager.latest_step() if step is None else step
-    if step is None:
-        raise FileNotFoundError(f"no checkpoint in {workdir}/{CHECKPOINT_DIR}")
-    if step not in available:
-        raise FileNotFoundError(f"no checkpoint of step {step} in {workdir}/{CHECKPOINT_DIR} "
-                                f"(steps: {', '.join(map(str, sorted(available))) or 'none'})")
-    shapes = jax.eval_shape(
-        lambda: model.init(jax.random.key(0), np.zeros((1, config.image_size, config.image_size, 3),
-                                                       np.float32),
-                           np.ones((1, config.max_text_len), np.int32)))
-    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    like = {"params": shapes["params"], "batch_stats": shapes.get("batch_stats", {})}
-    like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), like)
-    variables = manager.restore(step, args=ocp.args.Composite(
-        model=ocp.args.StandardRestore(like))).model
-    manager.close()
+    try:  # closed also when the checkpoint is missing or does not fit: an open manager fails noisily at exit
+        available = manager.all_steps()
+        step = manager.latest_step() if step is None else step
+        if step is None:
+            raise FileNotFoundError(f"no checkpoint in {workdir}/{CHECKPOINT_DIR}")
+        if step not in available:
+            raise FileNotFoundError(f"no checkpoint of step {step} in {workdir}/{CHECKPOINT_DIR} "
+                                    f"(steps: {', '.join(map(str, sorted(available))) or 'none'})")
+        shapes = jax.eval_shape(
+            lambda: model.init(jax.random.key(0), np.zeros((1, config.image_size, config.image_size, 3),
+                                                           np.float32),
+                               np.ones((1, config.max_text_len), np.int32)))
+        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        like = {"params": shapes["params"], "batch_stats": shapes.get("batch_stats", {})}
+        like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), like)
+        variables = manager.restore(step, args=ocp.args.Composite(
+            model=ocp.args.StandardRestore(like))).model
+    finally:
+        manager.close()
     return model, variables, config
 
 
@@ -181,7 +183,7 @@ class Encoders:
         self.workdir, self.step = workdir, int(step)
         self.image_size = int(self.config.image_size)
         self.resize_size = self.config.get("resize_size")
-        self.tokenizer = tokenizer_lib.Tokenizer(_vocab(workdir, self.config), self.config.max_text_len)
+        self.tokenizer = tokenizer_lib.Tokenizer(vocab_file(workdir, self.config), self.config.max_text_len)
         # Compiled as the run compiled its evaluators (``xla_cpu_fast_compile``
         # changes the float rounding), so a re-evaluation gives the run's numbers.
         options = cpu_fast_compile_options() if self.config.get("xla_cpu_fast_compile") else {}
@@ -230,4 +232,4 @@ def load_text_encoder(workdir: str, step: Optional[int] = None
     def encode(tokens: np.ndarray) -> np.ndarray:
         return np.asarray(apply(variables, np.asarray(tokens, np.int32)), np.float32)
 
-    return encode, tokenizer_lib.Tokenizer(_vocab(workdir, config), config.max_text_len)
+    return encode, tokenizer_lib.Tokenizer(vocab_file(workdir, config), config.max_text_len)

@@ -8,12 +8,10 @@ session's sample build (``conftest.measured_sample_build``: the same job
 the other sample tests read, so no extra build).
 
 The bound, ``LIGHT_ROW_BYTES`` = 1 KiB per input candidate per shuffle: a
-light row of this sample (key, hashes, text; Beam's RowCoder) encodes to
-180-300 B where the corpus stages shuffle it today, and one that also names
-its source (format, path, ordinal), measures and verdict to ~290 B (RowCoder;
-~340 pickled as a NamedTuple); a join of rows and verdicts, or a summary
-holding a row twice, stays near 300-600 B per candidate, so 1 KiB is a
-light row with room to spare. The sample's images average ~5 kB (checked
+light row of this sample (key, url, text, hashes, verdict and where to read
+the record again; Beam's RowCoder, ``pipeline.stage_rows``) encodes to
+~300 B; a join of rows and verdicts, or a fate holding a row twice, stays
+near 300-600 B per candidate, so 1 KiB is a light row with room to spare. The sample's images average ~5 kB (checked
 below: at least four times the bound) and the re-encoded stored images are
 larger, so a shuffle of images over even a fifth of the candidates goes
 over it; so does a bounded sample of raw images (the ledger's 20 per
@@ -26,8 +24,6 @@ import glob
 
 import apache_beam as beam
 import pyarrow.parquet as pq
-import pytest
-
 from benchmarks.shuffle_bytes import ShuffleMeasuringRunner
 
 LIGHT_ROW_BYTES = 1024
@@ -76,7 +72,6 @@ def test_every_shuffle_of_the_sample_build_is_measured(measured_sample_build, sa
     assert sum(images) / len(images) >= 4 * LIGHT_ROW_BYTES
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="images still cross shuffles (issue 24 in progress)")
 def test_no_shuffle_carries_more_than_light_rows(measured_sample_build):
     _, _, shuffles = measured_sample_build
     heavy = shuffles.heavier_than(LIGHT_ROW_BYTES)

@@ -162,8 +162,13 @@ def test_another_seed_another_sample(rows, other_plan):
     assert len(theirs - ours) > len(theirs) // 2
 
 
-def test_sample_info(generated):
+def test_sample_info(generated, manifest):
     out, info = generated
+    pairings = collections.Counter(m["pairing"] or "none" for m in manifest)
+    assert info["pairings"] == dict(pairings) and set(pairings) == {"clean", "mismatched", "none"}
+    mismatched = [m for m in manifest if m["case"] == "mismatched_pair"]
+    assert len(mismatched) == round(plan_lib.MISMATCHED_SHARE * NUM_CANDIDATES)
+    assert {(m["expected"], m["pairing"]) for m in mismatched} == {("written", "mismatched")}
     assert info["seed"] == SEED and info["num_candidates"] == NUM_CANDIDATES
     name, path = info["eval_images"].split("=", 1)
     assert name == evalset.EVAL_SET and os.path.isdir(os.path.join(out, path))

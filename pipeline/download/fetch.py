@@ -10,9 +10,10 @@ against, and how:
   body is cut off at the deadline, not after ``read_timeout`` per byte. The
   deadline is enforced by the socket itself (``_DeadlineSocket``), so it
   holds inside ``http.client``'s header parsing too.
-- **Huge bodies.** ``Content-Length`` above ``max_bytes`` is refused before
-  reading; otherwise the body is counted while it streams and dropped at
-  ``max_bytes + 1`` (chunked or endless bodies included).
+- **Huge or short bodies.** ``Content-Length`` above ``max_bytes`` is refused
+  before reading; otherwise the body is counted while it streams and dropped
+  at ``max_bytes + 1`` (chunked or endless bodies included). A body that ends
+  before its ``Content-Length`` is ``incomplete_body``, never an image.
 - **Fetching from inside the network.** Only ``http``/``https``. The name is
   resolved once per hop, every address is checked (``addresses``), and the
   socket connects to the checked address itself: there is no second
@@ -316,6 +317,9 @@ def _read_body(response, options: FetchOptions) -> bytes:
         if total > options.max_bytes:
             raise _Failed("too_large", response.status)
         chunks.append(chunk)
+    # http.client ends a read at a closed connection without saying the declared length was not reached.
+    if response.length:
+        raise _Failed("incomplete_body", response.status)
     if not total:
         raise _Failed("empty_body", response.status)
     return b"".join(chunks)

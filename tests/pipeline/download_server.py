@@ -8,6 +8,8 @@ by the test. Routes (every misbehaviour stops by itself after
 - ``/status/<code>``: that status, empty body;
 - ``/flaky/<token>?fail=N&status=S&after=R``: status S (with ``Retry-After: R``
   if given) for the first N requests of the token, then ``/img/good.jpg``;
+- ``/short?sent=N``: the good JPEG's ``Content-Length`` but only its first N
+  bytes (default half), then the connection closes;
 - ``/drip``: a declared 100 kB image sent one byte every ``DRIP_SECONDS``;
 - ``/drip-headers``: the status line and headers one byte at a time;
 - ``/stall``: accepts and says nothing;
@@ -103,6 +105,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self._body(b"busy", "text/plain", int(query.get("status", "503")), headers)
             else:
                 self._body(good)
+        elif path == "/short":
+            self.send_response(200)
+            self.send_header("Content-Type", "image/jpeg")
+            self.send_header("Content-Length", str(len(good)))
+            self.end_headers()
+            self.wfile.write(good[: int(query.get("sent", len(good) // 2))])
         elif path == "/drip":
             self.send_response(200)
             self.send_header("Content-Type", "image/jpeg")

@@ -106,6 +106,12 @@ def test_bodies_over_the_size_cap_are_dropped(server, path):
     assert (got.reason, got.status, got.body) == ("too_large", 200, None)
 
 
+@pytest.mark.parametrize("sent", [0, 1000])
+def test_a_body_shorter_than_its_content_length_is_incomplete(server, sent):
+    got = timed(server.url(f"/short?sent={sent}"))
+    assert (got.reason, got.status, got.body) == ("incomplete_body", 200, None)
+
+
 def test_size_cap_is_exact(server):
     size = len(server.images["good.jpg"])
     assert fetch(server.url("/img/good.jpg"), FetchOptions(max_bytes=size, allow_loopback=True)).ok

@@ -48,6 +48,7 @@ def cases(server):
         (u("/drip"), "a photo that drips in byte by byte", "download/timeout"),
         (u("/endless"), "a photo that never ends at all", "download/too_large"),
         (u("/huge"), "a photo that says it is huge", "download/too_large"),
+        (u("/short"), "a photo cut off halfway through", "download/incomplete_body"),
         (u("/html"), "an html page served for a photo", "download/not_an_image"),
         (u("/redirect/9"), "a photo behind too many redirects", "download/too_many_redirects"),
         (u("/redirect-to?url=http://169.254.169.254/latest/meta-data/"), "a redirect to the metadata server",

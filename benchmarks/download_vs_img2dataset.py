@@ -12,7 +12,9 @@ usually come (img2dataset shards its input the same way).
 - **This project**: the real build, ``python -m pipeline.build --input
   'urls/*.tsv' --download --download-allow-loopback`` on FnApiRunner, once
   per ``--our-workers`` count: 1 runs in the launcher's process
-  (``in_memory``), more as ``multi_processing`` worker processes. Download,
+  (``in_memory``), more as ``multi_processing`` worker processes, with the
+  per-host bounds off (``--download-per-host 0 --download-per-host-rate
+  0``: the list is one loopback host, and img2dataset has none). Download,
   every ALIGN filter (header, format, size, aspect, text rules, full
   decode, sha256 and pHash, the downscale to 512 px, the frequency
   filters), TFRecord shards and the stats. ``min_ngram_count=0`` so the
@@ -154,7 +156,7 @@ def run_ours(urls: str, out: str, workers: int, threads: int) -> dict:
     command = [
         sys.executable, "-m", "pipeline.build", "--input", os.path.join(urls, "*.tsv"), "--output", out,
         "--download", "--download-allow-loopback", "--download-threads", str(threads),
-        "--download-per-host", "0", "--set", "min_ngram_count=0",
+        "--download-per-host", "0", "--download-per-host-rate", "0", "--set", "min_ngram_count=0",
         # One worker: the runner in this process (no data plane between processes).
         f"--direct_running_mode={'multi_processing' if workers > 1 else 'in_memory'}", f"--direct_num_workers={workers}",
         "--log-file", os.path.join(os.path.dirname(out), "build.log"),
@@ -190,10 +192,11 @@ def download_job(pattern: str, threads: int, workers: int) -> None:
 
     from pipeline.download import stage
     from pipeline.download.fetch import FetchOptions
+    from pipeline.download.politeness import HostPolicy
     from pipeline.read import ReadCandidates
     from pipeline.readers.rows import Columns
 
-    options = stage.DownloadOptions(FetchOptions(allow_loopback=True), threads=threads, per_host=0)
+    options = stage.DownloadOptions(FetchOptions(allow_loopback=True), threads=threads, hosts=HostPolicy(0, 0))
     mode = "multi_processing" if workers > 1 else "in_memory"
     beam_options = PipelineOptions(["--runner=FnApiRunner", f"--direct_running_mode={mode}",
                                     f"--direct_num_workers={workers}"])

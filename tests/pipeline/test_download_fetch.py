@@ -5,7 +5,6 @@ more than ``BOUND_S`` would mean the client hung, which is the bug.
 """
 
 import socket
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -14,8 +13,9 @@ import pytest
 from download_server import MisbehavingServer, jpeg, self_signed
 from pipeline.download import addresses
 from pipeline.download.fetch import (
-    FetchOptions, HostSlots, _target, fetch, is_image_type, is_opted_out, retry_after_seconds, tls_context,
+    FetchOptions, _target, fetch, is_image_type, is_opted_out, retry_after_seconds, tls_context,
 )
+from pipeline.download.politeness import HostLimiter, HostPolicy
 
 OPTIONS = FetchOptions(
     connect_timeout=1.0, read_timeout=1.0, deadline=3.0, max_bytes=256 * 1024, retries=2, backoff=0.05,
@@ -228,9 +228,9 @@ def test_connection_refused_and_bad_urls(server):
 
 
 def test_per_host_concurrency_is_bounded(server):
-    slots = HostSlots(2)
+    limiter = HostLimiter(HostPolicy(concurrency=2, rate=0))
     with ThreadPoolExecutor(6) as pool:
-        results = list(pool.map(lambda _: fetch(server.url("/slow-img"), OPTIONS, slots=slots), range(6)))
+        results = list(pool.map(lambda _: fetch(server.url("/slow-img"), OPTIONS, limiter=limiter), range(6)))
     assert all(r.ok for r in results)
     assert server.max_in_flight == 2
 
@@ -252,14 +252,16 @@ def test_allow_loopback_allows_only_loopback():
     assert not addresses.is_allowed("169.254.169.254", allow_loopback=True)
 
 
-def test_concurrent_fetches_share_one_tls_context_and_slots(server):
+def test_concurrent_fetches_share_one_tls_context_and_limiter(server):
     """Threads of one worker share the client state; results do not mix."""
     images = {f"i{n}.jpg": jpeg(64 + n, 48, seed=n) for n in range(8)}
     with MisbehavingServer(dict(images, **{"good.jpg": jpeg(32, 32)})) as own:
-        slots, lock = HostSlots(4), threading.Lock()
+        limiter, context = HostLimiter(HostPolicy(concurrency=4, rate=0)), tls_context()
         with ThreadPoolExecutor(8) as pool:
-            got = dict(pool.map(lambda name: (name, fetch(own.url(f"/img/{name}"), OPTIONS, slots=slots).body), images))
-        assert got == images and lock is not None
+            got = dict(pool.map(
+                lambda name: (name, fetch(own.url(f"/img/{name}"), OPTIONS, limiter=limiter, context=context).body),
+                images))
+        assert got == images
 
 
 def test_https_verifies_the_certificate_for_the_name_while_connecting_to_the_checked_address(tmp_path):

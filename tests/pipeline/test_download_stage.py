@@ -150,7 +150,8 @@ def test_loopback_is_refused_by_the_build_unless_allowed(tmp_path, server):
 
 
 @pytest.mark.parametrize("flag,value", [("--download-threads", "0"), ("--download-deadline", "0"),
-                                        ("--download-max-bytes", "0"), ("--download-retries", "-1")])
+                                        ("--download-max-bytes", "0"), ("--download-retries", "-1"),
+                                        ("--download-per-host-rate", "-1"), ("--download-dns-ttl", "-5")])
 def test_bad_download_flags_are_usage_errors(tmp_path, flag, value):
     tsv = write_tsv(tmp_path / "urls.tsv", [("http://example.org/x.jpg", "a photo", "")])
     with pytest.raises(build.UsageError, match=flag):

@@ -27,7 +27,8 @@ against, and how:
   pauses after 429/503); that wait is not counted in the deadline. Bounded
   retries on 429/5xx with exponential backoff, honouring ``Retry-After`` (a
   longer wait than ``max_retry_wait`` gives up at once rather than
-  sleeping), and a configurable User-Agent.
+  sleeping). A User-Agent that names us first (the ``X-Robots-Tag`` agent)
+  and can carry a contact for site owners.
 
 Reasons are stable words for the funnel (``download/<reason>``): ``bad_url``,
 ``scheme_not_allowed``, ``dns_error``, ``dns_timeout``, ``forbidden_address``,
@@ -45,6 +46,7 @@ import http.client
 import ipaddress
 import logging
 import math
+import re
 import socket
 import ssl
 import threading
@@ -81,12 +83,34 @@ class FetchOptions:
     max_retry_wait: float = 30.0        # a longer Retry-After: give up now
     max_redirects: int = 5
     user_agent: str = "alt-text-corpus/1.0"
+    contact: str = ""                   # a URL or an e-mail address for site owners, sent in the User-Agent
     disallowed_directives: Tuple[str, ...] = DISALLOWED_DIRECTIVES
     allow_loopback: bool = False        # tests and benchmarks against a local server only
 
     def agent_token(self) -> str:
         """Our name in ``X-Robots-Tag: <agent>: noai``: the User-Agent's first product name."""
         return self.user_agent.split("/", 1)[0].split()[0].strip().lower() if self.user_agent.strip() else ""
+
+    @property
+    def user_agent_header(self) -> str:
+        """``user_agent (+contact)``, as crawlers name their info page (an e-mail as a ``mailto:`` URL)."""
+        if not self.contact:
+            return self.user_agent
+        contact = self.contact if _URL_CONTACT.fullmatch(self.contact) else "mailto:" + self.contact
+        return f"{self.user_agent} (+{contact})"
+
+
+#: A contact the User-Agent can carry as is: no spaces, quotes, parentheses or ";" (they would end its comment).
+_URL_CONTACT = re.compile(r"https?://[A-Za-z0-9.-]+(:[0-9]+)?(/[!#-'*-:=?-~]*)?")
+_EMAIL_CONTACT = re.compile(r"[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]+@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+")
+
+
+def check_user_agent(user_agent: str, contact: str = "") -> None:
+    """``ValueError`` naming what is wrong with a User-Agent and contact before any request sends them."""
+    if not user_agent.strip() or not all(" " <= c <= "~" for c in user_agent):
+        raise ValueError(f"user agent {user_agent!r}: must be printable ASCII, starting with our agent name")
+    if contact and not (_URL_CONTACT.fullmatch(contact) or _EMAIL_CONTACT.fullmatch(contact)):
+        raise ValueError(f"contact {contact!r}: must be an http(s) URL or an e-mail address")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -336,7 +360,7 @@ def _exchange(hop: _Hop, url, scheme, host, port, target, addresses, deadline, o
     connection = _open(scheme, host, port, addresses, deadline, options, context)
     try:
         connection.putrequest("GET", target, skip_accept_encoding=True)
-        connection.putheader("User-Agent", options.user_agent)
+        connection.putheader("User-Agent", options.user_agent_header)
         connection.putheader("Accept", "image/*,*/*;q=0.8")
         connection.putheader("Accept-Encoding", "identity")
         connection.putheader("Connection", "close")

@@ -35,7 +35,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from common.schema import Candidate
 from filters import stages
-from pipeline.download.fetch import FetchOptions, Fetched
+from pipeline.download.fetch import FetchOptions, Fetched, check_user_agent
 from pipeline.download.politeness import HostPolicy
 from pipeline.download.resolver import DnsSettings
 from pipeline.download.worker import shared_worker
@@ -152,7 +152,8 @@ class DownloadImages(beam.PTransform):
             f"{options.threads} requests in flight per worker; per host and worker "
             f"{hosts.concurrency or 'no limit'} in flight, {f'{hosts.rate:g}/s' if hosts.rate else 'no rate limit'}, "
             f"paused after 429/503; deadline {options.fetch.deadline:g}s, max {options.fetch.max_bytes:,} bytes, "
-            f"{options.fetch.retries} retries, {options.fetch.max_redirects} redirects{loopback}"
+            f"{options.fetch.retries} retries, {options.fetch.max_redirects} redirects; "
+            f"User-Agent {options.fetch.user_agent_header!r}{loopback}"
         )}
 
     def expand(self, candidates):
@@ -210,6 +211,9 @@ def add_arguments(parser) -> None:
                             default=default, help=f"{text} (default {default})")
     parser.add_argument("--download-user-agent", "--download_user_agent", dest="download_user_agent",
                         default=FetchOptions.user_agent, help="User-Agent header; its first word is our X-Robots-Tag agent name")
+    parser.add_argument("--download-contact", "--download_contact", dest="download_contact", default="",
+                        help="a URL or e-mail address where site owners reach you, sent in the User-Agent "
+                             "as 'agent (+URL)' (default none)")
     parser.add_argument("--download-allow-loopback", "--download_allow_loopback", dest="download_allow_loopback",
                         action="store_true", help="also fetch from 127.0.0.0/8 and ::1: for tests and benchmarks only")
 
@@ -227,9 +231,18 @@ def from_args(args) -> DownloadOptions:
         if bad:
             raise ValueError(f"--download-{name.replace('_', '-')} {value}: must be {need}")
         parts[where][field] = value
+    user_agent, contact = args.download_user_agent, args.download_contact
+    try:
+        check_user_agent(user_agent)
+    except ValueError as error:
+        raise ValueError(f"--download-user-agent: {error}") from None
+    try:
+        check_user_agent(user_agent, contact)
+    except ValueError as error:
+        raise ValueError(f"--download-contact: {error}") from None
     dns = parts["dns"]
     return DownloadOptions(
-        fetch=FetchOptions(**parts["fetch"], user_agent=args.download_user_agent,
+        fetch=FetchOptions(**parts["fetch"], user_agent=user_agent, contact=contact,
                            allow_loopback=bool(args.download_allow_loopback)),
         hosts=HostPolicy(**parts["hosts"], backoff=FetchOptions.backoff),
         dns=DnsSettings(**dns, negative_ttl=min(DnsSettings.negative_ttl, dns["ttl"])),

@@ -13,7 +13,7 @@ import pytest
 from download_server import MisbehavingServer, jpeg, self_signed
 from pipeline.download import addresses
 from pipeline.download.fetch import (
-    FetchOptions, _target, fetch, is_image_type, is_opted_out, retry_after_seconds, tls_context,
+    FetchOptions, _target, check_user_agent, fetch, is_image_type, is_opted_out, retry_after_seconds, tls_context,
 )
 from pipeline.download.politeness import HostLimiter, HostPolicy
 
@@ -214,6 +214,27 @@ def test_the_user_agent_is_sent_and_names_our_token(server):
     assert options.agent_token() == "mycrawler"
     got = fetch(server.url("/optout?tag=mycrawler:%20noimageai"), options)
     assert got.reason == "opted_out"
+
+
+@pytest.mark.parametrize("contact,sent", [
+    ("https://example.org/crawler", "alt-text-corpus/1.0 (+https://example.org/crawler)"),
+    ("crawler@example.org", "alt-text-corpus/1.0 (+mailto:crawler@example.org)"),
+    ("", "alt-text-corpus/1.0"),
+])
+def test_the_user_agent_carries_the_contact_after_our_agent_name(server, contact, sent):
+    options = FetchOptions(contact=contact, allow_loopback=True)
+    assert fetch(server.url("/img/good.jpg"), options).ok and server.agents[-1] == sent
+    assert fetch(server.url("/optout?tag=alt-text-corpus:%20noai"), options).reason == "opted_out"
+
+
+@pytest.mark.parametrize("user_agent,contact", [
+    ("bot/1.0", "ops at example.org"), ("bot/1.0", "https://example.org/(bot)"), ("bot/1.0", "ops@example.org; x"),
+    ("bot/1.0", "javascript:alert(1)"), ("bot/1.0", "ftp://example.org/"), ("bot/1.0\r\nX-Injected: 1", ""),
+    ("bøt/1.0", ""), (" ", ""),
+])
+def test_user_agents_and_contacts_that_would_break_the_header_are_refused(user_agent, contact):
+    with pytest.raises(ValueError):
+        check_user_agent(user_agent, contact)
 
 
 def test_connection_refused_and_bad_urls(server):

@@ -80,7 +80,7 @@ def downloaded(candidate: Candidate, fetched: Fetched):
 class _Download(beam.DoFn):
     def __init__(self, options: DownloadOptions, resolver=None):
         self.options = options
-        self.resolver = resolver  # None: the system resolver (tests inject one)
+        self.resolver = resolver  # the uncached lookup under the worker's DNS cache; None: the system's (tests inject one)
         self.fetched = Metrics.counter(DOWNLOAD_NAMESPACE, "fetched")
         self.bytes = Metrics.counter(DOWNLOAD_NAMESPACE, "bytes")
         self.retries = Metrics.counter(DOWNLOAD_NAMESPACE, "retries")

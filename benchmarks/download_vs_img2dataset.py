@@ -16,7 +16,9 @@ input the same way).
 - **This project**: the real build, ``python -m pipeline.build --input
   'urls/*.tsv' --download --download_allow_loopback`` on FnApiRunner, once
   per ``--our-workers`` count: 1 runs in the launcher's process
-  (``in_memory``), more as ``multi_processing`` worker processes. Download,
+  (``in_memory``), more as ``multi_processing`` worker processes, with the
+  per-host bounds off (``--download-per-host 0 --download-per-host-rate
+  0``: the list is one loopback host, and img2dataset has none). Download,
   every ALIGN filter (header, format, size, aspect, text rules, full
   decode, sha256 and pHash, the downscale to ``--output_max_side``, the
   frequency filters), TFRecord shards and the stats. ``min_ngram_count=0``
@@ -197,7 +199,7 @@ def run_ours(urls: str, out: str, workers: int, threads: int, max_side: int) -> 
     command = [
         sys.executable, "-m", "pipeline.build", "--input", os.path.join(urls, "*.tsv"), "--output", out,
         "--download", "--download_allow_loopback", "--download_threads", str(threads),
-        "--download_per_host", "0", "--set", "min_ngram_count=0", "--set", f"output_max_side={max_side}",
+        "--download_per_host", "0", "--download_per_host_rate", "0", "--set", "min_ngram_count=0", "--set", f"output_max_side={max_side}",
         *_runner_flags(workers),
     ]
     figures = timed(command, _build_env(out))
@@ -247,10 +249,11 @@ def download_job(pattern: str, threads: int, workers: int) -> None:
 
     from pipeline.download import stage
     from pipeline.download.fetch import FetchOptions
+    from pipeline.download.politeness import HostPolicy
     from pipeline.read import ReadCandidates
     from pipeline.readers.rows import Columns
 
-    options = stage.DownloadOptions(FetchOptions(allow_loopback=True), threads=threads, per_host=0)
+    options = stage.DownloadOptions(FetchOptions(allow_loopback=True), threads=threads, hosts=HostPolicy(0, 0))
     mode = "multi_processing" if workers > 1 else "in_memory"
     beam_options = PipelineOptions(["--runner=FnApiRunner", f"--direct_running_mode={mode}",
                                     f"--direct_num_workers={workers}"])

@@ -4,10 +4,11 @@ Runs between ``ReadCandidates`` and the record filters when the build is
 given ``--download``; records that already carry bytes pass untouched, the
 others are spread over the workers (a ``Reshuffle`` of URL rows) and fetched. The
 fetching is ``pipeline.download.fetch`` (every limit and the address policy
-live there); this module is the Beam side: a DoFn that keeps up to
-``threads`` requests in flight per worker on a thread pool, never more than
-``in_flight`` elements buffered, and hands on each result in the window of
-its own element.
+live there) through the worker process's ``DownloadWorker`` (its DNS cache
+and host limiter, shared by every DoFn instance of the process); this
+module is the Beam side: a DoFn that keeps up to ``threads`` requests in
+flight per instance on a thread pool, never more than ``in_flight`` elements
+buffered, and hands on each result in the window of its own element.
 
 What a download leaves behind:
 
@@ -21,7 +22,8 @@ What a download leaves behind:
 - rejected ones get ``download/<reason>`` (``fetch``'s reasons) and the same
   two facts in the rejection ledger (``stats/rejected/*.jsonl``);
 - Beam counters: ``funnel`` per rejection reason (as every stage), and in
-  the ``download`` namespace ``fetched``, ``bytes``, ``retries``, ``redirects``.
+  the ``download`` namespace ``fetched``, ``bytes``, ``retries``, ``redirects`` and
+  ``host_wait_ms`` (time spent waiting for a host's turn).
 """
 
 from __future__ import annotations
@@ -37,7 +39,10 @@ from apache_beam.utils.windowed_value import WindowedValue
 from common.schema import Candidate
 from filters import stages
 from pipeline.download import staging
-from pipeline.download.fetch import FetchOptions, Fetched, HostSlots, fetch, tls_context
+from pipeline.download.fetch import FetchOptions, Fetched, check_user_agent
+from pipeline.download.politeness import HostPolicy
+from pipeline.download.resolver import DnsSettings
+from pipeline.download.worker import shared_worker
 from pipeline.readers.rows import Rejection
 from pipeline.stats import METRICS_NAMESPACE
 
@@ -49,11 +54,12 @@ CARRIED = ("http_status", "final_url")
 
 @dataclasses.dataclass(frozen=True)
 class DownloadOptions:
-    """The stage's settings: per-request limits (``fetch``) and per-worker concurrency."""
+    """The stage's settings: per-request limits (``fetch``), per-host bounds, DNS cache, concurrency."""
 
     fetch: FetchOptions = FetchOptions()
     threads: int = 32                   # requests in flight per worker
-    per_host: int = 8                   # of those, to one host (0: no limit)
+    hosts: HostPolicy = HostPolicy()    # per host: in flight, per second, pauses after 429/503
+    dns: DnsSettings = DnsSettings()
 
     @property
     def in_flight(self) -> int:
@@ -80,16 +86,16 @@ class _Download(beam.DoFn):
     def __init__(self, options: DownloadOptions, staging_dir: str, resolver=None):
         self.options = options
         self.staging_dir = staging_dir
-        self.resolver = resolver  # None: the system resolver (tests inject one)
+        self.resolver = resolver  # the uncached lookup under the worker's DNS cache; None: the system's (tests inject one)
         self.fetched = Metrics.counter(DOWNLOAD_NAMESPACE, "fetched")
         self.bytes = Metrics.counter(DOWNLOAD_NAMESPACE, "bytes")
         self.retries = Metrics.counter(DOWNLOAD_NAMESPACE, "retries")
         self.redirects = Metrics.counter(DOWNLOAD_NAMESPACE, "redirects")
+        self.host_wait_ms = Metrics.counter(DOWNLOAD_NAMESPACE, "host_wait_ms")
 
     def setup(self):
         self.pool = ThreadPoolExecutor(self.options.threads, thread_name_prefix="download")
-        self.slots = HostSlots(self.options.per_host)
-        self.context = tls_context()
+        self.worker = shared_worker(self.options.fetch, self.options.hosts, self.options.dns, self.resolver)
         self.pending = set()
 
     def start_bundle(self):
@@ -97,10 +103,7 @@ class _Download(beam.DoFn):
         self.staging = staging.StagingWriter(self.staging_dir)
 
     def _submit(self, candidate: Candidate, window, timestamp):
-        kwargs = {"slots": self.slots, "context": self.context}
-        if self.resolver is not None:
-            kwargs["resolver"] = self.resolver
-        future = self.pool.submit(fetch, candidate.url, self.options.fetch, **kwargs)
+        future = self.pool.submit(self.worker.fetch, candidate.url)
         future.element = (candidate, window, timestamp)
         self.pending.add(future)
 
@@ -110,6 +113,7 @@ class _Download(beam.DoFn):
             fetched = future.result()  # fetch() returns a reason for anything the network does
             self.retries.inc(fetched.attempts - 1)
             self.redirects.inc(fetched.redirects)
+            self.host_wait_ms.inc(int(1000 * fetched.waited))
             origin = ()
             if fetched.ok:
                 origin = self.staging.write(candidate.url, fetched.final_url, fetched.status, fetched.body)
@@ -158,10 +162,13 @@ class DownloadImages(beam.PTransform):
         self.options = options
         self.resolver = resolver
         loopback = " (loopback allowed: tests and benchmarks only)" if options.fetch.allow_loopback else ""
+        hosts = options.hosts
         self.notes = {"download": (
-            f"{options.threads} requests in flight per worker, {options.per_host or 'no limit'} per host; "
-            f"deadline {options.fetch.deadline:g}s, max {options.fetch.max_bytes:,} bytes, "
-            f"{options.fetch.retries} retries, {options.fetch.max_redirects} redirects{loopback}"
+            f"{options.threads} requests in flight per worker; per host and worker "
+            f"{hosts.concurrency or 'no limit'} in flight, {f'{hosts.rate:g}/s' if hosts.rate else 'no rate limit'}, "
+            f"paused after 429/503; deadline {options.fetch.deadline:g}s, max {options.fetch.max_bytes:,} bytes, "
+            f"{options.fetch.retries} retries, {options.fetch.max_redirects} redirects; "
+            f"User-Agent {options.fetch.user_agent_header!r}{loopback}"
         )}
 
     def expand(self, url_rows):
@@ -181,51 +188,76 @@ class DownloadImages(beam.PTransform):
 # ---------------------------------------------------------------------------
 
 _FLAGS = (
-    # (flag, type, FetchOptions/DownloadOptions field, help)
-    ("threads", int, "threads", "requests in flight per worker"),
-    ("per_host", int, "per_host", "of those, at most this many to one host (0: no limit)"),
-    ("connect_timeout", float, "connect_timeout", "seconds to connect"),
-    ("read_timeout", float, "read_timeout", "seconds any single read may wait"),
-    ("deadline", float, "deadline", "seconds for one attempt in all (connect, headers, body, redirects)"),
-    ("max_bytes", int, "max_bytes", "largest body accepted, checked while it streams"),
-    ("retries", int, "retries", "extra attempts after HTTP 429/5xx (Retry-After honoured)"),
-    ("max_redirects", int, "max_redirects", "redirects followed, each to an allowed address"),
+    # (flag, type, where in DownloadOptions ("" itself, or fetch, hosts, dns), field, help)
+    ("threads", int, "", "threads", "requests in flight per worker"),
+    ("per_host", int, "hosts", "concurrency", "of those, at most this many to one host at once (0: no limit)"),
+    ("per_host_rate", float, "hosts", "rate", "requests started per second to one host, per worker (0: no limit)"),
+    ("max_host_backoff", float, "hosts", "max_backoff",
+     "longest pause of a host after repeated 429/503 without Retry-After (a Retry-After is honoured as sent)"),
+    ("connect_timeout", float, "fetch", "connect_timeout", "seconds to connect"),
+    ("read_timeout", float, "fetch", "read_timeout", "seconds any single read may wait"),
+    ("deadline", float, "fetch", "deadline", "seconds for one attempt in all (DNS, connect, headers, body, redirects)"),
+    ("max_bytes", int, "fetch", "max_bytes", "largest body accepted, checked while it streams"),
+    ("retries", int, "fetch", "retries", "extra attempts after HTTP 429/5xx (Retry-After honoured)"),
+    ("max_redirects", int, "fetch", "max_redirects", "redirects followed, each to an allowed address"),
+    ("dns_ttl", float, "dns", "ttl", "seconds a worker reuses a DNS answer (a failure: at most 60; 0: no cache)"),
+    ("dns_retries", int, "dns", "retries", "more lookups after a temporary DNS failure, with backoff"),
 )
 
 
+def _default(where: str, field: str):
+    options = DownloadOptions()
+    return getattr(getattr(options, where) if where else options, field)
+
+
 def add_arguments(parser) -> None:
-    """The ``--download*`` flags (defaults from ``DownloadOptions``/``FetchOptions``)."""
-    defaults = {**dataclasses.asdict(FetchOptions()), "threads": DownloadOptions.threads, "per_host": DownloadOptions.per_host}
+    """The ``--download*`` flags (defaults from ``DownloadOptions``)."""
     parser.add_argument(
         "--download", action="store_true",
         help="fetch the images of URL-only rows (TSV/JSONL/Parquet without image bytes) inside the job; "
              "failures are download/<reason> in the funnel. Loopback, link-local, private, multicast and "
              "reserved addresses are refused",
     )
-    for name, kind, field, text in _FLAGS:
-        flag = name.replace("_", "-")
+    for name, kind, where, field, text in _FLAGS:
+        flag, default = name.replace("_", "-"), _default(where, field)
         parser.add_argument(f"--download-{flag}", f"--download_{name}", dest=f"download_{name}", type=kind,
-                            default=defaults[field], help=f"{text} (default {defaults[field]})")
+                            default=default, help=f"{text} (default {default})")
     parser.add_argument("--download-user-agent", "--download_user_agent", dest="download_user_agent",
                         default=FetchOptions.user_agent, help="User-Agent header; its first word is our X-Robots-Tag agent name")
+    parser.add_argument("--download-contact", "--download_contact", dest="download_contact", default="",
+                        help="a URL or e-mail address where site owners reach you, sent in the User-Agent "
+                             "as 'agent (+URL)' (default none)")
     parser.add_argument("--download-allow-loopback", "--download_allow_loopback", dest="download_allow_loopback",
                         action="store_true", help="also fetch from 127.0.0.0/8 and ::1: for tests and benchmarks only")
 
 
 def from_args(args) -> DownloadOptions:
     """``DownloadOptions`` from parsed flags; ``ValueError`` names a flag out of range."""
-    values = {name: getattr(args, f"download_{name}") for name, _, _, _ in _FLAGS}
-    for name, value in values.items():
+    parts = {"": {}, "fetch": {}, "hosts": {}, "dns": {}}
+    for name, _, where, field, _ in _FLAGS:
+        value = getattr(args, f"download_{name}")
         if name in ("connect_timeout", "read_timeout", "deadline"):
             bad, need = not value > 0, "> 0"
         else:
             lowest = 1 if name in ("threads", "max_bytes") else 0
-            bad, need = value < lowest, f">= {lowest}"
+            bad, need = not value >= lowest, f">= {lowest}"
         if bad:
             raise ValueError(f"--download-{name.replace('_', '-')} {value}: must be {need}")
-    fetch_fields = {k: v for k, v in values.items() if k not in ("threads", "per_host")}
+        parts[where][field] = value
+    user_agent, contact = args.download_user_agent, args.download_contact
+    try:
+        check_user_agent(user_agent)
+    except ValueError as error:
+        raise ValueError(f"--download-user-agent: {error}") from None
+    try:
+        check_user_agent(user_agent, contact)
+    except ValueError as error:
+        raise ValueError(f"--download-contact: {error}") from None
+    dns = parts["dns"]
     return DownloadOptions(
-        fetch=FetchOptions(**fetch_fields, user_agent=args.download_user_agent,
+        fetch=FetchOptions(**parts["fetch"], user_agent=user_agent, contact=contact,
                            allow_loopback=bool(args.download_allow_loopback)),
-        threads=values["threads"], per_host=values["per_host"],
+        hosts=HostPolicy(**parts["hosts"], backoff=FetchOptions.backoff),
+        dns=DnsSettings(**dns, negative_ttl=min(DnsSettings.negative_ttl, dns["ttl"])),
+        **parts[""],
     )

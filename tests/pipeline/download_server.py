@@ -8,6 +8,8 @@ by the test. Routes (every misbehaviour stops by itself after
 - ``/status/<code>``: that status, empty body;
 - ``/flaky/<token>?fail=N&status=S&after=R``: status S (with ``Retry-After: R``
   if given) for the first N requests of the token, then ``/img/good.jpg``;
+- ``/short?sent=N``: the good JPEG's ``Content-Length`` but only its first N
+  bytes (default half), then the connection closes;
 - ``/drip``: a declared 100 kB image sent one byte every ``DRIP_SECONDS``;
 - ``/drip-headers``: the status line and headers one byte at a time;
 - ``/stall``: accepts and says nothing;
@@ -21,7 +23,15 @@ by the test. Routes (every misbehaviour stops by itself after
 - ``/slow-img``: the good JPEG after ``SLOW_IMAGE_SECONDS`` (``max_in_flight``
   records the most requests it served at once).
 
-``hits`` counts requests per path, ``hosts`` records the Host headers.
+``hits`` counts requests per path, ``hosts`` and ``agents`` record the Host
+and User-Agent headers, ``arrivals`` the time (``time.monotonic``, the
+clients' clock) each request's head was read. ``throttle=(status,
+retry_after, n)`` answers the first n requests, whatever their path, with
+that status (and ``Retry-After`` unless None), as a host that is shedding
+load does.
+
+``HostFarm`` stands in for many hosts: one server (one port) per host, and
+names ``host<k>.test`` that its ``lookup`` resolves to 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ from __future__ import annotations
 import collections
 import http.server
 import io
+import socket
 import threading
 import time
 from urllib.parse import parse_qs, urlsplit
@@ -81,11 +92,18 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         path, query = parts.path, {k: v[-1] for k, v in parse_qs(parts.query).items()}
         owner = self.server.owner
         with owner.lock:
+            owner.arrivals.append(time.monotonic())
             owner.hits[path] += 1
             owner.hosts.append(self.headers.get("Host", ""))
+            owner.agents.append(self.headers.get("User-Agent", ""))
             count = owner.hits[path]
+            throttled = len(owner.arrivals) <= owner.throttle[2]
         self.close_connection = True
         try:
+            if throttled:
+                status, after, _ = owner.throttle
+                self._body(b"slow down", "text/plain", status, [("Retry-After", after)] if after is not None else [])
+                return
             self._route(path, query, count, owner)
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client gave up, as it should on the misbehaving routes
@@ -103,6 +121,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self._body(b"busy", "text/plain", int(query.get("status", "503")), headers)
             else:
                 self._body(good)
+        elif path == "/short":
+            self.send_response(200)
+            self.send_header("Content-Type", "image/jpeg")
+            self.send_header("Content-Length", str(len(good)))
+            self.end_headers()
+            self.wfile.write(good[: int(query.get("sent", len(good) // 2))])
         elif path == "/drip":
             self.send_response(200)
             self.send_header("Content-Type", "image/jpeg")
@@ -198,11 +222,12 @@ def _dripping(data: bytes):
 class MisbehavingServer:
     """``with MisbehavingServer() as server: server.url("/drip")``."""
 
-    def __init__(self, images=None, tls=None):
+    def __init__(self, images=None, tls=None, throttle=(0, None, 0)):
         self.images = images or {"good.jpg": jpeg(320, 240)}
         self.tls = tls  # (certificate file, key file): serve HTTPS
+        self.throttle = throttle
         self.hits = collections.Counter()
-        self.hosts = []
+        self.hosts, self.agents, self.arrivals = [], [], []
         self.in_flight = self.max_in_flight = 0
         self.lock = threading.Lock()
 
@@ -230,3 +255,32 @@ class MisbehavingServer:
     def __exit__(self, *exc):
         self.server.shutdown()
         self.server.server_close()
+
+
+class HostFarm:
+    """``with HostFarm(3) as farm: farm.url(0, "/img/good.jpg")``: host k is ``host<k>.test`` on its own port.
+
+    ``throttle`` maps a host number to its ``MisbehavingServer`` throttle.
+    """
+
+    def __init__(self, hosts: int, throttle=None, images=None):
+        self.servers = [MisbehavingServer(images, throttle=(throttle or {}).get(k, (0, None, 0))) for k in range(hosts)]
+
+    def __enter__(self):
+        for server in self.servers:
+            server.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        for server in self.servers:
+            server.__exit__(*exc)
+
+    def url(self, host: int, path: str) -> str:
+        return self.servers[host].url(path, host=f"host{host}.test")
+
+    @staticmethod
+    def lookup(host: str, port: int):
+        """The farm's DNS: ``host<k>.test`` is 127.0.0.1, any other name does not exist."""
+        if host.startswith("host") and host.endswith(".test"):
+            return [(socket.AF_INET, "127.0.0.1")]
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")

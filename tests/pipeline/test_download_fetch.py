@@ -5,7 +5,6 @@ more than ``BOUND_S`` would mean the client hung, which is the bug.
 """
 
 import socket
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -14,8 +13,9 @@ import pytest
 from download_server import MisbehavingServer, jpeg, self_signed
 from pipeline.download import addresses
 from pipeline.download.fetch import (
-    FetchOptions, HostSlots, _target, fetch, is_image_type, is_opted_out, retry_after_seconds, tls_context,
+    FetchOptions, _target, check_user_agent, fetch, is_image_type, is_opted_out, retry_after_seconds, tls_context,
 )
+from pipeline.download.politeness import HostLimiter, HostPolicy
 
 OPTIONS = FetchOptions(
     connect_timeout=1.0, read_timeout=1.0, deadline=3.0, max_bytes=256 * 1024, retries=2, backoff=0.05,
@@ -104,6 +104,12 @@ def test_drip_is_cut_by_the_deadline_not_by_the_read_timeout(server):
 def test_bodies_over_the_size_cap_are_dropped(server, path):
     got = timed(server.url(path))
     assert (got.reason, got.status, got.body) == ("too_large", 200, None)
+
+
+@pytest.mark.parametrize("sent", [0, 1000])
+def test_a_body_shorter_than_its_content_length_is_incomplete(server, sent):
+    got = timed(server.url(f"/short?sent={sent}"))
+    assert (got.reason, got.status, got.body) == ("incomplete_body", 200, None)
 
 
 def test_size_cap_is_exact(server):
@@ -210,6 +216,27 @@ def test_the_user_agent_is_sent_and_names_our_token(server):
     assert got.reason == "opted_out"
 
 
+@pytest.mark.parametrize("contact,sent", [
+    ("https://example.org/crawler", "alt-text-corpus/1.0 (+https://example.org/crawler)"),
+    ("crawler@example.org", "alt-text-corpus/1.0 (+mailto:crawler@example.org)"),
+    ("", "alt-text-corpus/1.0"),
+])
+def test_the_user_agent_carries_the_contact_after_our_agent_name(server, contact, sent):
+    options = FetchOptions(contact=contact, allow_loopback=True)
+    assert fetch(server.url("/img/good.jpg"), options).ok and server.agents[-1] == sent
+    assert fetch(server.url("/optout?tag=alt-text-corpus:%20noai"), options).reason == "opted_out"
+
+
+@pytest.mark.parametrize("user_agent,contact", [
+    ("bot/1.0", "ops at example.org"), ("bot/1.0", "https://example.org/(bot)"), ("bot/1.0", "ops@example.org; x"),
+    ("bot/1.0", "javascript:alert(1)"), ("bot/1.0", "ftp://example.org/"), ("bot/1.0\r\nX-Injected: 1", ""),
+    ("bøt/1.0", ""), (" ", ""),
+])
+def test_user_agents_and_contacts_that_would_break_the_header_are_refused(user_agent, contact):
+    with pytest.raises(ValueError):
+        check_user_agent(user_agent, contact)
+
+
 def test_connection_refused_and_bad_urls(server):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -222,9 +249,9 @@ def test_connection_refused_and_bad_urls(server):
 
 
 def test_per_host_concurrency_is_bounded(server):
-    slots = HostSlots(2)
+    limiter = HostLimiter(HostPolicy(concurrency=2, rate=0))
     with ThreadPoolExecutor(6) as pool:
-        results = list(pool.map(lambda _: fetch(server.url("/slow-img"), OPTIONS, slots=slots), range(6)))
+        results = list(pool.map(lambda _: fetch(server.url("/slow-img"), OPTIONS, limiter=limiter), range(6)))
     assert all(r.ok for r in results)
     assert server.max_in_flight == 2
 
@@ -246,14 +273,16 @@ def test_allow_loopback_allows_only_loopback():
     assert not addresses.is_allowed("169.254.169.254", allow_loopback=True)
 
 
-def test_concurrent_fetches_share_one_tls_context_and_slots(server):
+def test_concurrent_fetches_share_one_tls_context_and_limiter(server):
     """Threads of one worker share the client state; results do not mix."""
     images = {f"i{n}.jpg": jpeg(64 + n, 48, seed=n) for n in range(8)}
     with MisbehavingServer(dict(images, **{"good.jpg": jpeg(32, 32)})) as own:
-        slots, lock = HostSlots(4), threading.Lock()
+        limiter, context = HostLimiter(HostPolicy(concurrency=4, rate=0)), tls_context()
         with ThreadPoolExecutor(8) as pool:
-            got = dict(pool.map(lambda name: (name, fetch(own.url(f"/img/{name}"), OPTIONS, slots=slots).body), images))
-        assert got == images and lock is not None
+            got = dict(pool.map(
+                lambda name: (name, fetch(own.url(f"/img/{name}"), OPTIONS, limiter=limiter, context=context).body),
+                images))
+        assert got == images
 
 
 def test_https_verifies_the_certificate_for_the_name_while_connecting_to_the_checked_address(tmp_path):

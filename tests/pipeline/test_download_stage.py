@@ -49,6 +49,7 @@ def cases(server):
         (u("/drip"), "a photo that drips in byte by byte", "download/timeout"),
         (u("/endless"), "a photo that never ends at all", "download/too_large"),
         (u("/huge"), "a photo that says it is huge", "download/too_large"),
+        (u("/short"), "a photo cut off halfway through", "download/incomplete_body"),
         (u("/html"), "an html page served for a photo", "download/not_an_image"),
         (u("/redirect/9"), "a photo behind too many redirects", "download/too_many_redirects"),
         (u("/redirect-to?url=http://169.254.169.254/latest/meta-data/"), "a redirect to the metadata server",
@@ -151,7 +152,10 @@ def test_loopback_is_refused_by_the_build_unless_allowed(tmp_path, server):
 
 
 @pytest.mark.parametrize("flag,value", [("--download-threads", "0"), ("--download-deadline", "0"),
-                                        ("--download-max-bytes", "0"), ("--download-retries", "-1")])
+                                        ("--download-max-bytes", "0"), ("--download-retries", "-1"),
+                                        ("--download-per-host-rate", "-1"), ("--download-dns-ttl", "-5"),
+                                        ("--download-contact", "ops at example.org"),
+                                        ("--download-user-agent", "bot/1 \u00e9")])
 def test_bad_download_flags_are_usage_errors(tmp_path, flag, value):
     tsv = write_tsv(tmp_path / "urls.tsv", [("http://example.org/x.jpg", "a photo", "")])
     with pytest.raises(launcher.UsageError, match=flag):
@@ -202,4 +206,5 @@ def test_readme_lists_every_download_option_with_its_default():
     assert set(rows) == set(flags)
     for flag, default in flags.items():
         shown = rows[flag].strip().strip("`")
-        assert shown == ("off" if default is False else f"{default:g}" if isinstance(default, float) else str(default)), flag
+        assert shown == ("off" if default is False else "none" if default == "" else
+                         f"{default:g}" if isinstance(default, float) else str(default)), flag

@@ -1,6 +1,11 @@
 """Photo-sized candidates for the throughput benchmarks: ~40 kB JPEGs of photographs, as img2dataset writes them.
 
     python -m benchmarks.photo_candidates --out DIR --num_candidates 20000 [--seed 0] [--rows_per_file 5000] [--processes 1]
+    python -m benchmarks.photo_candidates --out DIR --num_candidates 103000 --longer_side 216,240 --aspect 1,1.05
+
+The second kind (small pictures, every shorter side over 200 px) is the
+many-shards run's input: a build whose cost is per record and per shard,
+not per pixel.
 
 The sample corpus (``samplegen``) is made to exercise every rule, and most
 of its images are small drawings; a build's cost on the web is set by
@@ -49,13 +54,13 @@ VIEWS = ("seen from the left", "seen from the right", "in soft light", "in brigh
          "in the afternoon", "close up", "from a distance", "in the morning", "in the evening")
 
 
-def candidate(seed: int, index: int) -> dict:
+def candidate(seed: int, index: int, longer_side=LONGER_SIDE, aspect_range=ASPECT) -> dict:
     """Candidate ``index`` of the set made with ``seed``: a row as img2dataset writes it."""
     from samplegen.photos import PHOTO_FRAMES, PHOTOS, render_photo, sample_photo
 
     rng = np.random.default_rng([seed, index])
-    longer = int(rng.integers(LONGER_SIDE[0], LONGER_SIDE[1] + 1))
-    aspect = float(rng.uniform(*ASPECT))
+    longer = int(rng.integers(longer_side[0], longer_side[1] + 1))
+    aspect = float(rng.uniform(*aspect_range))
     size = (longer, round(longer / aspect)) if aspect >= 1 else (round(longer * aspect), longer)
     spec = sample_photo(rng, size)
     image = render_photo(spec, size)
@@ -71,8 +76,8 @@ def candidate(seed: int, index: int) -> dict:
 
 def write_file(task) -> dict:
     """Rows ``[start, end)`` of the set into one Parquet file; returns their byte sizes' summary."""
-    path, seed, start, end = task
-    rows = [candidate(seed, i) for i in range(start, end)]
+    path, seed, start, end, longer_side, aspect = task
+    rows = [candidate(seed, i, longer_side, aspect) for i in range(start, end)]
     table = pa.Table.from_pylist(rows, schema=SCHEMA)
     pq.write_table(table, path + ".partial", row_group_size=ROW_GROUP_SIZE)
     os.replace(path + ".partial", path)
@@ -80,12 +85,13 @@ def write_file(task) -> dict:
     return {"rows": len(rows), "bytes": sum(sizes), "min": min(sizes), "max": max(sizes)}
 
 
-def write_candidates(out: str, count: int, seed: int = 0, rows_per_file: int = 5000, processes: int = 1) -> dict:
+def write_candidates(out: str, count: int, seed: int = 0, rows_per_file: int = 5000, processes: int = 1,
+                     longer_side=LONGER_SIDE, aspect=ASPECT) -> dict:
     """``count`` candidates as Parquet files ``part-NNNNN-of-MMMMM.parquet`` in ``out``; returns what candidates.json holds."""
     os.makedirs(out, exist_ok=True)
     starts = list(range(0, count, rows_per_file))
     tasks = [(os.path.join(out, f"part-{i:05d}-of-{len(starts):05d}.parquet"), seed, start,
-              min(count, start + rows_per_file)) for i, start in enumerate(starts)]
+              min(count, start + rows_per_file), tuple(longer_side), tuple(aspect)) for i, start in enumerate(starts)]
     if processes > 1:
         with multiprocessing.get_context("spawn").Pool(processes) as pool:
             parts = pool.map(write_file, tasks, chunksize=1)
@@ -95,7 +101,7 @@ def write_candidates(out: str, count: int, seed: int = 0, rows_per_file: int = 5
         "candidates": count, "seed": seed, "files": len(tasks),
         "mean_jpeg_bytes": round(sum(p["bytes"] for p in parts) / max(1, count)),
         "min_jpeg_bytes": min(p["min"] for p in parts), "max_jpeg_bytes": max(p["max"] for p in parts),
-        "longer_side": LONGER_SIDE, "aspect": ASPECT, "jpeg_quality": QUALITY,
+        "longer_side": list(longer_side), "aspect": list(aspect), "jpeg_quality": QUALITY,
     }
     with open(os.path.join(out, "candidates.json"), "w") as handle:
         json.dump(info, handle, indent=1)
@@ -109,13 +115,23 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rows_per_file", type=int, default=5000)
     parser.add_argument("--processes", type=int, default=1, help="processes rendering files in parallel")
+    parser.add_argument("--longer_side", default="%d,%d" % LONGER_SIDE, help="MIN,MAX of the longer side in pixels")
+    parser.add_argument("--aspect", default="%g,%g" % ASPECT, help="MIN,MAX of the aspect ratio (longer / shorter)")
     args = parser.parse_args(argv)
     if args.num_candidates < 1 or args.rows_per_file < 1:
         raise SystemExit("error: --num_candidates and --rows_per_file must be at least 1")
+    try:
+        longer_side = tuple(int(v) for v in args.longer_side.split(","))
+        aspect = tuple(float(v) for v in args.aspect.split(","))
+    except ValueError:
+        raise SystemExit("error: --longer_side and --aspect are MIN,MAX (e.g. 400,800 and 0.6,1.6)") from None
+    if len(longer_side) != 2 or len(aspect) != 2 or not 8 <= longer_side[0] <= longer_side[1] or not 0 < aspect[0] <= aspect[1]:
+        raise SystemExit("error: --longer_side and --aspect are MIN,MAX with 8 <= MIN <= MAX (sides) and 0 < MIN <= MAX")
     if os.path.isdir(args.out) and any(name.endswith(".parquet") for name in os.listdir(args.out)):
         raise SystemExit(f"error: --out {args.out} already holds Parquet files: choose an empty directory")
     start = time.perf_counter()
-    info = write_candidates(args.out, args.num_candidates, args.seed, args.rows_per_file, args.processes)
+    info = write_candidates(args.out, args.num_candidates, args.seed, args.rows_per_file, args.processes,
+                            longer_side, aspect)
     print(f"photo candidates: {info['candidates']:,} rows in {info['files']} file(s), JPEGs "
           f"{info['mean_jpeg_bytes'] / 1000:.1f} kB on average ({info['min_jpeg_bytes'] / 1000:.1f}-"
           f"{info['max_jpeg_bytes'] / 1000:.1f} kB), {time.perf_counter() - start:.1f} s -> {args.out}")

@@ -2,7 +2,7 @@
 
     python -m pipeline.build --input 'data/sample/candidates/*.parquet' \\
         --output out/corpus --preset align [--set NAME=VALUE ...] \\
-        [--eval-images NAME=PATH ...] [--runner DataflowRunner ...]
+        [--eval_images NAME=PATH ...] [--runner DataflowRunner ...]
 
 The job reads like its data flow, in two passes over the sources:
 

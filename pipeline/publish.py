@@ -34,7 +34,7 @@ from typing import List, Optional
 
 from apache_beam.io.filesystems import FileSystems
 
-from common import corpus_dir
+from common import cli, corpus_dir
 from pipeline import commit as commit_lib
 from pipeline import output as output_lib
 from pipeline import shard_report
@@ -223,7 +223,7 @@ def publish(output: str, version: Optional[str] = None, replace: bool = False,
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = cli.ArgumentParser(
         prog="python -m pipeline.publish", allow_abbrev=False,
         description="Publish a build whose job has finished (e.g. launched with --detached): check it, commit it, "
                     "remove the corpus it replaces. Safe to run again.")

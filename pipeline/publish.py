@@ -40,7 +40,7 @@ from pipeline import output as output_lib
 from pipeline import shard_report
 from pipeline import tfds_metadata
 from pipeline.finish import AccountingError, accounting_problems
-from pipeline.funnel_table import as_int
+from pipeline.funnel_table import FUNNEL_FILE, as_int
 
 READ_COUNTS = "stats/read_counts.json"
 EXIT_PUBLISHED, EXIT_FAILED, EXIT_USAGE, EXIT_CONFLICT = 0, 1, 2, 3
@@ -109,7 +109,7 @@ def choose_version(output: str, committed_version: Optional[str]) -> str:
 
 def _check(output: str, version: str, directory: str, request: dict):
     name = request["name"]
-    funnel = _read_json(FileSystems.join(directory, "stats", "funnel.json"))
+    funnel = _read_json(FileSystems.join(directory, "stats", FUNNEL_FILE))
     if funnel is None or not FileSystems.exists(FileSystems.join(directory, shard_report.SHARDS_FILE)):
         raise PublishError(
             f"{directory}: the job has not finished writing (no stats/funnel.json or {shard_report.SHARDS_FILE}); "
@@ -188,7 +188,7 @@ def publish(output: str, version: Optional[str] = None, replace: bool = False,
     if now == version:
         _write_top_features(output, directory)
         manifest = _read_json(FileSystems.join(directory, corpus_dir.MANIFEST)) or {}
-        funnel = _read_json(FileSystems.join(directory, "stats", "funnel.json")) or {}
+        funnel = _read_json(FileSystems.join(directory, "stats", FUNNEL_FILE)) or {}
         replaced, already = manifest.get("replaces"), True
     else:
         funnel, report = _check(output, version, directory, request)

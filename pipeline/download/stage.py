@@ -38,6 +38,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from common.schema import Candidate
 from filters import stages
+from filters.stages import REJECTED, SURVIVORS
 from pipeline.download import staging
 from pipeline.download.fetch import FetchOptions, Fetched, check_user_agent
 from pipeline.download.politeness import HostPolicy
@@ -46,7 +47,6 @@ from pipeline.download.worker import shared_worker
 from pipeline.readers.rows import Rejection
 from pipeline.stats import METRICS_NAMESPACE
 
-SURVIVORS, REJECTED = "survivors", "rejected"
 DOWNLOAD_NAMESPACE = "download"
 #: What a download adds to a record's carried columns (written as ``source_<name>``).
 CARRIED = ("http_status", "final_url")

@@ -1,4 +1,4 @@
-"""``--embedder checkpoint`` in a build: its workdir reaches the workers through ``--embedder_arg`` (issue 14, item 7)."""
+"""``--embedder checkpoint`` in a build: its workdir reaches the workers through ``--embedder_arg``."""
 
 import numpy as np
 import pytest

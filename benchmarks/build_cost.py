@@ -1,4 +1,4 @@
-"""CPU cost of the whole build per input candidate, for the README's Dataflow cost estimate.
+"""CPU cost of the whole build per input candidate, for the Dataflow cost estimate (docs/dataflow.md).
 
     python -m benchmarks.build_cost --sizes 400,3000
 

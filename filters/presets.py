@@ -159,7 +159,7 @@ PRESETS: Dict[str, Dict[str, Any]] = {
     # words); a word *type* is rare below 20 occurrences (instead of CC3M's
     # hypernymised vocabulary). No sharing limits: those are ALIGN's. The
     # part-of-speech, language, unwanted-phrase and person-name steps are
-    # stages a user plugs in (README, "Extra stages").
+    # stages a user plugs in (docs/extending.md).
     "cc12m": {
         "formats": ("JPEG",),
         "min_shorter_side": 400,

@@ -193,14 +193,14 @@ def test_downloaded_is_pure():
     assert dict(failed.detail) == {"http_status": 503, "final_url": "http://x/a"}
 
 
-def test_readme_lists_every_download_option_with_its_default():
+def test_the_manual_lists_every_download_option_with_its_default():
     import argparse
     import os
     import re
 
     parser = argparse.ArgumentParser()
     download_stage.add_arguments(parser)
-    readme = open(os.path.join(os.path.dirname(launcher.__file__), "..", "README.md")).read()
+    readme = open(os.path.join(os.path.dirname(launcher.__file__), "..", "docs", "downloading.md")).read()
     rows = dict(re.findall(r"^\| `(--download[a-z_]*)` \| ([^|]*) \|", readme, re.M))
     flags = {a.option_strings[0]: a.default for a in parser._actions if a.option_strings[0].startswith("--download_")}
     assert set(rows) == set(flags)

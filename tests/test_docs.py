@@ -148,3 +148,25 @@ def test_runnable_blocks_run(page, block):
         argv = [sys.executable if a == "python" else a for a in argv]
         done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
         assert done.returncode == 0, (page, argv, done.stderr[-2000:])
+
+
+@pytest.mark.slow
+def test_the_readme_funnel_is_what_the_demo_build_prints(tmp_path):
+    """The README's funnel block is the demo's build of the sample at this commit, line for line."""
+    readme = text("README.md")
+    shown = re.search(r"```\n(funnel of .*?conservation: [^\n]*)\n```", readme, re.S).group(1)
+    env = {**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2", "ALT_TEXT_CORPUS_LOG_DIR": str(tmp_path)}
+    subprocess.run([sys.executable, "-m", "samplegen", "--out", "out/sample"], cwd=tmp_path, env=env, check=True,
+                   capture_output=True)
+    import json
+
+    info = json.loads((tmp_path / "out" / "sample" / "sample_info.json").read_text())
+    argv = [sys.executable, "-m", "pipeline.build", "--input", "out/sample/candidates/*.parquet",
+            "--output", "out/corpus", "--preset", "align"]
+    for override in info["build_overrides"]:
+        argv += ["--set", override]
+    name, path = info["eval_images"].split("=", 1)
+    argv += ["--eval_images", f"{name}=out/sample/{path}", "--overwrite"]  # as scripts/demo.sh
+    done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
+    printed = re.search(r"(funnel of .*?conservation: [^\n]*)", done.stdout, re.S).group(1)
+    assert printed.splitlines() == shown.splitlines()

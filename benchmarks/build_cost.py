@@ -1,8 +1,8 @@
-"""CPU cost of the whole build per input candidate, for the README's Dataflow cost estimate.
+"""CPU cost of the whole build per input candidate, for the Dataflow cost estimate (docs/dataflow.md).
 
     python -m benchmarks.build_cost --sizes 400,3000
 
-For each size, ``python -m samplegen --num-candidates N`` makes the embedded
+For each size, ``python -m samplegen --num_candidates N`` makes the embedded
 sample (N ordinary rows plus the ~1,250 planted ones, images of a few
 hundred pixels a side), then ``python -m pipeline.build`` builds it as the
 demo does (``align`` with the sample's overrides, its evaluation set,
@@ -29,7 +29,7 @@ import time
 
 def build_once(size: int, work: str) -> dict:
     sample = os.path.join(work, f"sample{size}")
-    subprocess.run([sys.executable, "-m", "samplegen", "--out", sample, "--num-candidates", str(size), "--seed", "0"],
+    subprocess.run([sys.executable, "-m", "samplegen", "--out", sample, "--num_candidates", str(size), "--seed", "0"],
                    check=True, capture_output=True)
     with open(os.path.join(sample, "sample_info.json")) as handle:
         info = json.load(handle)
@@ -38,7 +38,7 @@ def build_once(size: int, work: str) -> dict:
     for override in info.get("build_overrides", []):
         args += ["--set", override]
     name, path = info["eval_images"].split("=", 1)
-    args += ["--eval-images", f"{name}={os.path.join(sample, path)}",
+    args += ["--eval_images", f"{name}={os.path.join(sample, path)}",
              "--direct_running_mode=multi_processing", "--direct_num_workers=2"]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.time()
@@ -57,7 +57,7 @@ def build_once(size: int, work: str) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="400,3000", help="two or more samplegen --num-candidates values")
+    parser.add_argument("--sizes", default="400,3000", help="two or more samplegen --num_candidates values")
     parser.add_argument("--json", default="", help="default benchmarks/results/build_cost.json")
     args = parser.parse_args(argv)
     from benchmarks import record

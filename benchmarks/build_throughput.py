@@ -3,7 +3,7 @@
     python -m benchmarks.build_throughput --input sample='out/s20k/candidates/*.parquet' \
         [--input photos='out/photos20k/*.parquet'] [--workers 1,2] [--repeats 1] [--json PATH]
 
-Inputs: the sample (``python -m samplegen --out S --num-candidates 20000``)
+Inputs: the sample (``python -m samplegen --out S --num_candidates 20000``)
 and photo-sized candidates (``python -m benchmarks.photo_candidates --out P
 --num_candidates 20000``: ~40 kB JPEGs of photographs, 400-800 px). For the
 peak memory per worker as the input grows, pass the same kind at two sizes

@@ -17,7 +17,7 @@ input the same way).
   'urls/*.tsv' --download --download_allow_loopback`` on FnApiRunner, once
   per ``--our-workers`` count: 1 runs in the launcher's process
   (``in_memory``), more as ``multi_processing`` worker processes, with the
-  per-host bounds off (``--download-per-host 0 --download-per-host-rate
+  per-host bounds off (``--download_per_host 0 --download_per_host_rate
   0``: the list is one loopback host, and img2dataset has none). Download,
   every ALIGN filter (header, format, size, aspect, text rules, full
   decode, sha256 and pHash, the downscale to ``--output_max_side``, the
@@ -265,7 +265,7 @@ def download_job(pattern: str, threads: int, workers: int) -> None:
 
 
 def run_ours_download_only(urls: str, out: str, workers: int, threads: int) -> dict:
-    command = [sys.executable, "-m", "benchmarks.download_vs_img2dataset", "--download-job", os.path.join(urls, "*.tsv"),
+    command = [sys.executable, "-m", "benchmarks.download_vs_img2dataset", "--download_job", os.path.join(urls, "*.tsv"),
                "--workers", str(workers), "--threads", str(threads)]
     figures = timed(command, dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     figures["images"] = figures.pop("downloaded")
@@ -298,7 +298,7 @@ def main(argv=None) -> None:
                              "256 stores what img2dataset stores)")
     parser.add_argument("--no_two_step", action="store_true", help="skip img2dataset followed by this build")
     parser.add_argument("--json", default="")
-    parser.add_argument("--download-job", default="", help=argparse.SUPPRESS)  # internal: the download-only job
+    parser.add_argument("--download_job", default="", help=argparse.SUPPRESS)  # internal: the download-only job
     args = parser.parse_args(argv)
     if args.download_job:
         download_job(args.download_job, args.threads, args.workers)

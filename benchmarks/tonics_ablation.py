@@ -11,7 +11,7 @@ the whole validation split, both directions (R@1, R@5).
     python -m samplegen --out S
     python -m pipeline.build --input 'S/candidates/*.parquet' --output C --preset align \
         --set vocab_size=0 --set min_ngram_count=2 --set num_clusters=16 \
-        --eval-images sample_eval=S/eval/test --concepts benchmarks/tonics/shapes_ontology.json
+        --eval_images sample_eval=S/eval/test --concepts benchmarks/tonics/shapes_ontology.json
     python -m trainer.vocab --data_dir C --vocab_size 2000
     python -m benchmarks.tonics_ablation --corpus C --work W [--seeds 0,1,2] [--steps 150]
 

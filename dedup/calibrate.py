@@ -23,16 +23,15 @@ Reported: micro-AP over pairs, recall at 90% precision, a threshold table
 (recall, unrelated-pair FPR, precision, and the share of distractor queries
 that would be dropped), recall per edit family, and the recommended
 threshold: the lowest (highest-recall) threshold whose unrelated-pair FPR is
-at most ``--max-fpr``.
+at most ``--max_fpr``.
 
     python -m dedup.calibrate --embedder dct --out calibration.json
-    python -m dedup.calibrate --embedder checkpoint --embedder-arg workdir=W \\
+    python -m dedup.calibrate --embedder checkpoint --embedder_arg workdir=W \\
         --out W/near_duplicate_calibration.json
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import json
@@ -45,7 +44,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 from PIL import Image
 
-from common import files
+from common import cli, files
 from dedup import edits as edits_lib
 from dedup import embedders as embedders_lib
 from dedup.calibration_images import Crop, make_crops
@@ -428,14 +427,14 @@ def _parse_embedder_args(items: Sequence[str]) -> dict:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dedup.calibrate", description=__doc__.split("\n\n")[0])
+    parser = cli.ArgumentParser(prog="python -m dedup.calibrate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--embedder", default="dct", choices=embedders_lib.names())
-    parser.add_argument("--embedder-arg", action="append", default=[], metavar="KEY=VALUE",
+    parser.add_argument("--embedder_arg", action="append", default=[], metavar="KEY=VALUE",
                         help="constructor argument of the embedder (JSON values), repeatable")  # fmt: skip
-    parser.add_argument("--num-sources", type=int, default=200, help="crops used as evaluation images")
-    parser.add_argument("--num-distractors", type=int, default=None, help="unrelated query crops (default: all left)")
+    parser.add_argument("--num_sources", type=int, default=200, help="crops used as evaluation images")
+    parser.add_argument("--num_distractors", type=int, default=None, help="unrelated query crops (default: all left)")
     parser.add_argument("--families", default="", help="comma-separated edit families, or photometric/geometric")
-    parser.add_argument("--max-fpr", type=float, default=DEFAULT_MAX_FPR, help="unrelated-pair false-positive budget")
+    parser.add_argument("--max_fpr", type=float, default=DEFAULT_MAX_FPR, help="unrelated-pair false-positive budget")
     parser.add_argument("--threshold", type=float, default=None, help="report at this threshold instead")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated; each seed is one more calibration set")
     parser.add_argument("--out", default="", help="write the JSON report here")

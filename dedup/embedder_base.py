@@ -2,7 +2,7 @@
 
 The interface the bucket join and the Beam transform use (``Embedder``), the
 registry the embedders join with ``@register(name)``, their constructor
-arguments as the command line gives them (``--embedder-arg KEY=VALUE``), the
+arguments as the command line gives them (``--embedder_arg KEY=VALUE``), the
 base class (batching, decode failures, pickling, the calibrated threshold),
 the calibration file a threshold is read from, and the pixel scaling of the
 model-based embedders. The embedders themselves are ``dedup.embedders``.
@@ -88,14 +88,14 @@ def get(name: str = "dct", **kwargs) -> "ImageEmbedder":
 def parse_args(items: Sequence[str]) -> Dict[str, object]:
     """``["workdir=W", "step=100"]`` -> constructor arguments (JSON values, else text).
 
-    The form of ``--embedder-arg KEY=VALUE`` (``pipeline.build``,
+    The form of ``--embedder_arg KEY=VALUE`` (``pipeline.build``,
     ``dedup.calibrate``); raises ``ValueError`` on an item without ``=``.
     """
     kwargs: Dict[str, object] = {}
     for item in items:
         key, sep, text = item.partition("=")
         if not sep or not key:
-            raise ValueError(f"--embedder-arg expects KEY=VALUE, got {item!r}")
+            raise ValueError(f"--embedder_arg expects KEY=VALUE, got {item!r}")
         try:
             kwargs[key] = json.loads(text)
         except json.JSONDecodeError:

@@ -16,7 +16,7 @@ Interface (what the bucket join and the Beam transform use)::
 Rows are L2-normalised, so cosine similarity is a dot product; an image that
 does not decode, or has no structure, is a zero row. This module holds the
 three embedders (dct, checkpoint, onnx); what they share (the registry,
-``--embedder-arg`` parsing, the base class, calibration files, pixel scaling)
+``--embedder_arg`` parsing, the base class, calibration files, pixel scaling)
 is ``dedup.embedder_base``.
 """
 
@@ -170,7 +170,7 @@ class CheckpointEmbedder(ImageEmbedder):
     is compared; ``center_crop=True`` uses the trainer's eval view (central
     square) instead. Calibrate each choice separately. Threshold: ``threshold=``,
     else ``<workdir>/near_duplicate_calibration.json`` written by
-    ``python -m dedup.calibrate --embedder checkpoint --embedder-arg workdir=W
+    ``python -m dedup.calibrate --embedder checkpoint --embedder_arg workdir=W
     --out W/near_duplicate_calibration.json``.
     """
 

@@ -60,9 +60,9 @@ from dedup.keyed_joins import (
     stack_batch,
 )
 from filters import stages
+from filters.stages import REJECTED
 
 PAIRS = "pairs"
-REJECTED = "rejected"
 
 DEFAULT_SAMPLE_SIZE = 250_000
 

@@ -4,7 +4,7 @@ Each parameter has a canonical name, a type, an allowed range (or a list of
 allowed values), a value per preset and, for a threshold rule, the side of it
 that is kept: ``keep`` is the comparison ``measured KEEP value`` that keeps a
 record (``">"`` is exclusive, ``">="`` inclusive). ``keeps()`` applies it;
-the per-record rules, the corpus filters, ``--print-preset`` and the audit's
+the per-record rules, the corpus filters, ``--print_preset`` and the audit's
 plots all read the direction from here, so it is written once.
 
 Values are checked when a preset is resolved (``get_preset``): a wrong type,
@@ -42,7 +42,7 @@ class Param:
     off: Any = None  # the value that turns the rule off (None: it cannot be turned off)
 
     def allowed(self) -> str:
-        """The allowed values as the error message and --print-preset say them."""
+        """The allowed values as the error message and --print_preset say them."""
         if self.choices:
             return "one of " + ", ".join(map(repr, self.choices))
         if self.type is bool:
@@ -65,7 +65,7 @@ _COMPARE = {
     "<=": lambda v, t: v <= t,
 }
 
-# Parameter order is the order --print-preset prints them in: roughly the
+# Parameter order is the order --print_preset prints them in: roughly the
 # order in which the stages run.
 PARAMS = [
     Param("formats", tuple, "keep images whose format is in this list (MPO, a multi-picture JPEG, counts as JPEG)",
@@ -159,7 +159,7 @@ PRESETS: Dict[str, Dict[str, Any]] = {
     # words); a word *type* is rare below 20 occurrences (instead of CC3M's
     # hypernymised vocabulary). No sharing limits: those are ALIGN's. The
     # part-of-speech, language, unwanted-phrase and person-name steps are
-    # stages a user plugs in (README, "Extra stages").
+    # stages a user plugs in (docs/extending.md).
     "cc12m": {
         "formats": ("JPEG",),
         "min_shorter_side": 400,
@@ -260,7 +260,7 @@ def compare(op: str, measured, threshold) -> bool:
 
 
 def sense(param: Param, values: Mapping[str, Any]) -> str:
-    """How the value is applied, as --print-preset prints it."""
+    """How the value is applied, as --print_preset prints it."""
     text = param.doc
     if param.keep:
         op = keep_op(param.name, values)
@@ -359,11 +359,11 @@ def get_preset(name: str, overrides: Optional[Iterable[str]] = None, **values) -
         key, text = item.split("=", 1)
         key = key.strip()
         if key not in PARAMS_BY_NAME:
-            raise PresetError(f"unknown parameter {key!r}; see --print-preset")
+            raise PresetError(f"unknown parameter {key!r}; see --print_preset")
         resolved[key] = parse_value(PARAMS_BY_NAME[key], text)
     for key, value in values.items():
         if key not in PARAMS_BY_NAME:
-            raise PresetError(f"unknown parameter {key!r}; see --print-preset")
+            raise PresetError(f"unknown parameter {key!r}; see --print_preset")
         resolved[key] = value
     for param in PARAMS:
         resolved[param.name] = check_value(param, resolved[param.name])

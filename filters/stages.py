@@ -25,9 +25,13 @@ A rejection reason is ``"<stage>/<detail>"``, e.g. ``"image_size/too_small"``.
 The stage part must be one of ``STAGES``; details are short stable words
 (values go in the audit sample, not in the reason).
 
-Cheap before expensive: header-only image checks (~50k images/s/core) and
-text rules run before full decodes, hashes and the NSFW scorer.
+Cheap before expensive: header-only image checks and text rules run before
+full decodes, hashes and the NSFW scorer (a header check costs a small
+fraction of a decode: ``benchmarks/RESULTS.md``, "Per-record filters").
 """
+
+#: The two outputs of every stage: a stage returns ``{SURVIVORS: what goes on, REJECTED: what it rejects}``.
+SURVIVORS, REJECTED = "survivors", "rejected"
 
 STAGES = (
     ("read", "the input row is usable: required columns present, caption text, image bytes"),

@@ -40,11 +40,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from common import cli, files
 from common.corpus_dir import DamagedFile, parse_json
 from filters import stages
-from pipeline.funnel_table import as_int, check_funnel, format_funnel, percent, stage_rejected
+from pipeline.funnel_table import FUNNEL_FILE, as_int, check_funnel, format_funnel, percent, stage_rejected
 from pipeline.report_plots import DISTRIBUTION_CUTS, plot_cosines, plot_count_of_counts, plot_distribution, plot_funnel
 
 STATS_DIR = "stats"
-FUNNEL_FILE = "funnel.json"
 SAMPLES_FILE = "rejected_samples.jsonl"
 DISTRIBUTIONS_FILE = "distributions.json"
 NEAR_DUPLICATES_FILE = "near_duplicates.jsonl"  # the report's name for the pairs; read as one file without shards

@@ -2,7 +2,7 @@
 
     python -m pipeline.build --input 'data/sample/candidates/*.parquet' \\
         --output out/corpus --preset align [--set NAME=VALUE ...] \\
-        [--eval-images NAME=PATH ...] [--runner DataflowRunner ...]
+        [--eval_images NAME=PATH ...] [--runner DataflowRunner ...]
 
 The job reads like its data flow, in two passes over the sources:
 
@@ -55,6 +55,7 @@ import apache_beam as beam
 
 from filters import extra_stages
 from filters.frequency import ApplyCorpusFilters
+from filters.stages import REJECTED, SURVIVORS
 from pipeline import concepts as concepts_lib
 from pipeline import judge as judge_lib
 from pipeline import stats as stats_lib
@@ -66,7 +67,7 @@ from pipeline.judge import JudgeFetched, JudgeFiles, NsfwNote, RecordJudge
 from pipeline.near_duplicates import RemoveCorpusNearDuplicates, WritePairsReport
 from pipeline.options import BuildOptions, embedder_args, input_columns
 from pipeline.read import MatchInputFiles
-from pipeline.stage_rows import REJECTED, SURVIVORS, LightRow, pool_row
+from pipeline.stage_rows import LightRow, pool_row
 from pipeline.verdicts import CountVerdicts, JoinVerdicts, StagesRun
 from pipeline.write_stats import ChooseSamples, WriteStats
 
@@ -134,7 +135,7 @@ def build_pipeline(
     samples = decided_rejections | "ChooseSamples" >> ChooseSamples()
     written = (joined[SURVIVORS], samples) | "WriteShards" >> write_lib.WriteShards(
         opts.output, opts.name, preset, columns, columns.carry, ontology, getattr(opts, "concept_labels_column", ""))
-    rejections = (decided_rejections, written["rejected"]) | "AllRejections" >> beam.Flatten()
+    rejections = (decided_rejections, written[REJECTED]) | "AllRejections" >> beam.Flatten()
 
     _ = (rejections, input_count) | "WriteRejectionLedger" >> write_lib.WriteRejectionLedger(opts.output)
     if eval_index is not None:

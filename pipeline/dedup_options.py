@@ -10,7 +10,7 @@ from __future__ import annotations
 
 def embedder(name: str, args=()):
     """The image embedder called ``name`` with constructor ``args`` (``(key, value)`` pairs,
-    ``--embedder-arg``; ``dedup.embedders``, imported only when asked for)."""
+    ``--embedder_arg``; ``dedup.embedders``, imported only when asked for)."""
     from dedup import embedders
 
     return embedders.get(name, **dict(args))

@@ -15,6 +15,8 @@ from typing import List
 
 from filters import stages
 
+#: The funnel's file in a build's ``stats/`` directory.
+FUNNEL_FILE = "funnel.json"
 TOP_REASONS = 3
 
 

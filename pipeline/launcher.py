@@ -37,7 +37,8 @@ from pipeline.eval_index import embed_eval_sets, write_eval_index
 from pipeline.finish import AccountingError, counters
 from pipeline.funnel_table import format_funnel
 from pipeline.options import (
-    SHORT_USAGE, UsageError, beam_options, build_parser, corpus_directory, embedder_args, input_columns,
+    SHORT_USAGE, UsageError, beam_options, build_parser, check_spelling, corpus_directory, embedder_args,
+    input_columns,
 )
 from pipeline.readers.input_notes import input_notes
 
@@ -126,9 +127,9 @@ def validate(args) -> tuple:
     for spec in args.eval_images:
         name, sep, path = spec.partition("=")
         if not sep or not name or not path:
-            raise UsageError(f"--eval-images {spec!r}: expected NAME=PATH")
+            raise UsageError(f"--eval_images {spec!r}: expected NAME=PATH")
         if not FileSystems.exists(path):
-            raise UsageError(f"--eval-images {spec!r}: {path} does not exist")
+            raise UsageError(f"--eval_images {spec!r}: {path} does not exist")
         eval_paths.append(path)
     files = list_input_files(args.input)
     if not files:
@@ -166,7 +167,7 @@ def run(argv: Optional[List[str]] = None) -> dict:
     """The build. Raises ``UsageError``/``OutputRefused`` (nothing touched), ``AccountingError``
     or ``PublishError`` (the job ran, nothing committed), ``CommitConflict`` or the job's own error.
 
-    Returns the funnel (``{}`` for ``--print-preset`` and ``--detached``).
+    Returns the funnel (``{}`` for ``--print_preset`` and ``--detached``).
     """
     import uuid
 
@@ -175,8 +176,9 @@ def run(argv: Optional[List[str]] = None) -> dict:
     from pipeline.read import READ_NAMESPACE
     from pipeline.verdicts import VERDICTS_NAMESPACE
 
-    parser = build_parser()
-    args, beam_args = parser.parse_known_args(list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    check_spelling(argv)
+    args, beam_args = build_parser().parse_known_args(argv)
     if args.print_preset:
         try:
             print(format_preset(get_preset(args.preset, args.overrides)))
@@ -244,20 +246,22 @@ def run(argv: Optional[List[str]] = None) -> dict:
     return funnel
 
 
-def main() -> None:
+def main(argv: Optional[List[str]] = None) -> None:
     from common import console
     from pipeline import commit as commit_lib
     from pipeline import output as output_lib
     from pipeline.publish import PublishError
 
-    argv = sys.argv[1:]
-    log_file = None
-    for i, arg in enumerate(argv):
-        if arg == "--log-file" and i + 1 < len(argv):
-            log_file = argv[i + 1]
-        elif arg.startswith("--log-file="):
-            log_file = arg.split("=", 1)[1]
-    log_path = console.route_library_output("build", log_file)
+    command_line = argv is None
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        check_spelling(argv)
+    except UsageError as error:  # the line names the right spelling: no usage needed
+        console.error(str(error))
+        sys.exit(EXIT_USAGE)
+    args, _ = build_parser().parse_known_args(argv)  # --help and argparse's own mistakes end here
+    # The command line, not a test: library chatter goes to a log file.
+    log_path = console.route_library_output("build", args.log_file) if command_line else "the log"
     try:
         run(argv)
     except (UsageError, output_lib.OutputRefused) as error:

@@ -14,6 +14,7 @@ from typing import List
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions, StandardOptions
 
+from common import cli
 from pipeline.download import stage as download_stage
 from pipeline.readers import limits as read_limits
 from pipeline.readers.rows import Columns, make_columns
@@ -30,26 +31,26 @@ class BuildOptions(PipelineOptions):
 
     @classmethod
     def _add_argparse_args(cls, parser):
-        parser.add_argument("--input", help="glob of input files or directories (local or gs://); see README 'Input formats'")
+        parser.add_argument("--input", help="glob of input files or directories (local or gs://); see docs/building.md")
         parser.add_argument(
-            "--input_format", "--input-format", dest="input_format", default=None,
+            "--input_format", default=None,
             help="read every data file as this format instead of by its name: parquet, webdataset, tsv, jsonl, tfrecord",
         )
-        parser.add_argument("--url_col", "--url-col", dest="url_col", default="", help="input column/field of the URL (default: url)")
+        parser.add_argument("--url_col", default="", help="input column/field of the URL (default: url)")
         parser.add_argument(
-            "--caption_col", "--caption-col", dest="caption_col", default="",
+            "--caption_col", default="",
             help="input column/field of the alt-text (default: first of caption, alt_text, text, texts)",
         )
         parser.add_argument(
-            "--image_col", "--image-col", dest="image_col", default="",
+            "--image_col", default="",
             help="input column/field of the image bytes (default: first of jpg, image, png, webp, jpeg)",
         )
         parser.add_argument(
-            "--carry_columns", "--carry-columns", dest="carry_columns", default="",
+            "--carry_columns", default="",
             help="comma-separated input columns written to the shards as source_<column> (key and sha256 always are)",
         )
         parser.add_argument(
-            "--tsv_columns", "--tsv-columns", dest="tsv_columns", default="",
+            "--tsv_columns", default="",
             help="column names of a headerless TSV, in order (default url,caption as CC12M; CC3M is caption,url)",
         )
         parser.add_argument(
@@ -60,35 +61,35 @@ class BuildOptions(PipelineOptions):
         parser.add_argument("--output", help="directory to write, a literal path (local or gs://); see --layout")
         parser.add_argument("--preset", default="align", help="filter preset: align (default) or cc12m")
         parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="NAME=VALUE",
-                            help="override one preset threshold (repeatable; names and ranges: --print-preset)")
+                            help="override one preset threshold (repeatable; names and ranges: --print_preset)")
         parser.add_argument(
             "--stage", dest="extra_stages", action="append", default=[], metavar="MODULE:ATTRIBUTE",
             help="an extra stage, per-record or corpus (filters.extra_stages), e.g. filters.language:ENGLISH (repeatable)")
         parser.add_argument("--name", default="alt_text_corpus",
                             help="dataset name, the start of every shard file name (letters, digits, '_')")
         parser.add_argument(
-            "--eval-images", "--eval_images", dest="eval_images", action="append", default=[], metavar="NAME=PATH",
+            "--eval_images", action="append", default=[], metavar="NAME=PATH",
             help="evaluation image set whose near-duplicates are removed: a folder of images, TFDS shards "
                  "or Parquet (repeatable)",
         )
         parser.add_argument("--embedder", default="dct",
                             help="image embedder for near-duplicate search: dct (default, no model) or checkpoint")
         parser.add_argument(
-            "--embedder-arg", "--embedder_arg", dest="embedder_args", action="append", default=[], metavar="KEY=VALUE",
+            "--embedder_arg", dest="embedder_args", action="append", default=[], metavar="KEY=VALUE",
             help="constructor argument of the embedder (JSON values; repeatable), e.g. workdir=gs://b/run for "
-                 "checkpoint, whose workers need the 'train' extra (README 'Dataflow')")
+                 "checkpoint, whose workers need the 'train' extra (docs/dataflow.md)")
         parser.add_argument(
             "--concepts", default="", metavar="ONTOLOGY",
             help="TOnICS: tag written pairs with the classes their alt-text names: 'default' (built-in English "
-                 "ontology) or a JSON ontology file; writes the concepts feature and concepts/ index (README 'TOnICS')")
+                 "ontology) or a JSON ontology file; writes the concepts feature and concepts/ index (docs/tonics.md)")
         parser.add_argument(
-            "--concept_labels_column", "--concept-labels-column", dest="concept_labels_column", default="",
+            "--concept_labels_column", default="",
             help="with --concepts: a carried column of detector labels per image; a class is tagged only if "
                  "the text names it and the labels contain it")
         parser.add_argument("--overwrite", action="store_true",
                             help="replace the corpus a previous build wrote in --output: its files are deleted "
                                  "only after the new one is committed")
-        parser.add_argument("--keep_previous", "--keep-previous", dest="keep_previous", action="store_true",
+        parser.add_argument("--keep_previous", action="store_true",
                             help="with --overwrite: keep the replaced corpus's files (under --output/versions/)")
         parser.add_argument("--detached", action="store_true",
                             help="return once the job is submitted; publish it when it has finished with "
@@ -113,7 +114,7 @@ def input_columns(opts) -> Columns:
 
 
 def embedder_args(opts) -> tuple:
-    """``--embedder-arg KEY=VALUE`` as sorted ``(key, value)`` pairs (picklable, part of the graph)."""
+    """``--embedder_arg KEY=VALUE`` as sorted ``(key, value)`` pairs (picklable, part of the graph)."""
     from dedup import embedders
 
     return tuple(sorted(embedders.parse_args(getattr(opts, "embedder_args", []) or []).items()))
@@ -154,7 +155,7 @@ SHORT_USAGE = ("usage: python -m pipeline.build --input GLOB --output DIR [--pre
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = cli.ArgumentParser(
         prog="python -m pipeline.build",
         description="Build a filtered alt-text corpus: img2dataset-style Parquet in, TFDS-compatible shards out.",
         epilog=EPILOG,
@@ -162,18 +163,18 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     BuildOptions._add_argparse_args(parser)
-    parser.add_argument("--print-preset", action="store_true",
+    parser.add_argument("--print_preset", action="store_true",
                         help="print every threshold of the preset (after --set) with its meaning, and exit")
-    parser.add_argument("--log-file", default=None,
+    parser.add_argument("--log_file", default=None,
                         help="where library logging goes (default: $ALT_TEXT_CORPUS_LOG_DIR/build.log or a temp dir)")
     return parser
 
 
-def beam_options(beam_args: List[str]) -> PipelineOptions:
-    """Beam's options from the remaining flags; an unknown flag is an error, not a warning."""
+def beam_parser() -> argparse.ArgumentParser:
+    """Beam's own parser (value-provider arguments) with every Beam option; its errors are ``UsageError``."""
     from apache_beam.options import pipeline_options as po
 
-    class Parser(po._BeamArgumentParser):  # Beam's own parser: value-provider arguments
+    class Parser(po._BeamArgumentParser):
         def error(self, message):
             raise UsageError(message)
 
@@ -184,6 +185,25 @@ def beam_options(beam_args: List[str]) -> PipelineOptions:
             seen.setdefault(str(cls), cls)
     for cls in seen.values():
         cls._add_argparse_args(parser)
+    return parser
+
+
+def check_spelling(argv: List[str]) -> None:
+    """``UsageError`` naming the underscore spelling of the first hyphenated option, the build's or Beam's.
+
+    Beam would take a hyphenated spelling of its own option for an unknown
+    flag, and argparse one of ours for a prefix of nothing: one line that
+    names the right spelling says more than either.
+    """
+    known = set(build_parser()._option_string_actions) | set(beam_parser()._option_string_actions)
+    found = cli.misspelled(argv, known)
+    if found:
+        raise UsageError(cli.spelling_message(*found))
+
+
+def beam_options(beam_args: List[str]) -> PipelineOptions:
+    """Beam's options from the remaining flags; an unknown flag is an error, not a warning."""
+    parser = beam_parser()
     _, unknown = parser.parse_known_args(beam_args)
     if unknown:
         raise UsageError(f"unrecognized arguments: {' '.join(unknown)}")

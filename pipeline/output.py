@@ -3,7 +3,7 @@
 - ``--output`` is a literal path. Glob characters in it are characters
   (``escape_glob`` wherever a Beam call would treat them as a pattern).
 - The output must not equal, contain or lie inside an input location (the
-  directory part of ``--input``, every ``--eval-images`` path).
+  directory part of ``--input``, every ``--eval_images`` path).
 - A build writes ``MARKER`` (the dataset name) into the output, then
   everything else into its own version directory ``versions/<id>/``
   (``common.corpus_dir``); the version becomes the corpus when the commit

@@ -34,13 +34,13 @@ from typing import List, Optional
 
 from apache_beam.io.filesystems import FileSystems
 
-from common import corpus_dir
+from common import cli, corpus_dir
 from pipeline import commit as commit_lib
 from pipeline import output as output_lib
 from pipeline import shard_report
 from pipeline import tfds_metadata
 from pipeline.finish import AccountingError, accounting_problems, verdict_accounting_problems
-from pipeline.funnel_table import as_int
+from pipeline.funnel_table import FUNNEL_FILE, as_int
 
 READ_COUNTS = "stats/read_counts.json"
 #: The ``verdicts`` counters of the job, saved by an attached launcher (``pipeline.finish``).
@@ -111,7 +111,7 @@ def choose_version(output: str, committed_version: Optional[str]) -> str:
 
 def _check(output: str, version: str, directory: str, request: dict):
     name = request["name"]
-    funnel = _read_json(FileSystems.join(directory, "stats", "funnel.json"))
+    funnel = _read_json(FileSystems.join(directory, "stats", FUNNEL_FILE))
     if funnel is None or not FileSystems.exists(FileSystems.join(directory, shard_report.SHARDS_FILE)):
         raise PublishError(
             f"{directory}: the job has not finished writing (no stats/funnel.json or {shard_report.SHARDS_FILE}); "
@@ -191,7 +191,7 @@ def publish(output: str, version: Optional[str] = None, replace: bool = False,
     if now == version:
         _write_top_features(output, directory)
         manifest = _read_json(FileSystems.join(directory, corpus_dir.MANIFEST)) or {}
-        funnel = _read_json(FileSystems.join(directory, "stats", "funnel.json")) or {}
+        funnel = _read_json(FileSystems.join(directory, "stats", FUNNEL_FILE)) or {}
         replaced, already = manifest.get("replaces"), True
     else:
         funnel, report = _check(output, version, directory, request)
@@ -226,7 +226,7 @@ def publish(output: str, version: Optional[str] = None, replace: bool = False,
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = cli.ArgumentParser(
         prog="python -m pipeline.publish", allow_abbrev=False,
         description="Publish a build whose job has finished (e.g. launched with --detached): check it, commit it, "
                     "remove the corpus it replaces. Safe to run again.")

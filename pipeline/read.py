@@ -46,6 +46,7 @@ from apache_beam.metrics import Metrics
 
 from common.schema import make_key
 from filters import stages
+from filters.stages import REJECTED, SURVIVORS
 from pipeline import readers
 from pipeline.readers import files as files_reader
 from pipeline.readers import losses
@@ -58,7 +59,6 @@ from pipeline.stats import METRICS_NAMESPACE
 
 #: Beam Metrics namespace of the reader's own accounting (not per record).
 READ_NAMESPACE = "read"
-SURVIVORS, REJECTED = "survivors", "rejected"
 
 
 def read_parquet_file(path: str, columns: Columns = Columns()) -> Iterator[object]:

@@ -29,8 +29,6 @@ from typing import NamedTuple, Tuple
 
 import apache_beam as beam
 
-SURVIVORS, REJECTED = "survivors", "rejected"
-
 
 class LightRow(NamedTuple):
     """One input record after the first pass: everything the corpus stages, the ledger and the writer need."""

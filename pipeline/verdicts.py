@@ -27,7 +27,8 @@ from apache_beam.metrics import Metrics
 
 from common.hot_keys import JoinDecisions
 from filters import stages
-from pipeline.stage_rows import KEYED_ROW, REJECTED, SURVIVORS, LightRow, holding_rows, keyed, rejected, verdict_row
+from filters.stages import REJECTED, SURVIVORS
+from pipeline.stage_rows import KEYED_ROW, LightRow, holding_rows, keyed, rejected, verdict_row
 from pipeline.stats import METRICS_NAMESPACE
 
 

@@ -20,6 +20,7 @@ from apache_beam.io.filesystems import FileSystems
 from filters import stages
 from filters.image import thumbnail_b64
 from pipeline import stats as stats_lib
+from pipeline.funnel_table import FUNNEL_FILE
 from pipeline.stage_rows import LightRow
 
 
@@ -59,7 +60,7 @@ def _write_stats_files(_, output_dir, input_count, rejected, written, histograms
         meta["extras"],
     )
     stats_dir = FileSystems.join(output_dir, "stats")
-    stats_lib.write_text(FileSystems.join(stats_dir, "funnel.json"), stats_lib.to_json(funnel))
+    stats_lib.write_text(FileSystems.join(stats_dir, FUNNEL_FILE), stats_lib.to_json(funnel))
     distributions = {}
     for name, hist in sorted(histograms.items()):
         distributions[name] = dict(hist, description=stats_lib.HISTOGRAM_DESCRIPTIONS.get(name, ""))

@@ -1,6 +1,6 @@
 """The embedded sample corpus: realistic raw candidates with planted faults, and their expected fates.
 
-    python -m samplegen --out data/sample [--num-candidates 3000] [--seed 0] [--processes N]
+    python -m samplegen --out data/sample [--num_candidates 3000] [--seed 0] [--processes N]
 
 Writes, under ``--out``::
 
@@ -10,7 +10,7 @@ Writes, under ``--out``::
     eval/{train,test}/<class>/<class>_NNN.png    a labelled evaluation set of drawn shapes
     sample_info.json                             sizes, seed, eval set, --set overrides for the build
 
-Content. ``--num-candidates`` ordinary candidates (drawn shape scenes, most of
+Content. ``--num_candidates`` ordinary candidates (drawn shape scenes, most of
 them, and crops of the photographs shipped in scikit-image / scikit-learn,
 each with an alt-text describing it, see ``samplegen.content``) plus
 about 1,250 planted rows, one group per *case*, each with the fate a correct
@@ -21,7 +21,7 @@ images, one image with more than 1000 alt-texts, rare-token junk captions,
 near-duplicates of evaluation images, repeated (url, caption) pairs and a
 part file without a caption column. Rows are shuffled across the parts.
 On top, ``mismatched_pair`` rows (``plan.MISMATCHED_SHARE`` of
-``--num-candidates``): an ordinary-looking picture whose alt-text was worded
+``--num_candidates``): an ordinary-looking picture whose alt-text was worded
 for another drawn scene, one that shows none of the picture's shapes. ALIGN's
 rules keep them (expected ``"written"``); a model-score stage should not.
 

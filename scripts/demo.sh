@@ -22,7 +22,7 @@ info = json.load(open(os.path.join(sys.argv[1], "sample_info.json")))
 for override in info["build_overrides"]:
     print("--set"); print(override)
 name, path = info["eval_images"].split("=", 1)
-print("--eval-images"); print(f"{name}={os.path.join(sys.argv[1], path)}")
+print("--eval_images"); print(f"{name}={os.path.join(sys.argv[1], path)}")
 PYEOF
 )
 step "build the corpus"

@@ -22,7 +22,7 @@ def sample_dir(tmp_path_factory):
     """The embedded sample, small enough for the default test run."""
     out = tmp_path_factory.mktemp("sample")
     subprocess.run(
-        [sys.executable, "-m", "samplegen", "--out", str(out), "--num-candidates", str(SAMPLE_SIZE), "--seed", "0"],
+        [sys.executable, "-m", "samplegen", "--out", str(out), "--num_candidates", str(SAMPLE_SIZE), "--seed", "0"],
         check=True, cwd=ROOT,
     )
     return out
@@ -34,7 +34,7 @@ def build_args(sample_dir, output, *extra):
     for override in info.get("build_overrides", []):
         args += ["--set", override]
     name, path = info["eval_images"].split("=", 1)
-    args += ["--eval-images", f"{name}={sample_dir / path}"]
+    args += ["--eval_images", f"{name}={sample_dir / path}"]
     return args + list(extra)
 
 

@@ -17,17 +17,23 @@ from common import cli
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 #: Command module -> how to run it: "main" (``main(argv)`` in this process, on a
-#: ``common.cli.ArgumentParser``), "module" (``python -m``, the same parser:
-#: for commands whose main takes no argv, e.g. pipeline.build once it uses
-#: common.cli) or "absl" (absl flags: ``--helpshort``, absl's own refusal).
+#: ``common.cli.ArgumentParser``) or "absl" (``python -m``; absl flags:
+#: ``--helpshort``, absl's own refusal).
 COMMANDS = {
+    "dedup.calibrate": "main",
+    "samplegen": "main",
     "pipeline.audit": "main",
+    "pipeline.build": "main",
+    "pipeline.publish": "main",
     "trainer.vocab": "main",
     "trainer.evaluate": "main",
     "trainer.embed": "main",
     "trainer.search": "main",
     "trainer.train": "absl",
 }
+
+#: Commands whose ``main`` lives in another module (``python -m pipeline.build`` runs the launcher's).
+MAIN_OF = {"pipeline.build": "pipeline.launcher", "samplegen": "samplegen.__main__"}
 
 OPTION = re.compile(r"(?<![\w-])--[A-Za-z][A-Za-z0-9_.-]*[A-Za-z0-9_]")
 ENV = {**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2"}
@@ -37,7 +43,7 @@ def run(module: str, argv: list, capsys) -> tuple:
     """(exit status, stdout, stderr) of the command with ``argv``."""
     if COMMANDS[module] == "main":
         with pytest.raises(SystemExit) as exit_info:
-            importlib.import_module(module).main(argv)
+            importlib.import_module(MAIN_OF.get(module, module)).main(argv)
         out, err = capsys.readouterr()
         return exit_info.value.code, out, err
     done = subprocess.run([sys.executable, "-m", module, *argv], cwd=ROOT, capture_output=True, text=True, env=ENV)
@@ -77,6 +83,18 @@ def test_the_hyphenated_spelling_is_refused_in_one_line_naming_the_right_one(mod
         else:
             assert status == 2 and err.count("\n") == 1, (wrong, err)
             assert err.startswith(f"error: {wrong}:") and right in err, (wrong, err)
+
+
+@pytest.mark.parametrize("argv,wrong,right", [
+    (["pipeline.build", "--eval-images=x=y"], "--eval-images", "--eval_images"),
+    (["pipeline.build", "--temp-location", "/tmp"], "--temp-location", "--temp_location"),  # Beam's own
+    (["pipeline.publish", "out", "--keep-previous"], "--keep-previous", "--keep_previous"),
+])
+def test_the_command_line_refuses_the_hyphenated_spelling_in_one_line(argv, wrong, right):
+    """As a person runs them (``python -m``), before any library output."""
+    done = subprocess.run([sys.executable, "-m", *argv], cwd=ROOT, capture_output=True, text=True, env=ENV)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith(f"error: {wrong}:") and right in done.stderr, done.stderr
 
 
 def test_the_check_finds_a_hyphenated_option_and_leaves_the_rest_alone():

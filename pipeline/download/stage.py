@@ -38,6 +38,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from common.schema import Candidate
 from filters import stages
+from filters.stages import REJECTED, SURVIVORS
 from pipeline.download import staging
 from pipeline.download.fetch import FetchOptions, Fetched, check_user_agent
 from pipeline.download.politeness import HostPolicy
@@ -46,7 +47,6 @@ from pipeline.download.worker import shared_worker
 from pipeline.readers.rows import Rejection
 from pipeline.stats import METRICS_NAMESPACE
 
-SURVIVORS, REJECTED = "survivors", "rejected"
 DOWNLOAD_NAMESPACE = "download"
 #: What a download adds to a record's carried columns (written as ``source_<name>``).
 CARRIED = ("http_status", "final_url")
@@ -219,16 +219,15 @@ def add_arguments(parser) -> None:
              "reserved addresses are refused",
     )
     for name, kind, where, field, text in _FLAGS:
-        flag, default = name.replace("_", "-"), _default(where, field)
-        parser.add_argument(f"--download-{flag}", f"--download_{name}", dest=f"download_{name}", type=kind,
-                            default=default, help=f"{text} (default {default})")
-    parser.add_argument("--download-user-agent", "--download_user_agent", dest="download_user_agent",
-                        default=FetchOptions.user_agent, help="User-Agent header; its first word is our X-Robots-Tag agent name")
-    parser.add_argument("--download-contact", "--download_contact", dest="download_contact", default="",
+        default = _default(where, field)
+        parser.add_argument(f"--download_{name}", type=kind, default=default, help=f"{text} (default {default})")
+    parser.add_argument("--download_user_agent", default=FetchOptions.user_agent,
+                        help="User-Agent header; its first word is our X-Robots-Tag agent name")
+    parser.add_argument("--download_contact", default="",
                         help="a URL or e-mail address where site owners reach you, sent in the User-Agent "
                              "as 'agent (+URL)' (default none)")
-    parser.add_argument("--download-allow-loopback", "--download_allow_loopback", dest="download_allow_loopback",
-                        action="store_true", help="also fetch from 127.0.0.0/8 and ::1: for tests and benchmarks only")
+    parser.add_argument("--download_allow_loopback", action="store_true",
+                        help="also fetch from 127.0.0.0/8 and ::1: for tests and benchmarks only")
 
 
 def from_args(args) -> DownloadOptions:
@@ -242,17 +241,17 @@ def from_args(args) -> DownloadOptions:
             lowest = 1 if name in ("threads", "max_bytes") else 0
             bad, need = not value >= lowest, f">= {lowest}"
         if bad:
-            raise ValueError(f"--download-{name.replace('_', '-')} {value}: must be {need}")
+            raise ValueError(f"--download_{name} {value}: must be {need}")
         parts[where][field] = value
     user_agent, contact = args.download_user_agent, args.download_contact
     try:
         check_user_agent(user_agent)
     except ValueError as error:
-        raise ValueError(f"--download-user-agent: {error}") from None
+        raise ValueError(f"--download_user_agent: {error}") from None
     try:
         check_user_agent(user_agent, contact)
     except ValueError as error:
-        raise ValueError(f"--download-contact: {error}") from None
+        raise ValueError(f"--download_contact: {error}") from None
     dns = parts["dns"]
     return DownloadOptions(
         fetch=FetchOptions(**parts["fetch"], user_agent=user_agent, contact=contact,

@@ -126,7 +126,7 @@ def test_flipped_copies_are_caught_only_through_index_variants():
 def test_command_line_writes_a_report(tmp_path, capsys):
     out = tmp_path / "report.json"
     code = calibrate.main(
-        ["--num-sources", "12", "--num-distractors", "10", "--families", "jpeg,flip", "--seeds", "4", "--out", str(out)]
+        ["--num_sources", "12", "--num_distractors", "10", "--families", "jpeg,flip", "--seeds", "4", "--out", str(out)]
     )
     assert code == 0
     report = json.loads(out.read_text())

@@ -1,8 +1,8 @@
 """A deliberately simple, in-memory implementation of the whole-corpus filters.
 
-Written from the rules (issue 3; ``filters/frequency.py`` and
-``filters/ngram_vocab.py`` docstrings state the same rules) without importing
-the Beam code: pandas group-bys for the two sharing rules, a ``Counter`` and a
+Written from the rules (the ``filters/frequency.py`` and
+``filters/ngram_vocab.py`` docstrings state them) without importing the Beam
+code: pandas group-bys for the two sharing rules, a ``Counter`` and a
 sort for the vocabulary. It holds everything in one process, which is the
 point: it is easy to check by reading, and the Beam job must agree with it
 record for record.

@@ -92,7 +92,7 @@ def _child(spec):
         try:
             first = _read(read, fmt, path, columns)
             results[path] = {"records": first, "same_twice": _read(read, fmt, path, columns) == first}
-        except BaseException as error:  # what the old code did: reported, not fatal to the other files
+        except BaseException as error:  # a reader's crash: reported, not fatal to the other files
             results[path] = {"error": f"{type(error).__name__}: {str(error)[:300]}"}
         finally:
             signal.alarm(0)

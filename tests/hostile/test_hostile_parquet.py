@@ -21,7 +21,7 @@ def write_cases(root):
     def path(name):
         return root / f"{name}.parquet"
 
-    # The 1,271-byte file: 6 rows, a footer (file and row group) claiming 100,000.
+    # A 1,271-byte file: 6 rows, a footer (file and row group) claiming 100,000.
     lying_parquet(path("claims_100000"), file_rows=100_000, group_rows=100_000)
     cases["claims_100000"] = SIX + ["read/inconsistent_metadata"]
     # The same claim at 2^40: work in proportion to it never ends.

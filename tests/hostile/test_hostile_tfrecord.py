@@ -40,10 +40,10 @@ def write_cases(root):
         cases[name] = (path, expected)
 
     g = [good_example("tf", i) for i in range(4)]
-    # The 83-byte record: a bytes value given as the varint 200,000,000 became a 200 MB image.
+    # An 83-byte record: a bytes value given as the varint 200,000,000 (read as a length: a 200 MB image).
     case("varint_as_bytes", [g[0], example_with("image", bytes_list_of_varint(200_000_000)), g[1]],
          ["written", "read/malformed_record", "written"])
-    # Feature.bytes_list itself as a varint: the old decoder walked an int as a message.
+    # Feature.bytes_list itself as a varint: a decoder that trusts the field number walks an int as a message.
     case("feature_kind_as_varint", [g[0], example_with("caption", _varint(1 << 3 | 0) + _varint(5)), g[1]],
          ["written", "read/malformed_record", "written"])
     # A packed float list of 5 bytes (not whole 4-byte floats).

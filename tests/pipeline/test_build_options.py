@@ -90,6 +90,6 @@ def test_existing_output_needs_overwrite(tmp_path):
 
 
 def test_print_preset(capsys):
-    launcher.run(["--preset", "cc12m", "--set", "max_words=30", "--print-preset"])
+    launcher.run(["--preset", "cc12m", "--set", "max_words=30", "--print_preset"])
     printed = capsys.readouterr().out
     assert "preset: cc12m" in printed and "max_words" in printed and "30" in printed

@@ -91,7 +91,7 @@ def test_overwrite_of_a_directory_that_is_not_a_corpus_is_refused(built, tmp_pat
 def test_invalid_arguments_leave_the_previous_corpus_untouched(built, tmp_path):
     corpus, pattern = copy_corpus(built, tmp_path)
     before = snapshot(corpus)
-    for bad in (["--name", "../escaped"], ["--set", "no_such_threshold=1"], ["--eval-images", "x=/no/such/dir"],
+    for bad in (["--name", "../escaped"], ["--set", "no_such_threshold=1"], ["--eval_images", "x=/no/such/dir"],
                 ["--embedder", "nope"], ["--no_such_beam_flag=1"], ["--runner", "NoSuchRunner"],
                 ["--input_format", "xls"], ["--version", "../1.0.0"]):
         with pytest.raises(launcher.UsageError):

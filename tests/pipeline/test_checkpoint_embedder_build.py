@@ -1,4 +1,4 @@
-"""``--embedder checkpoint`` in a build: its workdir reaches the workers through ``--embedder-arg`` (issue 14, item 7)."""
+"""``--embedder checkpoint`` in a build: its workdir reaches the workers through ``--embedder_arg``."""
 
 import numpy as np
 import pytest
@@ -32,8 +32,8 @@ def test_checkpoint_embedder_gets_its_workdir_on_the_workers(tmp_path, monkeypat
     workdir.mkdir()
     pattern = write_candidates(tmp_path / "in", rows=5)
     funnel = launcher.run(["--input", str(pattern), "--output", str(tmp_path / "out"), "--embedder", "checkpoint",
-                        "--embedder-arg", f"workdir={workdir}", "--embedder-arg", "threshold=0.99",
-                        "--embedder-arg", "step=7", *QUICK])
+                        "--embedder_arg", f"workdir={workdir}", "--embedder_arg", "threshold=0.99",
+                        "--embedder_arg", "step=7", *QUICK])
     assert committed(tmp_path / "out").is_dir()
     assert loaded and set(loaded) == {(str(workdir), 7)}
     note = next(r for r in funnel["stages"] if r["stage"] == "near_duplicate_corpus")["note"]

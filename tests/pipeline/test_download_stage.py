@@ -27,9 +27,9 @@ NAME = "downloaded"
 LIMITS = [
     # Generous for a loaded machine (the endless body must hit max-bytes before the deadline);
     # the drip still needs ~5000 s to finish, so it always ends at the deadline.
-    "--download-allow-loopback", "--download-connect-timeout", "2", "--download-read-timeout", "2",
-    "--download-deadline", "4", "--download-max-bytes", "300000", "--download-retries", "1",
-    "--download-threads", "16", "--download-per-host", "8", "--set", "min_ngram_count=0",
+    "--download_allow_loopback", "--download_connect_timeout", "2", "--download_read_timeout", "2",
+    "--download_deadline", "4", "--download_max_bytes", "300000", "--download_retries", "1",
+    "--download_threads", "16", "--download_per_host", "8", "--set", "min_ngram_count=0",
 ]
 IMAGES = {"a.jpg": jpeg(400, 300, seed=1), "b.png": jpeg(320, 480, seed=2, fmt="PNG"), "good.jpg": jpeg(360, 360, seed=3),
           "wide.jpg": jpeg(900, 600, seed=4)}
@@ -151,11 +151,11 @@ def test_loopback_is_refused_by_the_build_unless_allowed(tmp_path, server):
     assert funnel["stages"][1]["rejected"] == {"download/forbidden_address": 2}
 
 
-@pytest.mark.parametrize("flag,value", [("--download-threads", "0"), ("--download-deadline", "0"),
-                                        ("--download-max-bytes", "0"), ("--download-retries", "-1"),
-                                        ("--download-per-host-rate", "-1"), ("--download-dns-ttl", "-5"),
-                                        ("--download-contact", "ops at example.org"),
-                                        ("--download-user-agent", "bot/1 \u00e9")])
+@pytest.mark.parametrize("flag,value", [("--download_threads", "0"), ("--download_deadline", "0"),
+                                        ("--download_max_bytes", "0"), ("--download_retries", "-1"),
+                                        ("--download_per_host_rate", "-1"), ("--download_dns_ttl", "-5"),
+                                        ("--download_contact", "ops at example.org"),
+                                        ("--download_user_agent", "bot/1 \u00e9")])
 def test_bad_download_flags_are_usage_errors(tmp_path, flag, value):
     tsv = write_tsv(tmp_path / "urls.tsv", [("http://example.org/x.jpg", "a photo", "")])
     with pytest.raises(launcher.UsageError, match=flag):
@@ -193,16 +193,16 @@ def test_downloaded_is_pure():
     assert dict(failed.detail) == {"http_status": 503, "final_url": "http://x/a"}
 
 
-def test_readme_lists_every_download_option_with_its_default():
+def test_the_manual_lists_every_download_option_with_its_default():
     import argparse
     import os
     import re
 
     parser = argparse.ArgumentParser()
     download_stage.add_arguments(parser)
-    readme = open(os.path.join(os.path.dirname(launcher.__file__), "..", "README.md")).read()
-    rows = dict(re.findall(r"^\| `(--download[a-z-]*)` \| ([^|]*) \|", readme, re.M))
-    flags = {a.option_strings[0]: a.default for a in parser._actions if a.option_strings[0].startswith("--download-")}
+    readme = open(os.path.join(os.path.dirname(launcher.__file__), "..", "docs", "downloading.md")).read()
+    rows = dict(re.findall(r"^\| `(--download[a-z_]*)` \| ([^|]*) \|", readme, re.M))
+    flags = {a.option_strings[0]: a.default for a in parser._actions if a.option_strings[0].startswith("--download_")}
     assert set(rows) == set(flags)
     for flag, default in flags.items():
         shown = rows[flag].strip().strip("`")

@@ -1,4 +1,4 @@
-"""Extra stages: the README's example runs as written, and counts like a built-in stage."""
+"""Extra stages: the manual's example (docs/extending.md) runs as written, and counts like a built-in stage."""
 
 import collections
 import glob
@@ -24,9 +24,9 @@ from corpus_paths import committed
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def readme_example():
-    """The README's ``# my_rules.py`` block and its build command."""
-    text = open(os.path.join(ROOT, "README.md")).read()
+def manual_example():
+    """The ``# my_rules.py`` block of docs/extending.md and its build command."""
+    text = open(os.path.join(ROOT, "docs", "extending.md")).read()
     module = re.search(r"```python\n(# my_rules\.py\n.*?)```", text, re.S).group(1)
     command = re.search(r"```bash\n(PYTHONPATH=\. python -m pipeline\.build .*?--stage my_rules:NUMBERED.*?)```",
                         text, re.S).group(1)
@@ -61,7 +61,7 @@ CAPTIONS = (
 
 @pytest.fixture(scope="module")
 def example_build(tmp_path_factory):
-    module, argv = readme_example()
+    module, argv = manual_example()
     root = tmp_path_factory.mktemp("extra")
     (root / "rules").mkdir()
     (root / "rules" / "my_rules.py").write_text(module)
@@ -70,12 +70,12 @@ def example_build(tmp_path_factory):
     pq.write_table(pa.table({
         "url": [r["url"] for r in rows], "caption": [r["caption"] for r in rows],
         "jpg": pa.array([r["jpg"] for r in rows], pa.binary())}), str(root / "in" / "part-0.parquet"))
-    # The README's command as written, with this test's input and output.
+    # The manual's command as written, with this test's input and output.
     assert argv[:4] == ["PYTHONPATH=.", "python", "-m", "pipeline.build"]
     args = argv[4:]
     args[args.index("--input") + 1] = str(root / "in" / "*.parquet")
     args[args.index("--output") + 1] = str(root / "out")
-    sys.path.insert(0, str(root / "rules"))  # what PYTHONPATH=. does for the README's layout
+    sys.path.insert(0, str(root / "rules"))  # what PYTHONPATH=. does for the manual's layout
     try:
         funnel = launcher.run(args)
     finally:
@@ -84,7 +84,7 @@ def example_build(tmp_path_factory):
     return rows, committed(root / "out"), funnel
 
 
-def test_readme_example_runs_and_its_stages_reject_like_built_in_ones(example_build):
+def test_the_manual_example_runs_and_its_stages_reject_like_built_in_ones(example_build):
     rows, out, funnel = example_build
     fates = {}
     for path in glob.glob(str(out / "*.tfrecord*")):

@@ -87,14 +87,14 @@ def expected_outcome(server):
 
 
 def readme_snippet_loads(data_dir, version):
-    """The README's TFDS snippet, run as written (dataset name, data_dir and version substituted)."""
+    """The TFDS snippet of docs/output.md, run as written (dataset name, data_dir and version substituted)."""
     import re
 
-    readme = open(os.path.join(ROOT, "README.md")).read()
+    readme = open(os.path.join(ROOT, "docs", "output.md")).read()
     snippet = next(block for block in re.findall(r"```python\n(.*?)```", readme, re.S) if "tfds.builder(" in block)
     code = snippet.replace("alt_text_corpus", NAME).replace("OUTPUT", str(data_dir)).replace("1.0.0", version)
     scope = {}
-    exec(compile(code, "README.md", "exec"), scope)
+    exec(compile(code, "docs/output.md", "exec"), scope)
     assert scope["builder"].info.name == NAME and scope["ds"] is not None
 
 

@@ -1,4 +1,4 @@
-"""The NSFW stage's note is the workers' word, not the launcher's environment (issue 14, item 8)."""
+"""The NSFW stage's note is the workers' word, not the launcher's environment."""
 
 import importlib.util
 import json

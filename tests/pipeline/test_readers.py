@@ -357,7 +357,7 @@ def test_build_accounts_for_mixed_inputs(tmp_path):
     }
 
 
-def test_read_limits_are_flags_listed_in_the_readme_and_checked(tmp_path):
+def test_read_limits_are_flags_listed_in_the_manual_and_checked(tmp_path):
     import argparse
     import os
     import re
@@ -368,7 +368,7 @@ def test_read_limits_are_flags_listed_in_the_readme_and_checked(tmp_path):
     parser = argparse.ArgumentParser()
     limits.add_arguments(parser)
     flags = {a.option_strings[0]: a.default for a in parser._actions if a.option_strings[0].startswith("--read_")}
-    readme = open(os.path.join(os.path.dirname(build.__file__), "..", "README.md")).read()
+    readme = open(os.path.join(os.path.dirname(build.__file__), "..", "docs", "building.md")).read()
     rows = dict(re.findall(r"^\| `(--read_[a-z_]*)` \| (\d+)", readme, re.M))
     assert rows == {flag: str(default) for flag, default in flags.items()}
     assert options.input_columns(options.build_parser().parse_args(["--read_max_line_bytes", "4096"])).limits == (

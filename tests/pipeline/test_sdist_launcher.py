@@ -2,7 +2,7 @@
 
 Slow (minutes: a fresh venv installs Beam, pyarrow, faiss, ... from PyPI or
 pip's cache); run with ``pytest -m slow tests/pipeline/test_sdist_launcher.py``.
-The commands are the README's "On Google Cloud Dataflow" ones, less the
+The commands are those of docs/dataflow.md, less the
 Dataflow flags (``--runner``, ``--project``, ``--region``,
 ``--temp_location``): the job runs on the local FnApiRunner with two worker
 processes, with ``--setup_file`` as on Dataflow.
@@ -51,7 +51,7 @@ def test_sdist_in_a_fresh_venv_builds_a_corpus_from_outside_the_repository(tmp_p
         tar.extractall(tmp_path / "src", filter="data")
     (setup_py,) = (tmp_path / "src").glob("*/setup.py")
 
-    # 2. README: a fresh virtualenv with the sdist and the lock's versions (no TensorFlow, no JAX).
+    # 2. docs/dataflow.md: a fresh virtualenv with the sdist and the lock's versions (no TensorFlow, no JAX).
     venv = tmp_path / "venv"
     base_python = getattr(sys, "_base_executable", sys.executable)
     run([base_python, "-m", "venv", str(venv)])
@@ -75,7 +75,7 @@ def test_sdist_in_a_fresh_venv_builds_a_corpus_from_outside_the_repository(tmp_p
     work.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    # README: pinned worker requirements from the lock (Dataflow installs them; the local runner ignores them).
+    # docs/dataflow.md: pinned worker requirements from the lock (Dataflow installs them; the local runner ignores them).
     pins = run([python, "-m", "pipeline.worker_requirements", "--lock",
                 os.path.join(ROOT, "requirements", "lock.txt")], cwd=work, env=env).stdout
     (work / "worker-requirements.txt").write_text(pins)

@@ -74,7 +74,7 @@ def test_a_verdict_lost_before_the_join_fails_the_build_in_one_line(tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     victim = make_key("https://e.x/logo0.jpg", SHARED)[:8]  # one of the twelve keys
     done = subprocess.run([sys.executable, "-c", DRIVER, victim, *argv, "--overwrite",
-                           "--log-file", str(tmp_path / "build.log")],
+                           "--log_file", str(tmp_path / "build.log")],
                           cwd=root, env=dict(os.environ, PYTHONPATH=root), capture_output=True, text=True, timeout=600)
     err = done.stderr.strip().splitlines()
     assert done.returncode == 1, done.stderr[-2000:]

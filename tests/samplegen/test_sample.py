@@ -145,7 +145,7 @@ def test_same_seed_same_bytes_whatever_the_processes(generated, tmp_path):
     out, _ = generated
     again = str(tmp_path / "again")
     # The command line, in a fresh interpreter, with a process pool (the fixture used none).
-    subprocess.run([sys.executable, "-m", "samplegen", "--out", again, "--num-candidates", str(NUM_CANDIDATES),
+    subprocess.run([sys.executable, "-m", "samplegen", "--out", again, "--num_candidates", str(NUM_CANDIDATES),
                     "--seed", str(SEED), "--processes", "2"], check=True, cwd=ROOT, capture_output=True)
     names = sorted(os.path.relpath(p, out) for p in glob.glob(os.path.join(out, "**", "*"), recursive=True)
                    if os.path.isfile(p))

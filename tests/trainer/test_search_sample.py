@@ -58,7 +58,7 @@ def trained_on_sample(tmp_path_factory):
     info = json.loads((sample / "sample_info.json").read_text())
     name, path = info["eval_images"].split("=", 1)
     args = ["--input", str(sample / "candidates" / "*.parquet"), "--output", str(corpus), "--preset", "align",
-            "--eval-images", f"{name}={sample / path}"]
+            "--eval_images", f"{name}={sample / path}"]
     for override in info["build_overrides"]:
         args += ["--set", override]
     subprocess.run([sys.executable, "-m", "pipeline.build", *args], check=True, cwd=ROOT, stdout=subprocess.DEVNULL,

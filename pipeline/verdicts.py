@@ -109,26 +109,54 @@ def resolve_group(key: str, rows: List[LightRow], verdicts: List[str], rank=None
     return ordered[:1], [(r, REPEAT) for r in ordered[1:]]
 
 
+#: Beam Metrics namespace of the verdicts' own accounting: ``emitted/<stage>`` where a key stage hands its
+#: verdicts on (``CountVerdicts``), ``received`` where ``JoinVerdicts`` folds them in; the launcher checks that
+#: they agree (``pipeline.finish.verdict_accounting_problems``): a verdict lost on the way would write a record
+#: that should have been rejected, and the funnel's conservation law cannot see that.
+VERDICTS_NAMESPACE = "verdicts"
+
+
+class _CountVerdict(beam.DoFn):
+    def __init__(self, stage: str):
+        self.emitted = Metrics.counter(VERDICTS_NAMESPACE, f"emitted/{stage}")
+
+    def process(self, verdict):
+        self.emitted.inc()
+        yield verdict
+
+
+class CountVerdicts(beam.PTransform):
+    """``(key, reason)`` verdicts, unchanged, counted as ``verdicts/emitted/<stage>``."""
+
+    def __init__(self, stage: str):
+        super().__init__()
+        self.stage = stage
+
+    def expand(self, verdicts):
+        return verdicts | "Count" >> beam.ParDo(_CountVerdict(self.stage))
+
+
 class KeyFate(beam.CombineFn):
-    """A key's light rows and verdict rows -> ``(count, smallest, second smallest, first verdict)``.
+    """A key's light rows and verdict rows -> ``(count, smallest, second smallest, first verdict, verdicts)``.
 
     Rows are the records still in the running (reason ""), ordered by
     ``keep_order``: the smallest is the row ``resolve_group`` would write, a
     rejection of the key is shown by the smallest row it rejects. Verdict rows
     (``stage_rows.verdict_row``) carry a key stage's reason; the earliest
-    stage's is kept. A combine, so a pair repeated on every page of a site
-    is reduced where it was read; the accumulator is two rows and a reason,
-    whatever the count, with a compact coder (``accumulator_coder``).
+    stage's is kept, and how many verdicts were folded in is counted. A
+    combine, so a pair repeated on every page of a site is reduced where it
+    was read; the accumulator is two rows, a reason and two counts, whatever
+    the count, with a compact coder (``accumulator_coder``).
     """
 
     def __init__(self, rank=None):
         self.rank = rank
 
     def create_accumulator(self):
-        return 0, None, None, ""
+        return 0, None, None, "", 0
 
-    def _add(self, acc, count, rows, verdict):
-        n, first, second, first_reason = acc
+    def _add(self, acc, count, rows, verdict, verdicts=0):
+        n, first, second, first_reason, folded = acc
         for row in rows:
             if row is None:
                 continue
@@ -138,17 +166,17 @@ class KeyFate(beam.CombineFn):
                 second = row
         if verdict:
             first_reason = first_verdict([first_reason, verdict], self.rank) if first_reason else verdict
-        return n + count, first, second, first_reason
+        return n + count, first, second, first_reason, folded + verdicts
 
     def add_input(self, acc, row):
         if row.reason:
-            return self._add(acc, 0, (), row.reason)
+            return self._add(acc, 0, (), row.reason, 1)
         return self._add(acc, 1, (row,), "")
 
     def merge_accumulators(self, accs):
         merged = self.create_accumulator()
-        for n, first, second, verdict in accs:
-            merged = self._add(merged, n, (first, second), verdict)
+        for n, first, second, verdict, folded in accs:
+            merged = self._add(merged, n, (first, second), verdict, folded)
         return merged
 
     def extract_output(self, acc):
@@ -161,7 +189,8 @@ class KeyFate(beam.CombineFn):
 def accumulator_coder():
     row = beam.coders.registry.get_coder(LightRow)
     return beam.coders.TupleCoder([beam.coders.VarIntCoder(), beam.coders.NullableCoder(row),
-                                   beam.coders.NullableCoder(row), beam.coders.StrUtf8Coder()])
+                                   beam.coders.NullableCoder(row), beam.coders.StrUtf8Coder(),
+                                   beam.coders.VarIntCoder()])
 
 
 def fate_rejections(fate) -> Tuple[Optional[LightRow], List[Tuple[LightRow, str, int]]]:
@@ -171,7 +200,7 @@ def fate_rejections(fate) -> Tuple[Optional[LightRow], List[Tuple[LightRow, str,
     same number per reason and the same ledger line (key, reason, url, the
     same for all of a key's rows); the audit shows the smallest row rejected.
     """
-    count, first, second, verdict = fate
+    count, first, second, verdict, _ = fate
     if count == 0:
         return None, []  # a verdict for a key whose rows were rejected before
     if verdict:
@@ -182,7 +211,11 @@ def fate_rejections(fate) -> Tuple[Optional[LightRow], List[Tuple[LightRow, str,
 
 
 class _ResolveVerdicts(beam.DoFn):
+    def __init__(self):
+        self.received = Metrics.counter(VERDICTS_NAMESPACE, "received")
+
     def process(self, element):
+        self.received.inc(element[1][4])
         kept, rejections = fate_rejections(element[1])
         if kept is not None:
             yield kept

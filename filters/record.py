@@ -246,20 +246,31 @@ def in_counting_pool(candidate: Candidate, reason: str, preset) -> bool:
     return not (text_reason and stages.stage_of(text_reason) == "text")
 
 
-NEEDS_IDENTITY, NEEDS_SCORES = 1, 2
+#: What a row may need of its image beyond the header (``row_needs``): the
+#: decode; the NSFW score and embedding; and, a row stating its own source
+#: size, scores even when the image's own size fails the size rules.
+NEEDS_IDENTITY, NEEDS_SCORES, STATES_SIZE = 1, 2, 4
 
 
 def row_needs(candidate: Candidate, preset) -> int:
-    """What judging this row may need of its image beyond the header (``NEEDS_*`` bits), from its text alone.
+    """What judging this row may need of its image (``NEEDS_*`` bits), from the row alone.
 
     ``NEEDS_IDENTITY``: the decode (the row may pass, or count in the raw
-    pool); ``NEEDS_SCORES``: the NSFW score and embedding (the row may pass
-    every per-record rule). The image part runs once per image for the
-    union of its rows' needs (``judge_image(..., decode=...)``).
+    pool); ``NEEDS_SCORES``: the NSFW score and the embedding (the row may
+    pass every per-record rule). The image part runs once per image for the
+    union of its rows' needs (``judge_image(..., decode=...)``, ``scores_needed``).
     """
     _, reason = text_rules.check_text(candidate.alt_text, preset)
     if reason is None:
-        return NEEDS_IDENTITY | NEEDS_SCORES
+        stated = STATES_SIZE if candidate.source_width and candidate.source_height else 0
+        return NEEDS_IDENTITY | NEEDS_SCORES | stated
     if preset.counting_base == "raw" and preset.image_identity == "phash" and stages.stage_of(reason) != "text":
         return NEEDS_IDENTITY
     return 0
+
+
+def scores_needed(facts: ImageFacts, needs: int, preset) -> bool:
+    """Whether a row of this image (its rows' ``needs``) may pass every per-record rule: score and embed it."""
+    if not needs & NEEDS_SCORES or facts.header is None or not facts.decoded or facts.decode_reason:
+        return False
+    return bool(needs & STATES_SIZE) or image_rules.check_header(facts.header, preset) is None

@@ -156,9 +156,15 @@ def test_row_needs_says_what_the_image_part_may_skip():
     align, survivors = get_preset("align", image_identity="phash"), get_preset("align", counting_base="survivors")
     both = record.NEEDS_IDENTITY | record.NEEDS_SCORES
     assert record.row_needs(Candidate("k", "u", "a red barn in a field"), survivors) == both
+    stated = Candidate("k", "u", "a red barn in a field", source_width=900, source_height=700)
+    assert record.row_needs(stated, survivors) == both | record.STATES_SIZE
     assert record.row_needs(Candidate("k", "u", "cat"), survivors) == 0
     assert record.row_needs(Candidate("k", "u", "cat"), align) == record.NEEDS_IDENTITY  # counted in the raw pool
     assert record.row_needs(Candidate("k", "u", ""), align) == 0  # no readable text: not in the pool
+    small = record.judge_image(IMAGES["small"], align)
+    assert not record.scores_needed(small, both, align) and record.scores_needed(small, both | record.STATES_SIZE, align)
+    assert record.scores_needed(record.judge_image(GOOD, align), both, align)
+    assert not record.scores_needed(record.judge_image(GOOD, align), record.NEEDS_IDENTITY, align)
     with pytest.raises(ValueError, match="without the decode"):
         record.judge_row(Candidate("k", "u", "a red barn in a field"), record.judge_image(GOOD, align, decode=False),
                          align)

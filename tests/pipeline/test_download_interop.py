@@ -86,7 +86,7 @@ def test_download_build_equals_the_build_of_img2dataset_output(tmp_path, server)
     theirs = launcher.run(["--input", str(downloaded / "*"), "--output", str(tmp_path / "theirs"), *common])
     ours = launcher.run([
         "--input", str(url_list), "--output", str(tmp_path / "ours"), *common, "--download",
-        "--download-allow-loopback", "--download-deadline", "2", "--download-retries", "0",
+        "--download_allow_loopback", "--download_deadline", "2", "--download_retries", "0",
     ])
 
     assert ours["input"] == theirs["input"] == len(CASES)

@@ -132,3 +132,39 @@ def test_a_build_killed_halfway_and_run_again_refetches_at_most_five_percent(tmp
     reused = len(first) - len(again)
     assert f"{len(second):,} fetched, 0 failed, {reused:,} reused" in note, note
     assert not glob.glob(str(out / "_downloads" / "*")), "the downloads are deleted once the build is committed"
+
+
+def test_the_per_host_rate_holds_across_two_worker_processes(tmp_path):
+    """The crawl on two worker processes (each its own limiter): three hosts of 36 URLs each, split into three
+    sub-keys apiece (12 URLs a key) that the runner spreads over both workers, stay within the host's rate as
+    the servers count it (one worker's limiter per sub-key with the host's whole rate would go twice as fast)."""
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from pipeline.download.crawl import Crawl
+    from pipeline.download.fetch import FetchOptions
+    from pipeline.download.options import DownloadOptions
+    from pipeline.download.politeness import HostPolicy
+    from test_download_politeness import most_in_window
+
+    rate, per_host, parts, window = 6.0, 36, 3, 3.0
+    options = DownloadOptions(FetchOptions(deadline=5, retries=0, allow_loopback=True), threads=8,
+                              hosts=HostPolicy(concurrency=parts, rate=rate), urls_per_key=per_host // parts)
+    servers = [MisbehavingServer(images(100 * k, 1)) for k in range(3)]
+    for server in servers:
+        server.__enter__()
+    try:
+        urls = [(s.url(f"/img/p{100 * k}.jpg?n={i}"), 0) for k, s in enumerate(servers) for i in range(per_host)]
+        job = PipelineOptions(["--runner=FnApiRunner", "--direct_running_mode=multi_processing",
+                               "--direct_num_workers=2"])
+        with beam.Pipeline(options=job) as p:
+            _ = (p | beam.Create(urls) | beam.Reshuffle()
+                 | Crawl(options, str(tmp_path), "20250101T000000Z-0123abcd")
+                 | beam.Map(lambda facts: facts.reason))
+    finally:
+        for server in servers:
+            server.__exit__(None, None, None)
+    for server in servers:
+        assert len(server.arrivals) == per_host  # each URL once
+        # Each sub-key may start one request at once: the host's bound over the window plus one per sub-key.
+        assert most_in_window(server.arrivals, window) <= rate * window + parts, most_in_window(server.arrivals, window)

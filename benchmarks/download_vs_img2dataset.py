@@ -2,7 +2,7 @@
 
     python -m benchmarks.download_vs_img2dataset [--images 6000] [--baseline-images 1500]
         [--workers 2] [--our-workers 1,2] [--threads 32] [--repeats 1]
-        [--content photo|smooth] [--output_max_side 512]
+        [--content photo|smooth] [--output_max_side 512] [--download_only]
 
 The server runs in its own process and is not the bottleneck: every image
 is a distinct JPEG generated before the clock starts and served from
@@ -43,11 +43,13 @@ in images is the marginal cost of an image, without start-up costs (a
 Beam job's imports, worker processes and per-stage set-up are several
 CPU-seconds that a long list amortises).
 
-A second set isolates the download itself: this project's
-``ReadCandidates -> DownloadImages`` (the build's first two stages, on the
-same runners, survivors counted) against img2dataset with
-``--resize_mode no --disable_all_reencoding True`` (download and write the
-bytes as they came).
+A second set isolates the download itself: this project's download stage
+without the image judge (``ReadCandidates``, then ``DownloadImages``' own
+steps: distinct URLs, the resume plan, the crawl routed by host into
+staging files; on the same runners, URLs whose bytes came counted) against
+img2dataset with ``--resize_mode no --disable_all_reencoding True``
+(download and write the bytes as they came). ``--download_only`` runs this
+set alone.
 
 Figures per run: wall seconds, images written, images/s (wall), CPU
 seconds of the tool's processes (``RUSAGE_CHILDREN``) and images per
@@ -243,25 +245,38 @@ def run_img2dataset(urls: str, out: str, workers: int, threads: int, extra=()) -
 
 
 def download_job(pattern: str, threads: int, workers: int) -> None:
-    """The build's first two stages only (run in a subprocess by ``run_ours_download_only``)."""
+    """The download stage alone (run in a subprocess by ``run_ours_download_only``).
+
+    The build's reading of the URL list, then ``DownloadImages``' own steps
+    without the image judge: distinct URLs, the resume plan against an
+    empty ``_downloads``, the crawl routed by host into staging files; the
+    URLs whose bytes came are counted.
+    """
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    from pipeline.download import stage
+    from pipeline.download import crawl, resume
     from pipeline.download.fetch import FetchOptions
+    from pipeline.download.options import DownloadOptions
     from pipeline.download.politeness import HostPolicy
+    from pipeline.output import new_version_id
     from pipeline.read import ReadCandidates
     from pipeline.readers.rows import Columns
 
-    options = stage.DownloadOptions(FetchOptions(allow_loopback=True), threads=threads, hosts=HostPolicy(0, 0))
+    options = DownloadOptions(FetchOptions(allow_loopback=True), threads=threads, hosts=HostPolicy(0, 0))
     mode = "multi_processing" if workers > 1 else "in_memory"
     beam_options = PipelineOptions(["--runner=FnApiRunner", f"--direct_running_mode={mode}",
                                     f"--direct_num_workers={workers}"])
+    staging_dir = tempfile.mkdtemp(prefix="staging-")
     with beam.Pipeline(options=beam_options) as p:
         read = p | ReadCandidates(pattern, None, Columns(download=True))
-        fetched = read["survivors"] | stage.DownloadImages(tempfile.mkdtemp(prefix="staging-"), options)
-        _ = (fetched["survivors"] | beam.combiners.Count.Globally()
+        plan = (read["survivors"] | "Needs" >> beam.Map(lambda c: (c.url, 0))
+                | "DistinctUrls" >> beam.CombinePerKey(max)
+                | resume.PlanDownloads(staging_dir))
+        fetched = plan[resume.TO_FETCH] | crawl.Crawl(options, staging_dir, new_version_id("0bench00"))
+        _ = (fetched | beam.Filter(lambda facts: not facts.reason) | beam.combiners.Count.Globally()
              | beam.Map(lambda n: print(json.dumps({"downloaded": n}), flush=True)))
+    shutil.rmtree(staging_dir, ignore_errors=True)
 
 
 def run_ours_download_only(urls: str, out: str, workers: int, threads: int) -> dict:
@@ -297,6 +312,8 @@ def main(argv=None) -> None:
                         help="this project's one-step build stores images up to this side (the preset's 512; "
                              "256 stores what img2dataset stores)")
     parser.add_argument("--no_two_step", action="store_true", help="skip img2dataset followed by this build")
+    parser.add_argument("--download_only", action="store_true",
+                        help="run only the download-only pair (img2dataset without resizing, our download stage)")
     parser.add_argument("--json", default="")
     parser.add_argument("--download_job", default="", help=argparse.SUPPRESS)  # internal: the download-only job
     args = parser.parse_args(argv)
@@ -322,6 +339,8 @@ def main(argv=None) -> None:
         tools += [(f"two_step_{w}w", functools.partial(run_two_step, img2dataset_workers=args.workers), w)
                   for w in our_workers]
     jobs = [(name, runner, workers, count) for count in (small, args.images) for name, runner, workers in tools]
+    if args.download_only:
+        tools, jobs = [], []
     jobs += [("img2dataset_download_only", run_img2dataset_download_only, args.workers, args.images)]
     jobs += [(f"ours_download_only_{w}w", run_ours_download_only, w, args.images) for w in our_workers]
     runs = {f"{name}@{count}": [] for name, _, _, count in jobs}
@@ -362,8 +381,8 @@ def main(argv=None) -> None:
             "cpu_ms_per_written_image": round(1000 * median(big, "cpu_s") / median(big, "images"), 2),
             "output": runs[big][0]["output"],
         }
-    theirs = summary["img2dataset"]
-    for w in [] if args.no_two_step else our_workers:
+    theirs = summary.get("img2dataset")
+    for w in [] if args.no_two_step or args.download_only else our_workers:
         ours, two_step = summary[f"ours_{w}w"], summary[f"two_step_{w}w"]
         # The bar: ours at most 0.7x the two-step path's CPU per written image.
         summary[f"ours_{w}w_over_two_step"] = {

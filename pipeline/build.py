@@ -6,7 +6,7 @@
 
 The job reads like its data flow, in two passes over the sources:
 
-    MatchInputFiles -> JudgeRecords [-> DownloadImages -> JudgeDownloads]      first pass
+    MatchInputFiles -> JudgeRecords [-> DownloadImages]                        first pass
       -> ApplyCorpusFilters -> NearDuplicatesOfEvalImages
       -> [RemoveCorpusNearDuplicates] -> JoinVerdicts -> ChooseSamples         on light rows
       -> WriteShards                                                           second pass
@@ -14,7 +14,10 @@ The job reads like its data flow, in two passes over the sources:
 
 The first pass reads each record once and judges it where it was read
 (``pipeline.judge``): the per-record rules, NSFW, the evaluation-index
-match; it hands on a light row per record (``pipeline.stage_rows``).
+match; it hands on a light row per record (``pipeline.stage_rows``). With
+``--download``, the URL-list rows go to ``DownloadImages``
+(``pipeline.download.stage``): each distinct URL fetched and its image
+judged once, then each row judged with its image's facts.
 Every later decision is taken on light rows: the corpus-wide counts, the
 near-duplicate and duplicate-pair verdicts (``pipeline.verdicts``). The
 second pass (``pipeline.write``) reads the kept records again from their
@@ -63,11 +66,11 @@ from pipeline import write as write_lib
 from pipeline.download import stage as download_stage
 from pipeline.download import staging
 from pipeline.eval_index import EvalIndex, EvalMatchVerdicts
-from pipeline.judge import JudgeFetched, JudgeFiles, NsfwNote, RecordJudge
+from pipeline.judge import JudgeFiles, NsfwNote, RecordJudge
 from pipeline.near_duplicates import RemoveCorpusNearDuplicates, WritePairsReport
 from pipeline.options import BuildOptions, embedder_args, input_columns
 from pipeline.read import MatchInputFiles
-from pipeline.stage_rows import LightRow, pool_row
+from pipeline.stage_rows import pool_row
 from pipeline.verdicts import CountVerdicts, JoinVerdicts, StagesRun
 from pipeline.write_stats import ChooseSamples, WriteStats
 
@@ -92,14 +95,14 @@ def build_pipeline(
     judged = paths | "JudgeRecords" >> ran(JudgeFiles(judge, opts.input, opts.input_format, columns))
     outputs_per_part = [judged]
     rows_per_part = [judged[judge_lib.ROWS]]
+    worker_notes = []  # (stage, note) made in the job
     if columns.download:
-        fetched = judged[judge_lib.TO_FETCH] | "DownloadImages" >> ran(download_stage.DownloadImages(
-            staging.directory(opts.output), download_stage.from_args(opts)))
-        judged_downloads = fetched[SURVIVORS] | "JudgeDownloads" >> JudgeFetched(judge)
-        outputs_per_part.append(judged_downloads)
-        failed_downloads = fetched[REJECTED] | "FailedDownloads" >> beam.Map(judge_lib.rejection_row).with_output_types(
-            LightRow)
-        rows_per_part += [judged_downloads[judge_lib.ROWS], failed_downloads]
+        downloaded = judged[judge_lib.TO_FETCH] | "DownloadImages" >> ran(download_stage.DownloadImages(
+            judge, download_staging(opts), download_build_id(opts), download_stage.from_args(opts),
+            max_record_bytes=columns.limits.max_record_bytes))
+        outputs_per_part.append(downloaded)
+        rows_per_part.append(downloaded[judge_lib.ROWS])
+        worker_notes.append(downloaded[download_stage.NOTES])
     input_rows = rows_per_part | "InputRows" >> beam.Flatten()  # one light row per input record
     input_count = input_rows | "CountInput" >> beam.combiners.Count.Globally()
     in_the_running = input_rows | "PassedRecordStages" >> beam.Filter(lambda row: not row.reason)
@@ -152,11 +155,25 @@ def build_pipeline(
     measures = [part[judge_lib.MEASURES] for part in outputs_per_part] | "Measures" >> beam.Flatten()
     histograms = measures | "Distributions" >> stats_lib.SumHistograms()
     nsfw_outcomes = [part[judge_lib.NSFW_OUTCOMES] for part in outputs_per_part] | "NsfwOutcomes" >> beam.Flatten()
-    stage_notes_made_by_workers = nsfw_outcomes | "NsfwNote" >> NsfwNote(preset.nsfw_threshold)
+    worker_notes.append(nsfw_outcomes | "NsfwNote" >> NsfwNote(preset.nsfw_threshold))
+    stage_notes_made_by_workers = worker_notes | "StageNotes" >> beam.Flatten()
     meta = {"ran": ran.names, "notes": ran.notes, "dataset": opts.name, "preset": preset, "extras": tuple(extras)}
     _ = (input_count, rejections, written_per_split, histograms, corpus["stats"], written[write_lib.SAMPLES],
          stage_notes_made_by_workers) | "WriteStats" >> WriteStats(opts.output, meta)
     return ran
+
+
+def download_staging(opts) -> str:
+    """Where downloads are staged: ``OUTPUT/_downloads``, shared by the output's builds (the launcher says where)."""
+    return getattr(opts, "download_staging", "") or staging.directory(opts.output)
+
+
+def download_build_id(opts) -> str:
+    """The build id that names this build's staging files (the launcher's version id; else a fresh one)."""
+    from pipeline.output import new_version_id
+    import uuid
+
+    return getattr(opts, "build_id", "") or new_version_id(uuid.uuid4().hex[:8])
 
 
 def corpus_dedup_threshold(preset, eval_index: Optional[EvalIndex], opts) -> float:

@@ -12,10 +12,10 @@ stage_rows``). Image bytes never leave the step: a written record is read
 again from its file by the second pass (``pipeline.write``), found by its
 ordinal (its position in what the reader yields).
 
-With ``--download``, rows without image bytes leave as ``to_fetch``; the
-download stage fetches them into staging files and hands them back, with
-their bytes, to ``JudgeFetched``: the same judge, on batches of fetched
-records.
+With ``--download``, rows without image bytes leave as ``to_fetch``: the
+download stage (``pipeline.download.stage``) fetches each distinct URL once
+into a staging file, judges its image once with this judge's scorer,
+embedder and index, and judges each row with its image's facts.
 
 Tagged outputs besides the rows: ``measures`` (partial histograms of the
 audit's distributions, one per measure per file or batch), ``pairs`` (near-
@@ -236,15 +236,6 @@ class _JudgeFiles(_JudgeBase):
         yield from self._emit_totals()
 
 
-class _JudgeFetched(_JudgeBase):
-    """A batch of downloaded records (each with its staging origin) -> their outputs."""
-
-    def process(self, batch: List[Candidate]):
-        items = [(c, c.origin[0], c.origin[1], c.origin[2]) for c in batch]
-        yield from self._emit(self.judge.judge(items))
-        yield from self._emit_totals()
-
-
 OUTPUT_TAGS = (MEASURES, PAIRS, EMBEDDINGS, NSFW_OUTCOMES, TO_FETCH)
 #: The per-record stages of ``filters.record``, in run order.
 RECORD_STAGES = ("image_header", "image_format", "image_size", "image_aspect", "text", "text_length",
@@ -272,22 +263,6 @@ class JudgeFiles(beam.PTransform):
     def expand(self, paths):
         dofn = _JudgeFiles(self.judge, input_patterns(self.file_pattern), self.input_format, self.columns)
         outputs = paths | "ReadAndJudge" >> beam.ParDo(dofn).with_outputs(*OUTPUT_TAGS, main=ROWS)
-        return {ROWS: holding_rows(outputs[ROWS]), **{tag: outputs[tag] for tag in OUTPUT_TAGS}}
-
-
-class JudgeFetched(beam.PTransform):
-    """Downloaded records (image bytes in memory, origin in a staging file) -> the same outputs as ``JudgeFiles``."""
-
-    def __init__(self, judge: RecordJudge):
-        super().__init__()
-        self.judge = judge
-
-    def expand(self, fetched):
-        outputs = (
-            fetched
-            | "Batch" >> beam.BatchElements(min_batch_size=BATCH_SIZE, max_batch_size=BATCH_SIZE)
-            | "Judge" >> beam.ParDo(_JudgeFetched(self.judge)).with_outputs(*OUTPUT_TAGS, main=ROWS)
-        )
         return {ROWS: holding_rows(outputs[ROWS]), **{tag: outputs[tag] for tag in OUTPUT_TAGS}}
 
 

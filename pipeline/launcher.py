@@ -26,7 +26,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import StandardOptions
 
-from common import corpus_dir
+from common import cli, corpus_dir
 from filters import extra_stages
 from filters.presets import PresetError, format_preset, get_preset
 from pipeline import concepts as concepts_lib
@@ -141,7 +141,6 @@ def validate(args) -> tuple:
     return preset, files
 
 
-
 def say(message: str) -> None:
     """Progress for the person at the terminal (library logging goes to the log file)."""
     print(message, flush=True)
@@ -158,6 +157,7 @@ def build_request(args, preset, version: str, expects: str, replaces, runner) ->
         "description": f"Alt-text corpus built with preset {preset.name!r} by pipeline.build",
         "carried": list(input_columns(args).carry), "concepts": bool(args.concepts),
         "expects": expects, "replaces": replaces, "keep_previous": bool(args.keep_previous),
+        "download": bool(args.download), "keep_downloads": bool(getattr(args, "download_keep", False)),
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": socket.gethostname(),
         "runner": str(runner),
     }
@@ -213,7 +213,8 @@ def run(argv: Optional[List[str]] = None) -> dict:
         output_lib.write_marker(output, args.name)
     publish_lib.write_request(directory, build_request(args, preset, version, committed.token, previous, runner))
     eval_index = write_eval_index(loaded, directory, preset) if loaded is not None else None
-    job_args = argparse.Namespace(**dict(vars(args), output=directory))
+    job_args = argparse.Namespace(**dict(vars(args), output=directory, build_id=version,
+                                         download_staging=FileSystems.join(output, output_lib.DOWNLOADS)))
     p = beam.Pipeline(options=options)
     build_pipeline(p, job_args, preset, notes, eval_index, extras, ontology)
     say(f"running the job on {runner} into {directory}")

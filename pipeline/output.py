@@ -9,13 +9,21 @@
   (``common.corpus_dir``); the version becomes the corpus when the commit
   object (``pipeline.commit``) is written, last. Nothing is copied or
   renamed and nothing is deleted before that commit.
-- Without ``--overwrite`` an existing non-empty output is refused. With it,
+- Without ``--overwrite`` an existing non-empty output is refused, unless
+  it holds no corpus yet, only what failed builds left (the marker, their
+  uncommitted versions, their downloads): the same command runs again
+  there, touching none of it but the downloads it reuses. With it,
   the output must be a corpus of this project (the marker, or for corpora
   built before it, ``COMPLETED`` and ``dataset_info.json``) holding nothing
   but the files a build writes (``owned_by_build``); any other file is
   reported and the build does not start. Once the new version is
   committed, the files of the version it replaced are deleted one by one
   (never a directory tree or a pattern), unless ``--keep_previous``.
+- Downloads (``_downloads/``, ``pipeline.download.staging``) are shared by
+  the builds of the output: a failed build leaves them to the next, which
+  fetches only what they lack. Once a build is committed, the staging files
+  of builds that started no later than it are deleted (``consumed_downloads``),
+  unless it was asked to keep them.
 - There is no lock: concurrent builds write disjoint version directories,
   and of two that started from the same commit only the first commits
   (``pipeline.commit`` compares before it writes).
@@ -53,8 +61,12 @@ _STATS_FILES = re.compile(
     r"|metrics\.json|_shards\.json|concepts\.json|rejected/rejected-\d{5,}-of-\d{5,}\.jsonl)$"
 )
 _INDEX_FILES = re.compile(r"^near_duplicates/index/(vectors\.npy|rows\.jsonl|centroids\.npy|thumbnails\.jsonl)$")
-#: The download's staging files (``pipeline.download.staging``).
+#: Staging files that builds wrote inside their version before downloads were shared.
 _STAGING_FILES = re.compile(r"^downloads/[0-9a-f]{32}\.tfrecord$")
+#: The downloads shared by the output's builds (``pipeline.download.staging``): ``<build id>-<32 hex>``.
+DOWNLOADS = "_downloads"
+_DOWNLOAD_FILES = re.compile(
+    rf"^{DOWNLOADS}/(?P<build>\d{{8}}T\d{{6}}Z-[0-9a-f]{{8,32}})-[0-9a-f]{{32}}\.(tfrecord|index\.jsonl)$")
 
 
 class OutputRefused(Exception):
@@ -121,6 +133,8 @@ def owned_by_build(relative: str, name: str) -> bool:
         return True
     if relative.startswith(".dataset_info.json."):  # a local commit interrupted (pipeline.commit)
         return True
+    if _DOWNLOAD_FILES.match(relative):
+        return True
     head, _, rest = relative.partition("/")
     if head == VERSIONS:
         version, _, inside = rest.partition("/")
@@ -184,9 +198,12 @@ def plan_output(output: str, overwrite: bool) -> OutputPlan:
     files = list_files(output) if (is_remote(output) or os.path.isdir(output)) else []
     if not files:
         return OutputPlan(output, [])
-    if not overwrite:
-        raise OutputRefused(f"--output {output} exists and is not empty; pass --overwrite to replace the corpus in it")
     name = corpus_name(output, files)
+    if not overwrite:
+        committed = COMMIT in files or COMPLETED in files
+        if name is not None and not committed and all(owned_by_build(f, name) for f in files):
+            return OutputPlan(output, files)  # only failed builds' remains: nothing to replace
+        raise OutputRefused(f"--output {output} exists and is not empty; pass --overwrite to replace the corpus in it")
     if name is None:
         raise OutputRefused(
             f"--output {output} is not a corpus built by pipeline.build (no {MARKER}); "
@@ -214,7 +231,17 @@ def replaced_files(files: List[str], name: str, replaced: Optional[str]) -> List
         prefix = f"{VERSIONS}/{replaced}/"
         return [f for f in files if f.startswith(prefix) and owned_by_build(f, name)]
     return [f for f in files if f not in (MARKER, COMMIT, "features.json")
-            and not f.startswith(VERSIONS + "/") and owned_by_build(f, name)]
+            and not f.startswith((VERSIONS + "/", DOWNLOADS + "/")) and owned_by_build(f, name)]
+
+
+def consumed_downloads(files: List[str], version: str) -> List[str]:
+    """The staging files (relative to the output) that builds started no later than ``version`` wrote.
+
+    Indexes first: a deletion cut short leaves bodies without an index,
+    which no build reads, never an index whose bodies are gone.
+    """
+    older = [(m.group(2), f) for f in files if (m := _DOWNLOAD_FILES.match(f)) and m.group("build") <= version]
+    return sorted(f for kind, f in older if kind != "tfrecord") + sorted(f for kind, f in older if kind == "tfrecord")
 
 
 def delete_files(output: str, relatives: List[str], batch: int = 1000) -> None:

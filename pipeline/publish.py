@@ -18,7 +18,10 @@ Dataflow launch), is:
    object, if no other build committed since this one started
    (``pipeline.commit``); ``tfds.builder_from_directory(OUTPUT)`` and every
    reader of this project now read the new version;
-4. delete the files of the version it replaced, unless kept.
+4. delete the files of the version it replaced, unless kept; and for a
+   build that downloads, the downloads (``_downloads/``) of builds that
+   started no later than it, unless it was asked to keep them
+   (``--download_keep``).
 
 Every step can run again: a second run of a committed version only
 finishes step 4. Nothing before step 3 changes what a reader sees.
@@ -60,6 +63,7 @@ class Published:
     already: bool  # the version was committed before this call
     replaced: Optional[str]  # the version id it replaced, "" for a plain-layout corpus, None for nothing
     deleted: int
+    downloads_deleted: int = 0  # staging files of this build and older ones (``_downloads/``)
 
 
 def _read_json(path: str):
@@ -212,7 +216,13 @@ def publish(output: str, version: Optional[str] = None, replace: bool = False,
         if now == "":
             _write_top_features(output, directory)
         already = False
-    deleted = 0
+    deleted = downloads_deleted = 0
+    if request.get("download") and not request.get("keep_downloads"):
+        downloads = FileSystems.join(output, output_lib.DOWNLOADS)
+        consumed = output_lib.consumed_downloads(
+            [f"{output_lib.DOWNLOADS}/{f}" for f in output_lib.list_files(downloads)], version)
+        output_lib.delete_files(output, consumed)
+        downloads_deleted = len(consumed)
     if replaced is not None and not keep:
         if replaced:  # one version: list its directory only, not the new one's shards too
             prefix = f"{corpus_dir.VERSIONS}/{replaced}/"
@@ -222,7 +232,7 @@ def publish(output: str, version: Optional[str] = None, replace: bool = False,
         doomed = output_lib.replaced_files(files, request["name"], replaced)
         output_lib.delete_files(output, doomed)
         deleted = len(doomed)
-    return Published(version, directory, funnel, already, replaced, deleted)
+    return Published(version, directory, funnel, already, replaced, deleted, downloads_deleted)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -247,6 +257,9 @@ def report_lines(result: Published) -> List[str]:
     if result.replaced is not None:
         what = f"versions/{result.replaced}" if result.replaced else "the plain-layout corpus"
         lines.append(f"replaced {what}: " + (f"{result.deleted:,} files deleted" if result.deleted else "kept"))
+    if result.downloads_deleted:
+        lines.append(f"downloads: {result.downloads_deleted:,} staging files deleted (what they held is in the "
+                     "shards or the rejection ledger)")
     return lines
 
 

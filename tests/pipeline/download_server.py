@@ -23,8 +23,8 @@ by the test. Routes (every misbehaviour stops by itself after
 - ``/slow-img``: the good JPEG after ``SLOW_IMAGE_SECONDS`` (``max_in_flight``
   records the most requests it served at once).
 
-``hits`` counts requests per path, ``hosts`` and ``agents`` record the Host
-and User-Agent headers, ``arrivals`` the time (``time.monotonic``, the
+``hits`` counts requests per path, ``targets`` per request target (path and
+query), ``hosts`` and ``agents`` record the Host and User-Agent headers, ``arrivals`` the time (``time.monotonic``, the
 clients' clock) each request's head was read. ``throttle=(status,
 retry_after, n)`` answers the first n requests, whatever their path, with
 that status (and ``Retry-After`` unless None), as a host that is shedding
@@ -94,6 +94,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         with owner.lock:
             owner.arrivals.append(time.monotonic())
             owner.hits[path] += 1
+            owner.targets[self.path] += 1
             owner.hosts.append(self.headers.get("Host", ""))
             owner.agents.append(self.headers.get("User-Agent", ""))
             count = owner.hits[path]
@@ -227,6 +228,7 @@ class MisbehavingServer:
         self.tls = tls  # (certificate file, key file): serve HTTPS
         self.throttle = throttle
         self.hits = collections.Counter()
+        self.targets = collections.Counter()
         self.hosts, self.agents, self.arrivals = [], [], []
         self.in_flight = self.max_in_flight = 0
         self.lock = threading.Lock()

@@ -18,7 +18,8 @@ from download_server import HostFarm
 from pipeline.download.fetch import FetchOptions, fetch
 from pipeline.download.politeness import HostLimiter, HostPaused, HostPolicy, host_key, routing_key, sub_key
 from pipeline.download.resolver import CachingResolver
-from pipeline.download.stage import DownloadOptions, _Download
+from pipeline.download.crawl import _Crawl
+from pipeline.download.options import DownloadOptions
 from pipeline.download.worker import shared_worker
 
 OPTIONS = FetchOptions(connect_timeout=2, read_timeout=2, deadline=5, retries=0, backoff=0.05, max_retry_wait=5,
@@ -115,7 +116,7 @@ def test_the_download_dofns_of_one_process_share_one_limiter():
     rate, count = 8.0, 16
     with HostFarm(1) as farm:
         options = DownloadOptions(OPTIONS, threads=4, hosts=HostPolicy(concurrency=8, rate=rate))
-        instances = [_Download(options, "staging-unused", farm.lookup) for _ in range(2)]
+        instances = [_Crawl(options, "staging-unused", "build-unused", None, farm.lookup) for _ in range(2)]
         for instance in instances:
             instance.setup()
         try:

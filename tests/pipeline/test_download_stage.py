@@ -20,7 +20,6 @@ from download_server import MisbehavingServer, jpeg
 from pipeline import launcher, tfrecord
 from pipeline.download import stage as download_stage
 from pipeline.download.fetch import FetchOptions
-from pipeline.readers.rows import Rejection
 from corpus_paths import committed
 
 NAME = "downloaded"
@@ -154,6 +153,7 @@ def test_loopback_is_refused_by_the_build_unless_allowed(tmp_path, server):
 @pytest.mark.parametrize("flag,value", [("--download_threads", "0"), ("--download_deadline", "0"),
                                         ("--download_max_bytes", "0"), ("--download_retries", "-1"),
                                         ("--download_per_host_rate", "-1"), ("--download_dns_ttl", "-5"),
+                                        ("--download_urls_per_key", "0"), ("--download_staging_seconds", "0"),
                                         ("--download_contact", "ops at example.org"),
                                         ("--download_user_agent", "bot/1 \u00e9")])
 def test_bad_download_flags_are_usage_errors(tmp_path, flag, value):
@@ -163,46 +163,52 @@ def test_bad_download_flags_are_usage_errors(tmp_path, flag, value):
     assert not (tmp_path / "corpus").exists()
 
 
+def test_the_hyphenated_spelling_of_a_download_flag_is_refused_naming_the_right_one(tmp_path):
+    tsv = write_tsv(tmp_path / "urls.tsv", [("http://example.org/x.jpg", "a photo", "")])
+    with pytest.raises(launcher.UsageError) as error:
+        launcher.run(["--input", str(tsv), "--output", str(tmp_path / "corpus"), "--download",
+                      "--download-per-host-rate=2"])
+    assert str(error.value) == ("--download-per-host-rate: options are spelled with underscores here: "
+                                "--download_per_host_rate")
+    assert not (tmp_path / "corpus").exists()
+
+
 def test_stage_with_a_resolver_hook_refuses_a_name_that_resolves_privately(server, tmp_path):
-    """The DoFn on a real runner: a name resolving to 10.x is refused; a fetched body lands in a staging file."""
+    """The composite on a real runner: a name resolving to 10.x is refused; a fetched body lands in a staging file."""
+    from filters.presets import get_preset
+    from pipeline import judge
     from pipeline.download import staging
 
     resolver = lambda host, port: [(socket.AF_INET, "10.9.8.7") if host == "intranet.test" else (socket.AF_INET, "127.0.0.1")]  # noqa: E731
     inside = Candidate(key="k1", url="http://intranet.test/secret.jpg", alt_text="a secret")
-    public = Candidate(key="k2", url=f"http://images.test:{server.port}/img/a.jpg", alt_text="an image")
+    public = Candidate(key="k2", url=f"http://images.test:{server.port}/img/a.jpg", alt_text="an image of a barn")
     options = download_stage.DownloadOptions(FetchOptions(deadline=2, connect_timeout=1, allow_loopback=True), threads=2)
+    record_judge = judge.RecordJudge(get_preset("align", nsfw_threshold=1.0))
     with TestPipeline(runner="FnApiRunner") as p:
-        out = p | beam.Create([inside, public]) | download_stage.DownloadImages(str(tmp_path), options, resolver)
-        assert_that(out["rejected"] | beam.Map(lambda r: (r.key, r.reason, dict(r.detail)["http_status"])),
-                    equal_to([("k1", "download/forbidden_address", 0)]), label="Rejected")
-        assert_that(out["survivors"] | beam.Map(lambda c: (c.key, c.image == IMAGES["a.jpg"], c.origin[0], c.origin[2])),
-                    equal_to([("k2", True, "staging", 0)]), label="Survivors")
+        out = p | beam.Create([inside, public]) | download_stage.DownloadImages(
+            record_judge, str(tmp_path), "20250101T000000Z-0123abcd", options, resolver)
+        assert_that(out["rows"] | beam.Map(lambda r: (r.key, r.reason, r.reader, r.ordinal, json.loads(r.detail or "{}"))),
+                    equal_to([("k1", "download/forbidden_address", "", -1, {"http_status": 0, "final_url": inside.url}),
+                              ("k2", "", "staging", 0, {})]))
     (path,) = tmp_path.glob("*.tfrecord")
+    assert path.name.startswith("20250101T000000Z-0123abcd-")
     (staged,) = staging.read_file(str(path))
     assert staged.image == IMAGES["a.jpg"] and staged.url == public.url
+    index = staging.read_index(staging.index_path(str(path)))
+    assert sorted((e["url"], e["ordinal"], e["reason"]) for e in index) == sorted([
+        (inside.url, -1, "forbidden_address"), (public.url, 0, "")])
 
 
-def test_downloaded_is_pure():
-    from pipeline.download.fetch import Fetched
-
-    record = Candidate(key="k", url="http://x/a", alt_text="t", carried=(("key", "7"), ("http_status", "old")))
-    ok = download_stage.downloaded(record, Fetched("http://x/a", "http://y/b", 200, b"img"))
-    assert ok.image == b"img" and ok.carried == (("key", "7"), ("http_status", "200"), ("final_url", "http://y/b"))
-    failed = download_stage.downloaded(record, Fetched("http://x/a", "http://x/a", 503, None, "http_503"))
-    assert isinstance(failed, Rejection) and failed.reason == "download/http_503"
-    assert dict(failed.detail) == {"http_status": 503, "final_url": "http://x/a"}
-
-
-def test_the_manual_lists_every_download_option_with_its_default():
+def test_docs_list_every_download_option_with_its_default():
     import argparse
     import os
     import re
 
     parser = argparse.ArgumentParser()
     download_stage.add_arguments(parser)
-    readme = open(os.path.join(os.path.dirname(launcher.__file__), "..", "docs", "downloading.md")).read()
-    rows = dict(re.findall(r"^\| `(--download[a-z_]*)` \| ([^|]*) \|", readme, re.M))
-    flags = {a.option_strings[0]: a.default for a in parser._actions if a.option_strings[0].startswith("--download_")}
+    page = open(os.path.join(os.path.dirname(launcher.__file__), "..", "docs", "downloading.md")).read()
+    rows = dict(re.findall(r"^\| `(--download[a-z_]*)` \| ([^|]*) \|", page, re.M))
+    flags = {a.option_strings[0]: a.default for a in parser._actions if a.option_strings[0].startswith("--download")}
     assert set(rows) == set(flags)
     for flag, default in flags.items():
         shown = rows[flag].strip().strip("`")

@@ -7,8 +7,9 @@ runs in this process).
 """
 
 import json
-import resource
 import sys
+
+from read_harness import own_peak_rss
 
 
 def main(argv):
@@ -19,7 +20,7 @@ def main(argv):
     from pipeline.publish import READ_COUNTS
 
     funnel = launcher.run(argv)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = own_peak_rss()
     output = argv[argv.index("--output") + 1]
     with FileSystems.open(FileSystems.join(resolve(output), READ_COUNTS)) as handle:
         read = json.loads(handle.read())

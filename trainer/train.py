@@ -488,7 +488,20 @@ def _run_command_line(workdir: str, sigterm: StopOnSigterm) -> None:
         sys.exit(status)
 
 
+def _parse_flags(argv):
+    """absl's flag parsing, with a ``--config.X`` override that does not apply as one line, not a traceback."""
+    try:
+        return app.parse_flags_with_usage(argv)
+    except (AttributeError, KeyError) as error:  # ml_collections: the override names no field of the config
+        overrides = [a.split("=", 1)[0] for a in argv[1:] if a.startswith("--config.")]
+        field = str(error).strip("\"'")
+        sys.exit(f"error: {', '.join(overrides) or '--config'}: no field '{field}' in the config "
+                 "(the config file's get_config() lists its fields)")
+    except (TypeError, ValueError) as error:  # a value of the wrong type for its field
+        sys.exit(f"error: {error}")
+
+
 if __name__ == "__main__":
     # Checked as flags are parsed: a missing one is a one-line error, not the usage text.
     flags.mark_flags_as_required(["config", "workdir"])
-    app.run(main)
+    app.run(main, flags_parser=_parse_flags)

@@ -153,6 +153,17 @@ def test_a_missing_flag_is_a_short_error(missing, tmp_path):
     assert not os.path.exists(tmp_path / "run")
 
 
+def test_an_override_of_no_config_field_is_one_line(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "trainer.train", "--config=trainer/configs/tiny.py",
+                           f"--workdir={tmp_path / 'run'}", "--config.warmup_step=5"],
+                          cwd=ROOT, capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert done.returncode != 0 and done.stdout == ""
+    assert done.stderr.strip().splitlines() == [
+        "error: --config.warmup_step: no field 'warmup_step' in the config (the config file's get_config() "
+        "lists its fields)"]
+    assert not os.path.exists(tmp_path / "run")
+
+
 def test_load_image_encoder(uninterrupted):
     workdir, _ = uninterrupted
     encode, image_size = checkpoint.load_image_encoder(workdir)

@@ -24,14 +24,15 @@ build. For each input it reports:
   ``benchmarks.shuffle_bytes.ShuffleMeasuringRunner`` (Beam's FnApiRunner,
   which also notes what each GroupByKey receives), so the figure comes from
   the same run; the heaviest shuffles are named;
-- CPU-ms per candidate of the per-record steps (header parse, full decode,
-  pHash, sha256, re-encode or resize of the stored image, text rules and
-  n-gram keys), measured in this process on the same images with
-  ``time.process_time``; what the build spends beyond their sum is Beam's:
-  element overhead, coders, shuffles, the corpus stages and the writers;
-- what a DCT-scaled decode (libjpeg at 1/2..1/8 scale, at least 64 px a
-  side: ``Image.draft``) would cost for the pHash, and how many pHashes it
-  would change (Hamming distance to the full-size pHash).
+- CPU-ms per candidate of the per-record steps (header parse; the first
+  pass's ``identify``: the reduced decode, pHash and sha256; the second
+  pass's stored picture, as read or re-encoded; text rules and n-gram keys),
+  measured in this process on the same images with ``time.process_time``;
+  what the build spends beyond their sum is Beam's: element overhead,
+  coders, shuffles, the corpus stages and the writers;
+- for comparison, the full decode and the pHash of the full-size picture
+  (what the build did before it hashed a reduced decode), and how many
+  pHashes the reduced decode changes (Hamming distance to the full-size one).
 
 The machine is shared: record the load (``benchmarks.record`` does) and
 compare CPU-ms, which a busy machine inflates less than wall time.
@@ -153,8 +154,6 @@ def _heaviest(build: dict, count: int = 3) -> str:
 
 def per_record_steps(files, limit: int = 1500) -> dict:
     """CPU-ms per candidate of each per-record step, on the first ``limit`` images."""
-    import hashlib
-
     from common.images import orient
     from filters import image as image_rules
     from filters import text as text_rules
@@ -190,24 +189,17 @@ def per_record_steps(files, limit: int = 1500) -> dict:
             img.load()
             return image_rules.to_rgb(orient(img, header.orientation))
 
-    rgbs = timed("decode", lambda item: _safe(decode, item), decoded)
-    rgbs = [r for r in rgbs if r is not None]
-    exact = timed("phash", image_rules.perceptual_hash, rgbs)
-    timed("sha256", lambda item: hashlib.sha256(item[0]).hexdigest(), decoded)
-    timed("decode_image (all of the above but the header, + re-encode)",
-          lambda item: image_rules.decode_image(item[0], item[1], preset), decoded)
-    def drafted_phash(item):
-        data, header = item
-        with Image.open(io.BytesIO(data)) as img:
-            if img.format == "JPEG":
-                img.draft("RGB", (64, 64))
-            img.load()
-            return image_rules.perceptual_hash(image_rules.to_rgb(orient(img, header.orientation)))
-
-    drafted = timed("DCT-scaled decode + pHash (not used by the build)", lambda item: _safe(drafted_phash, item),
-                    decoded)
-    distances = [hamming(a, b) for a, b in zip(exact, [d for d in drafted if d])]
-    steps["pHash Hamming distance, DCT-scaled vs full decode"] = {
+    rgbs = timed("full decode + orientation + RGB (the floor's decode; not in the build)",
+                 lambda item: _safe(decode, item), decoded)
+    full = timed("pHash of the full-size decode (not in the build)",
+                 lambda rgb: image_rules.perceptual_hash(rgb) if rgb is not None else None, rgbs)
+    identities = timed("identify: reduced decode + pHash + sha256 (first pass)",
+                       lambda item: image_rules.identify(item[0], item[1])[0], decoded)
+    timed("stored picture: as read, or decode + downscale + re-encode (second pass)",
+          lambda item: image_rules.stored_picture(item[0], item[1], preset)[0], decoded)
+    steps["re-encoded by the second pass"] = sum(not image_rules.stored_as_read(h, preset) for _, h in decoded)
+    distances = [hamming(a, b.phash) for a, b in zip(full, identities) if a and b]
+    steps["pHash Hamming distance, reduced vs full-size decode"] = {
         str(d): distances.count(d) for d in sorted(set(distances))}
     texts = timed("text rules", lambda r: text_rules.normalize_text(r[1] or ""), rows)
     timed("n-gram keys", lambda t: text_rules.ngrams(t, 2), texts)

@@ -53,6 +53,9 @@ class LightRow(NamedTuple):
     carried: str = ""     # JSON [[column, text], ...] of a downloaded record ("": read again from ``source``)
     stored_width: int = 0   # the picture's size when the shard stores its bytes as read (0: re-encoded)
     stored_height: int = 0
+    nsfw_score: float = -1.0  # the pornographic-content score (-1: not scored)
+    eval_cosine: float = 0.0  # cosine to the closest evaluation image, when it matched one (0: no match)
+    lowest_ngram_count: int = 0  # a measure row's (``ngram_count_row``): the key's lowest n-gram count; 0 otherwise
 
 
 # Functions, not methods: a worker process decodes rows into a type Beam
@@ -76,6 +79,11 @@ def pool_row(row: LightRow) -> tuple:
 def verdict_row(key: str, reason: str) -> LightRow:
     """A key stage's ``(key, reason)`` verdict as a light row, so that rows and verdicts share one coder where they meet."""
     return LightRow(key, "", "", reason, False, "", "", 0, 0, "", "", "", -1)
+
+
+def ngram_count_row(key: str, count: int) -> LightRow:
+    """The lowest count among a key's n-grams, as a row that meets the key's rows with the verdicts (the audit's what-if)."""
+    return LightRow(key, "", "", "", False, "", "", 0, 0, "", "", "", -1, lowest_ngram_count=count)
 
 
 class HashRow(NamedTuple):

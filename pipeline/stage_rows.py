@@ -53,8 +53,6 @@ class LightRow(NamedTuple):
     carried: str = ""     # JSON [[column, text], ...] of a downloaded record ("": read again from ``source``)
     stored_width: int = 0   # the picture's size when the shard stores its bytes as read (0: re-encoded)
     stored_height: int = 0
-    nsfw_score: float = -1.0  # the pornographic-content score (-1: not scored)
-    eval_cosine: float = 0.0  # cosine to the closest evaluation image, when it matched one (0: no match)
     lowest_ngram_count: int = 0  # a measure row's (``ngram_count_row``): the key's lowest n-gram count; 0 otherwise
 
 

@@ -29,11 +29,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from filters import stages
 from filters.presets import compare, keep_op, rule_enabled
 from filters.text import repetition, words
-from pipeline.what_if_bins import Grid, decimal_grid, integer_grid
+from pipeline.what_if_bins import BIG, Grid, decimal_grid, integer_grid
 
+#: The file under ``stats/`` (``pipeline.what_if_stats`` writes it, ``pipeline.what_if`` reads it).
+WHAT_IF_FILE = "what_if.json"
+FORMAT_VERSION = 1
 WRITTEN = "written"
 DUPLICATE = "duplicate_pair"
 UNKNOWN = "?"  # prefix of "unknown from stage S on": "?image_decode"
@@ -42,9 +44,8 @@ SIDES = integer_grid("pixels", exact_up_to=2048, top=1 << 24, per_octave=8)
 WORDS = integer_grid("words", exact_up_to=1024, top=1 << 20, per_octave=8)
 ASPECT = decimal_grid("ratio", 100, 1000, 100, tail=[float(k) for k in range(11, 101)] + [200.0, 500.0, 1e3, 1e4, 1e5])
 FRACTION = decimal_grid("fraction", 0, 100, 100)
-COSINE = decimal_grid("cosine", -1000, 1000, 1000)
-#: Distinct members of a group: exact up to 16,001 (beyond every what-if cap of ``filters.frequency``).
-GROUP_COUNTS = integer_grid("count", exact_up_to=16_001, top=1 << 40, per_octave=16)
+#: Distinct members of a group: exact up to 4,001 (every what-if cap of ``filters.frequency``, plus one).
+GROUP_COUNTS = integer_grid("count", exact_up_to=4001, top=1 << 40, per_octave=16)
 #: n-gram counts: exact up to 4,096, then 16 edges per doubling (a bin 4.4% wide).
 NGRAM_COUNTS = integer_grid("count", exact_up_to=4096, top=1 << 50, per_octave=16)
 
@@ -63,19 +64,15 @@ RULES: Tuple[Rule, ...] = (
     Rule("image_aspect", ("max_aspect_ratio", "max_aspect_ratio_inclusive"), "longer / shorter side", ASPECT, False),
     Rule("text_length", ("min_words", "max_words"), "words of the alt-text", WORDS, False),
     Rule("text_repetition", ("max_word_repetition",), "repeated words / words", FRACTION, False),
-    Rule("nsfw", ("nsfw_threshold",), "pornographic-content score", FRACTION, False),
-    # A model-score stage's rule goes here, e.g. Rule("model_score", ("min_model_score",), "pair score",
-    # COSINE, False), its measure read in ``record_measures`` (row.model_score) like the NSFW score.
     Rule("texts_per_image", ("max_texts_per_image",), "distinct alt-texts of the image", GROUP_COUNTS, True),
     Rule("images_per_text", ("max_images_per_text",), "distinct images of the alt-text", GROUP_COUNTS, True),
     Rule("rare_ngrams", ("vocab_size", "min_ngram_count"), "lowest count among the alt-text's n-grams",
          NGRAM_COUNTS, True),
-    Rule("near_duplicate_eval", ("near_duplicate_threshold",), "cosine to the closest evaluation image",
-         COSINE, True),
 )
+#: The ``rare_ngrams`` bin of a record none of whose n-grams is below the reach (none was measured).
+ABOVE_REACH = BIG
 RULES_BY_STAGE = {rule.stage: rule for rule in RULES}
 RULE_OF_PARAM = {param: rule for rule in RULES for param in rule.params}
-RECORD_RULES = tuple(rule for rule in RULES if not rule.corpus)
 SHARING_RULES = ("texts_per_image", "images_per_text")
 #: Per-record stages whose thresholds are measured on the light row and applied again for the classes.
 CHEAP_STAGES = ("image_size", "image_aspect", "text_length", "text_repetition")
@@ -88,8 +85,8 @@ Condition = Tuple[str, float]
 def conditions(stage: str, values: Mapping) -> List[Condition]:
     """The comparisons ``measure OP threshold`` that all keep a record under rule ``stage`` (none: off).
 
-    ``rare_ngrams`` and ``near_duplicate_eval`` are not here: their thresholds
-    come from the build's stats (``pipeline.what_if``).
+    ``rare_ngrams`` is not here: its cut comes from the build's n-gram
+    counts (``pipeline.what_if``).
     """
     rule = RULES_BY_STAGE[stage]
     out = []
@@ -116,7 +113,7 @@ def bin_keeps(grid: Grid, b: int, conds: Sequence[Condition]) -> Optional[bool]:
     return None if split else True
 
 
-def record_measures(row, scored: bool = True) -> Dict[str, float]:
+def record_measures(row) -> Dict[str, float]:
     """The per-record rules' measures of a light row whose header parsed and whose text is normalised."""
     measures: Dict[str, float] = {}
     if row.width > 0 and row.height > 0:
@@ -126,23 +123,24 @@ def record_measures(row, scored: bool = True) -> Dict[str, float]:
     toks = words(row.text)
     measures["text_length"] = len(toks)
     measures["text_repetition"] = repetition(toks) if toks else 0.0
-    if scored and row.nsfw_score >= 0:
-        measures["nsfw"] = row.nsfw_score
     return measures
 
 
 def next_failing(stage: str, measures: Mapping[str, float], built: Mapping[str, List[Condition]],
-                 order: Sequence[str]) -> str:
+                 order: Sequence[str], text_passes: bool = True) -> str:
     """Where a record that per-record rule ``stage`` rejected goes if the rule passes it.
 
     The cheap per-record rules after it are applied with the build's
-    thresholds (``built``: stage -> conditions); at the first stage after
-    that is not one of them (the full decode, an extra stage, NSFW) the
-    record's way is unknown: ``?<that stage>``.
+    thresholds (``built``: stage -> conditions), and the ``text`` stage
+    (``text_passes``); at the first stage after that is not one of them
+    (the full decode, an extra stage) the record's way is unknown:
+    ``?<that stage>``.
     """
     for later in order[order.index(stage) + 1:]:
         if later == "text":
-            continue  # a record in the counting pool has a readable alt-text
+            if not text_passes:
+                return later
+            continue
         if later not in CHEAP_STAGES:
             return UNKNOWN + later
         if not keeps(built[later], measures[later]):
@@ -166,14 +164,3 @@ def position(cls: str, order: Sequence[str]) -> int:
     if cls == WRITTEN:
         return len(order)
     return order.index(cls[len(UNKNOWN):] if cls.startswith(UNKNOWN) else cls)
-
-
-def mask_of(reasons, rank: Mapping[str, int]) -> int:
-    mask = 0
-    for reason in reasons:
-        mask |= 1 << rank[stages.stage_of(reason)]
-    return mask
-
-
-def stages_of_mask(mask: int, order: Sequence[str]) -> List[str]:
-    return [name for i, name in enumerate(order) if mask >> i & 1]

@@ -76,8 +76,8 @@ RULE_OF_PARAM = {param: rule for rule in RULES for param in rule.params}
 SHARING_RULES = ("texts_per_image", "images_per_text")
 #: Per-record stages whose thresholds are measured on the light row and applied again for the classes.
 CHEAP_STAGES = ("image_size", "image_aspect", "text_length", "text_repetition")
-#: First-pass stages no threshold of the what-if changes: a record they reject stays rejected.
-FIXED_FIRST_PASS = ("read", "download", "image_header", "image_format", "text")
+#: First-pass stages before every rule of the what-if: a record they reject stays rejected.
+FIXED_FIRST_PASS = ("read", "download", "image_header", "image_format")
 
 Condition = Tuple[str, float]
 

@@ -122,7 +122,8 @@ def rejection_contributions(row, order: Sequence[str], values: Mapping, built: M
     Under ``counting_base="raw"`` a row that a cheap rule rejected is in the
     counting pool, its alt-text normalised, unless that alt-text fails the
     ``text`` stage: then only its image measures are known, and ``text`` is
-    where it goes next.
+    where it goes next. A row the ``text`` stage rejected has only its image
+    measures too: a stricter image rule would reject it first.
     """
     stage = stages.stage_of(row.reason)
     if values["counting_base"] != "raw" or stage in rules.FIXED_FIRST_PASS or stage not in order:
@@ -130,7 +131,7 @@ def rejection_contributions(row, order: Sequence[str], values: Mapping, built: M
     measures = rules.record_measures(row)
     text_passes = bool(row.counted) and text_stage_passes(row.text, values)
     if not row.counted:
-        if stage not in ("image_size", "image_aspect"):
+        if stage not in ("image_size", "image_aspect", "text"):
             return
         measures = {rule: value for rule, value in measures.items() if rule in ("image_size", "image_aspect")}
     for rule in rules.CHEAP_STAGES:

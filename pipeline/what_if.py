@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from common import files
@@ -249,8 +250,6 @@ def _signed(n: int) -> str:
 
 def run(stats_dir: str, funnel: Optional[dict], assignments: Sequence[str]) -> int:
     """The ``--what_if`` of ``python -m pipeline.audit``: prints the funnel; 2 with one line when it cannot."""
-    import sys
-
     if funnel is None:
         return 2
     try:

@@ -55,7 +55,28 @@ def load(stats_dir: str) -> dict:
     doc = parse_json(files.read_bytes(path), path, REMEDY)
     if not isinstance(doc, dict) or doc.get("format_version") != FORMAT_VERSION:
         raise DamagedFile(f"{path}: not a what-if file of format {FORMAT_VERSION}: {REMEDY}")
+    try:
+        _check(doc)
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise DamagedFile(f"{path}: {error}: {REMEDY}") from None
     return doc
+
+
+def _check(doc: dict) -> None:
+    """Every part the what-if reads, of the types it reads them as (a damaged file is one line, not a traceback)."""
+    order = doc["order"]
+    if not isinstance(order, list) or not isinstance(doc["built"], dict) or not isinstance(doc["caps"], dict):
+        raise ValueError("order, built or caps is damaged")
+    for stage, classes in doc["rules"].items():
+        if stage not in rules.RULES_BY_STAGE:
+            raise ValueError(f"unknown rule {stage!r}")
+        for cls, pairs in classes.items():
+            if cls != rules.WRITTEN and cls.removeprefix(rules.UNKNOWN) not in order:
+                raise ValueError(f"unknown class {cls!r} of {stage}")
+            bins.from_json(pairs)
+    facts = doc.get("rare_ngrams")
+    if facts is not None:
+        int(facts["reach"]), int(facts["ngrams_at_or_above_reach"]), bins.from_json(facts["count_of_counts"])
 
 
 def parse_assignments(texts: Sequence[str], built: Mapping) -> Dict[str, object]:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Sequence, Tuple
 
 Histogram = Dict[int, int]
 ClassHistograms = Dict[str, Histogram]
@@ -69,8 +69,6 @@ class Grid:
             return (math.floor(lo) + 1 if lo > -math.inf else -BIG), (math.ceil(hi) - 1 if hi < math.inf else BIG)
         return math.nextafter(lo, math.inf), math.nextafter(hi, -math.inf)
 
-    def edge_values(self, lo: float = -math.inf, hi: float = math.inf) -> List[float]:
-        return [e for e in self.edges if lo <= e <= hi]
 
 
 def integer_grid(name: str, exact_up_to: int, top: int, per_octave: int) -> Grid:
@@ -128,7 +126,3 @@ def from_json(pairs) -> Histogram:
             raise ValueError(f"a histogram entry must be [bin, count], got {pair!r}")
         out[pair[0]] = out.get(pair[0], 0) + pair[1]
     return out
-
-
-def total(hist: Optional[Histogram]) -> int:
-    return sum((hist or {}).values())

@@ -126,3 +126,22 @@ def test_the_command_prints_the_what_if_funnel(sample_build, capsys):
     out = capsys.readouterr().out
     assert out.startswith("what if max_images_per_text=20 (built 10):")
     assert "exact: a rebuild with these thresholds gives these figures" in out
+
+
+@pytest.mark.parametrize("damage", [
+    lambda doc: doc["rules"]["images_per_text"].update({"written": [[2, "many"]]}),
+    lambda doc: doc["rules"].update({"no_such_rule": {}}),
+    lambda doc: doc.pop("order"),
+])
+def test_a_damaged_what_if_file_is_one_line(sample_build, tmp_path, capsys, damage):
+    import shutil
+
+    output, _ = sample_build
+    corpus = tmp_path / "corpus"
+    shutil.copytree(output, corpus)
+    doc = json.loads((corpus / "stats" / WHAT_IF_FILE).read_text())
+    damage(doc)
+    (corpus / "stats" / WHAT_IF_FILE).write_text(json.dumps(doc))
+    assert audit.main([str(corpus), "--what_if", "max_images_per_text=20"]) == 2
+    err = capsys.readouterr().err
+    assert WHAT_IF_FILE in err and err.count("\n") == 1 and "Traceback" not in err

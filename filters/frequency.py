@@ -41,13 +41,18 @@ once, with the reason of the earliest stage that rejected any of its rows.
 
 Scale. Distinct counts are ``CombinePerKey`` with sets capped at
 threshold + 1 (the rule only needs "more than the threshold", so a state is
-never bigger than that, however hot the image or alt-text); the groups over
+never bigger than that, however hot the image or alt-text), or at the
+audit's what-if cap + 1 when that is larger (``WHAT_IF_CAPS``: the what-if
+answers a sharing limit up to it; a set of 4,001 alt-texts is the largest
+state); the groups over
 the limit are joined back to the judged rows by ``common.hot_keys.
 JoinDecisions``: a group with more than ``max_group_rows`` judged rows (the
 placeholder image, the boilerplate caption) gets its verdict by a side
 input, the others by ``CoGroupByKey``, so no group's rows are ever one list.
-The histograms are over the capped counts, so their last bin reads "more
-than the threshold".
+The histograms are over the counts capped at threshold + 1, so their last
+bin reads "more than the threshold". The counts of the groups with at least
+two members (``"counts"`` of ``DropSharedGroups``) are what the audit's
+what-if meets with the keys' classes (``pipeline.what_if_stats``).
 """
 
 from __future__ import annotations
@@ -73,6 +78,14 @@ SHARED_TEXT = stages.reason("images_per_text", "shared_text")
 # First stage wins, in this order.
 REASONS = (TOO_MANY_TEXTS, SHARED_TEXT, RARE_NGRAM)
 IMAGE_IDENTITIES = ("phash", "sha256")
+#: Sharing limits the audit's what-if can answer up to (the counts are capped there, not at limit + 1):
+#: four times ALIGN's 1,000 alt-texts per image; ten times its 10 images per alt-text.
+WHAT_IF_CAPS = {"max_texts_per_image": 4000, "max_images_per_text": 100}
+
+
+def what_if_cap(param: str, limit: int) -> int:
+    """The largest count a sharing rule's groups are counted exactly up to (more is ``cap + 1``)."""
+    return max(limit, WHAT_IF_CAPS.get(param, 0))
 
 
 # ---------------------------------------------------------------------------
@@ -164,14 +177,15 @@ class CappedDistinctCountFn(beam.CombineFn):
 class _GroupsOverLimit(beam.DoFn):
     """``(group, capped count)`` -> ``(group, reason)`` for the groups the rule rejects; records the counts."""
 
-    def __init__(self, keep, metric: str, reason: str):
+    def __init__(self, keep, metric: str, reason: str, shown_cap: int):
         self.keep = keep
         self.reason = reason
+        self.shown_cap = shown_cap
         self.distribution = Metrics.distribution(METRICS_NAMESPACE, metric)
 
     def process(self, group_count):
         group, count = group_count
-        self.distribution.update(count)
+        self.distribution.update(min(count, self.shown_cap))
         if not self.keep(count):
             yield group, self.reason
 
@@ -206,8 +220,9 @@ class DropSharedGroups(beam.PTransform):
     ``param`` is the preset parameter (``max_texts_per_image``/
     ``max_images_per_text``) whose ``keep`` side decides, or an extra
     stage's name with its own ``keep(count) -> bool``. Returns
-    ``{"rejected": (key, reason), "histogram": one dict}``; the histogram is
-    over the groups of the pool.
+    ``{"rejected": (key, reason), "histogram": one dict, "counts": (group,
+    count)}``; the histogram is over the groups of the pool, ``counts`` are
+    the groups with two members or more, counted up to ``what_if_cap``.
 
     Only the judged rows of groups that may be over the limit meet the
     verdicts: the groups over it are collected into a set every worker holds
@@ -222,6 +237,7 @@ class DropSharedGroups(beam.PTransform):
         super().__init__(label)
         self.group_and_member = group_and_member
         self.keep = keep or functools.partial(keeps, {param: limit}, param)
+        self.param = param
         self.metric = param.replace("max_", "")
         self.limit = limit
         self.reason = reason
@@ -229,11 +245,13 @@ class DropSharedGroups(beam.PTransform):
 
     def expand(self, inputs):
         by_group = inputs["pool"] | "ByGroup" >> beam.FlatMap(_grouped, self.group_and_member)
+        cap = (what_if_cap(self.param, self.limit) if self.param in WHAT_IF_CAPS else self.limit) + 1
         counts = (
             by_group
             | "Members" >> beam.MapTuple(lambda group, member_key: (group, member_key[0]))
-            | "CountDistinct" >> beam.CombinePerKey(CappedDistinctCountFn(self.limit + 1)))
-        over_limit = counts | "OverLimit" >> beam.ParDo(_GroupsOverLimit(self.keep, self.metric, self.reason))
+            | "CountDistinct" >> beam.CombinePerKey(CappedDistinctCountFn(cap)))
+        over_limit = counts | "OverLimit" >> beam.ParDo(
+            _GroupsOverLimit(self.keep, self.metric, self.reason, self.limit + 1))
         groups_over_limit = (
             over_limit
             | "GroupsOverLimit" >> beam.Keys()
@@ -245,13 +263,15 @@ class DropSharedGroups(beam.PTransform):
             | "JoinCounts" >> JoinDecisions(self.max_group_rows, label=self.metric)
             | "RejectedKeys" >> beam.FlatMap(_rejected_key))
         edges = log2_edges(self.limit)
+        shown_cap = self.limit + 1
         histogram = (
             counts
-            | "Counts" >> beam.Values()
+            | "Counts" >> beam.Map(lambda group_count: min(group_count[1], shown_cap))
             | "Histogram" >> beam.CombineGlobally(HistogramFn(edges[:-1]))
             # Counts are capped at limit + 1, so the open last bin is [limit + 1, limit + 2).
             | "CloseLastBin" >> beam.Map(close_last_bin, edges[-1]))
-        return {"rejected": rejected, "histogram": histogram}
+        shared = counts | "SharedGroups" >> beam.Filter(lambda group_count: group_count[1] >= 2)
+        return {"rejected": rejected, "histogram": histogram, "counts": shared}
 
 
 class _CountReason(beam.DoFn):
@@ -310,7 +330,15 @@ class ApplyCorpusFilters(beam.PTransform):
     ``counting_base="survivors"``), counted but not judged. Output
     ``{"rejected": (key, reason), "stats": (name, json_value)}`` with each key
     at most once (first stage wins) and the stats ``count_of_counts`` and,
-    for the stages that run, ``texts_per_image`` and ``images_per_text``.
+    for the stages that run, ``texts_per_image`` and ``images_per_text``;
+    and what the audit's what-if needs (``pipeline.what_if_stats``):
+    ``group_counts`` (``((stage, group), count)`` of the shared groups),
+    ``lowest_ngram_counts`` (``(key, lowest count among its n-grams)``) and
+    ``vocabulary`` (one ``("rare_ngrams", facts)``). With
+    ``every_verdict``, ``rejected`` has every stage's verdicts, a key once
+    per stage that rejects it or more (the caller keeps the first stage's:
+    ``verdicts.KeyFate``), which the what-if needs to know where a key goes
+    when one rule passes it.
 
     ``extras`` are extra corpus stages (``filters.extra_stages.CorpusStage``),
     counted over the same pool; their histograms are stats named after them.
@@ -323,8 +351,9 @@ class ApplyCorpusFilters(beam.PTransform):
     """
 
     def __init__(self, preset, label_prefix: str = "", *, hot_key_fanout: int = 0, frequent_ngrams: int = 10_000,
-                 extras=(), max_group_rows: int = DEFAULT_MAX_ROWS):
+                 extras=(), max_group_rows: int = DEFAULT_MAX_ROWS, every_verdict: bool = False):
         super().__init__()
+        self.every_verdict = every_verdict
         if preset.image_identity not in IMAGE_IDENTITIES:
             raise ValueError(f"image_identity must be one of {IMAGE_IDENTITIES}, got {preset.image_identity!r}")
         self.preset = preset
@@ -344,7 +373,7 @@ class ApplyCorpusFilters(beam.PTransform):
             pcolls["counted_only"] | f"{p}CountedOnly" >> beam.Map(lambda row: (row, False)),
         ) | f"{p}CountingPool" >> beam.Flatten()
         run = stages_run(preset)
-        rejected, stats = [], []
+        rejected, stats, group_counts = [], [], []
         for stage, param, reason, order, label in (
             ("texts_per_image", "max_texts_per_image", TOO_MANY_TEXTS, _image_then_text, "TextsPerImage"),
             ("images_per_text", "max_images_per_text", SHARED_TEXT, _text_then_image, "ImagesPerText"),
@@ -356,6 +385,8 @@ class ApplyCorpusFilters(beam.PTransform):
                 max_group_rows=self.max_group_rows)
             rejected.append(shared["rejected"])
             stats.append(shared["histogram"] | f"{p}Name{label}" >> beam.Map(lambda h, name: (name, h), stage))
+            group_counts.append(shared["counts"] | f"{p}Counts{label}" >> beam.MapTuple(
+                lambda group, count, name=stage: ((name, group), count)))
         for extra in self.extras:
             shared = {"pool": pool} | f"{p}Extra_{extra.name}" >> DropSharedGroups(
                 functools.partial(_extra_group_then_member, extra, preset.image_identity), extra.name,
@@ -369,8 +400,13 @@ class ApplyCorpusFilters(beam.PTransform):
                 preset, hot_key_fanout=self.hot_key_fanout, frequent_ngrams=self.frequent_ngrams))
         rejected.append(rare["rejected"])
         stats.insert(0, rare["stats"])
-        rejected = (
-            tuple(rejected)
-            | f"{p}AllRejected" >> beam.Flatten()
-            | f"{p}FirstReason" >> FirstReasonPerKey(reasons_in_order(self.extras)))
-        return {"rejected": rejected, "stats": tuple(stats) | f"{p}AllStats" >> beam.Flatten()}
+        rejected = tuple(rejected) | f"{p}AllRejected" >> beam.Flatten()
+        if not self.every_verdict:
+            rejected = rejected | f"{p}FirstReason" >> FirstReasonPerKey(reasons_in_order(self.extras))
+        return {
+            "rejected": rejected,
+            "stats": tuple(stats) | f"{p}AllStats" >> beam.Flatten(),
+            "group_counts": tuple(group_counts) | f"{p}AllGroupCounts" >> beam.Flatten(pipeline=survivors.pipeline),
+            "lowest_ngram_counts": rare["lowest_counts"],
+            "vocabulary": rare["what_if"],
+        }

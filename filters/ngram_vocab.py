@@ -35,13 +35,19 @@ measured in benchmarks/RESULTS.md).
 The cut comes from a count-of-counts histogram (count value -> number of
 n-grams with that count; its size is bounded by the number of distinct count
 values, about sqrt(2 * occurrences)) walked from the top, passed as a
-singleton side input. Membership is a ``CoGroupByKey`` of (n-gram, record
-key) against the vocabulary (the table restricted to count >= cut), never a
-side input of the vocabulary. The only other side input is optional and
-bounded by construction: the ``frequent_ngrams`` most frequent n-grams, whose
-pairs are known to be in the vocabulary and skip the join; they are exactly
-the hottest join keys ("a", "of", "the"), which would otherwise each land on
-one worker.
+singleton side input. Each record's measure is the lowest count among its
+n-grams: a record is rejected when it is below the cut. It is found by a
+``CoGroupByKey`` of (n-gram, record key) against the counts below the
+*reach* (``vocabulary_reach``: a cut ``WHAT_IF_REACH`` times higher than the
+preset's, or the cut of a vocabulary that many times smaller), never a side
+input of the counts, and a ``CombinePerKey(min)`` per record: the build
+rejects below the cut, and the audit's what-if answers any cut up to the
+reach from the same lowest counts. The only other side input is optional
+and bounded by construction: the ``frequent_ngrams`` most frequent n-grams
+at or above the reach, whose pairs cannot count and skip the join; they are
+exactly the hottest join keys ("a", "of", "the"), which would otherwise
+each land on one worker. With a reach of 1 (a vocabulary larger than the
+corpus's n-grams, even divided by the reach) there is no join at all.
 """
 
 from __future__ import annotations
@@ -60,6 +66,9 @@ METRICS_NAMESPACE = "filters"
 # Above this many distinct count values, the count-of-counts stat is bucketed
 # by powers of two (the exact table is still what the cut is computed from).
 MAX_EXACT_COUNT_OF_COUNTS = 64
+#: How far the audit's what-if reaches: cuts up to this many times min_ngram_count, and
+#: vocabularies down to vocab_size divided by it.
+WHAT_IF_REACH = 16
 
 
 def vocabulary_enabled(preset) -> bool:
@@ -86,6 +95,13 @@ def vocabulary_cut(count_of_counts: Dict[int, int], vocab_size: int, min_ngram_c
     if min_ngram_count > 0:
         cut = max(cut, min_ngram_count)
     return cut
+
+
+def vocabulary_reach(count_of_counts: Dict[int, int], vocab_size: int, min_ngram_count: int) -> int:
+    """The highest cut the what-if answers: records whose lowest n-gram count is below it are measured."""
+    cut = vocabulary_cut(count_of_counts, vocab_size, min_ngram_count)
+    smaller = vocabulary_cut(count_of_counts, -(-vocab_size // WHAT_IF_REACH), 0) if vocab_size > 0 else 0
+    return max(cut, smaller, min_ngram_count * WHAT_IF_REACH)
 
 
 def count_of_counts_summary(count_of_counts: Dict[int, int], cut: int, preset) -> dict:
@@ -136,9 +152,10 @@ def tagged_ngram_occurrences(text: str, max_order: int = 2):
 def ngram_record_pairs(row, known_in_vocabulary: Iterable[str] = (), max_order: int = 2, cut: int = 2):
     """``(n-gram, key)`` once per distinct n-gram of the record, minus known-frequent ones.
 
-    None when the cut is 1: every n-gram of a judged record was counted at
-    least once (the judged records are in the counting pool), so with ALIGN's
-    100M-n-gram vocabulary on a corpus of fewer distinct n-grams nothing is rare.
+    None when the cut (the reach) is 1: every n-gram of a judged record was
+    counted at least once (the judged records are in the counting pool), so
+    with ALIGN's 100M-n-gram vocabulary on a corpus of fewer distinct n-grams
+    nothing is rare.
     """
     if cut <= 1:
         return
@@ -169,19 +186,22 @@ class CountOfCountsFn(beam.CombineFn):
         return acc
 
 
-def _keys_outside_vocabulary(joined):
+def _counts_of_keys(joined):
+    """An n-gram below the reach -> ``(key, its count)`` for each record that has it."""
     gram, sides = joined
-    if not sides["vocabulary"]:
+    for count in sides["count"]:
         for key in sides["records"]:
-            yield key, RARE_NGRAM
+            yield key, count
 
 
 class DropRareNgrams(beam.PTransform):
-    """``{"survivors": rows, "counted_texts": texts}`` -> ``{"rejected", "stats"}``.
+    """``{"survivors": rows, "counted_texts": texts}`` -> ``{"rejected", "stats", "lowest_counts", "what_if"}``.
 
-    ``rejected`` is ``(key, "rare_ngrams/rare_ngram")``, once per rare n-gram
-    of the record (the caller deduplicates keys across stages); ``stats`` is
-    one ``("count_of_counts", summary)``.
+    ``rejected`` is ``(key, "rare_ngrams/rare_ngram")``, once per record;
+    ``stats`` is one ``("count_of_counts", summary)``; ``lowest_counts``
+    is ``(key, lowest count among its n-grams)`` for the records whose
+    lowest count is below the reach, and ``what_if`` one ``("rare_ngrams",
+    {"cut", "reach", "count_of_counts"})`` (the exact table), for the audit.
     """
 
     def __init__(self, preset, hot_key_fanout: int = 0, frequent_ngrams: int = 10_000, label: Optional[str] = None):
@@ -200,7 +220,9 @@ class DropRareNgrams(beam.PTransform):
                 "disabled": True, "cut_count": 0, "vocab_size": 0,
                 "vocab_size_limit": preset.vocab_size, "min_ngram_count": preset.min_ngram_count})])
             rejected = pipeline | "NoRejections" >> beam.Create([])
-            return {"rejected": rejected, "stats": stats}
+            lowest = pipeline | "NoCounts" >> beam.Create([])
+            what_if = pipeline | "NoVocabulary" >> beam.Create([("rare_ngrams", {"disabled": True})])
+            return {"rejected": rejected, "stats": stats, "lowest_counts": lowest, "what_if": what_if}
 
         if self.hot_key_fanout > 1:
             # Only unigrams take the fanout path: every element on it pays an
@@ -222,26 +244,35 @@ class DropRareNgrams(beam.PTransform):
             | "CountOfCounts" >> beam.CombineGlobally(CountOfCountsFn()))
         cut = count_of_counts | "CutCount" >> beam.Map(
             vocabulary_cut, preset.vocab_size, preset.min_ngram_count)
-        cut_side = beam.pvalue.AsSingleton(cut)
-        vocabulary = ngram_counts | "InVocabulary" >> beam.Filter(
-            lambda gram_count, cut: gram_count[1] >= cut, cut=cut_side)
+        reach = count_of_counts | "Reach" >> beam.Map(
+            vocabulary_reach, preset.vocab_size, preset.min_ngram_count)
+        cut_side, reach_side = beam.pvalue.AsSingleton(cut), beam.pvalue.AsSingleton(reach)
+        below_reach = ngram_counts | "BelowReach" >> beam.Filter(
+            lambda gram_count, reach: gram_count[1] < reach, reach=reach_side)
 
         if self.frequent_ngrams > 0:
             frequent = (
-                vocabulary
+                ngram_counts
+                | "AtOrAboveReach" >> beam.Filter(lambda gram_count, reach: gram_count[1] >= reach, reach=reach_side)
                 | "MostFrequent" >> beam.combiners.Top.Of(self.frequent_ngrams, key=operator.itemgetter(1))
                 | "FrequentNgrams" >> beam.Map(lambda top: frozenset(gram for gram, _ in top)))
             pairs = survivors | "NgramKeyPairs" >> beam.FlatMap(
                 ngram_record_pairs, known_in_vocabulary=beam.pvalue.AsSingleton(frequent), max_order=order,
-                cut=cut_side)
+                cut=reach_side)
         else:
-            pairs = survivors | "NgramKeyPairs" >> beam.FlatMap(ngram_record_pairs, max_order=order, cut=cut_side)
+            pairs = survivors | "NgramKeyPairs" >> beam.FlatMap(ngram_record_pairs, max_order=order, cut=reach_side)
 
-        rejected = (
-            {"vocabulary": vocabulary, "records": pairs}
-            | "JoinVocabulary" >> beam.CoGroupByKey()
-            | "OutsideVocabulary" >> beam.FlatMap(_keys_outside_vocabulary))
+        lowest = (
+            {"count": below_reach, "records": pairs}
+            | "JoinCounts" >> beam.CoGroupByKey()
+            | "CountsOfKeys" >> beam.FlatMap(_counts_of_keys)
+            | "LowestPerKey" >> beam.CombinePerKey(min))
+        rejected = lowest | "BelowCut" >> beam.FlatMap(
+            lambda key_count, cut: [(key_count[0], RARE_NGRAM)] if key_count[1] < cut else [], cut=cut_side)
         stats = count_of_counts | "Summary" >> beam.Map(
             lambda coc, cut, preset: ("count_of_counts", count_of_counts_summary(coc, cut, preset)),
             cut=cut_side, preset=preset)
-        return {"rejected": rejected, "stats": stats}
+        what_if = count_of_counts | "WhatIf" >> beam.Map(
+            lambda coc, cut, reach: ("rare_ngrams", {"cut": cut, "reach": reach, "count_of_counts": coc}),
+            cut=cut_side, reach=reach_side)
+        return {"rejected": rejected, "stats": stats, "lowest_counts": lowest, "what_if": what_if}

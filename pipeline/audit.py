@@ -1,6 +1,6 @@
 """Audit a built corpus: the funnel as a table, and a self-contained HTML report.
 
-    python -m pipeline.audit OUT_DIR [--no_html] [--allow_incomplete]
+    python -m pipeline.audit OUT_DIR [--no_html] [--allow_incomplete] [--what_if PARAM=VALUE ...]
 
 reads ``OUT_DIR/stats/`` (written by ``pipeline.build``), prints the funnel
 (stage, in, rejected, out, % of input, top reasons) with the conservation
@@ -20,9 +20,10 @@ says so, and counts the lines of a ``.jsonl`` file it could not read.
 Paths may be local or anything Beam's FileSystems reads (``gs://``).
 
 The funnel table and its checks are ``pipeline.funnel_table`` (the build
-prints its funnel with it), the plots ``pipeline.report_plots``; this
-module reads the stats, writes the HTML and is the command line.
-matplotlib is imported only to render the report.
+prints its funnel with it), the plots ``pipeline.report_plots``, the
+what-if ``pipeline.what_if`` and its explorer ``pipeline.what_if_report``;
+this module reads the stats, writes the HTML and is the command line
+(matplotlib only to render).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from common import cli, files
 from common.corpus_dir import DamagedFile, parse_json
 from filters import stages
+from pipeline import what_if, what_if_report
 from pipeline.funnel_table import FUNNEL_FILE, as_int, check_funnel, format_funnel, percent, stage_rejected
 from pipeline.report_plots import DISTRIBUTION_CUTS, plot_cosines, plot_count_of_counts, plot_distribution, plot_funnel
 
@@ -152,6 +154,7 @@ def load_stats(data_dir: str) -> dict:
     loaded["near_duplicates"] = read_pairs()
     # Only a build with --concepts (TOnICS) writes it: absent is not "missing".
     loaded["concepts"] = read_json(CONCEPTS_FILE, optional=True)
+    loaded["what_if"] = read_json(what_if.WHAT_IF_FILE, optional=True)  # a build before the what-if has none
     return loaded
 
 
@@ -168,21 +171,17 @@ h1 { margin: 1.2rem 0 .3rem; } h2 { margin-top: 2.2rem; border-bottom: 1px solid
 nav a { margin-right: 1rem; } .muted { color: #777; } code { background: #f4f4f4; padding: 0 .2em; }
 .banner { padding: .7rem 1rem; border-radius: 4px; margin: .8rem 0; font-weight: 600; }
 .banner.ok { background: #e7f4e4; border: 1px solid #7bb36e; }
-.banner.fail { background: #fde2e1; border: 2px solid #d62728; color: #8b0000; }
-.banner.fail ul { margin: .3rem 0 0; }
+.banner.fail { background: #fde2e1; border: 2px solid #d62728; color: #8b0000; } .banner.fail ul { margin: .3rem 0 0; }
 table { border-collapse: collapse; margin: .5rem 0; } th, td { padding: .25rem .6rem; border-bottom: 1px solid #eee; vertical-align: top; }
-th { text-align: left; background: #fafafa; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
-tr.notrun td { color: #999; }
-.plots { display: flex; flex-wrap: wrap; gap: 1rem; } .plots figure { margin: 0; }
-figcaption { font-size: 12px; color: #555; max-width: 36rem; }
+th { text-align: left; background: #fafafa; } td.num { text-align: right; font-variant-numeric: tabular-nums; } tr.notrun td { color: #999; }
+.plots { display: flex; flex-wrap: wrap; gap: 1rem; } .plots figure { margin: 0; } figcaption { font-size: 12px; color: #555; max-width: 36rem; }
 .grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(150px, 1fr)); gap: .6rem; }
 .card { border: 1px solid #ddd; border-radius: 4px; padding: .35rem; font-size: 12px; overflow: hidden; background: #fff; }
 .card img, .pair img { display: block; max-width: 128px; max-height: 128px; margin: 0 auto .3rem; }
 .noimg { width: 128px; height: 64px; margin: 0 auto .3rem; display: flex; align-items: center; justify-content: center;
   background: #f0f0f0; color: #888; font-size: 11px; }
 .alt { font-style: italic; word-break: break-word; } .meta { color: #666; word-break: break-all; }
-.blur img { filter: blur(14px); } .blur:hover img { filter: none; }
-.pair td { text-align: center; }
+.blur img { filter: blur(14px); } .blur:hover img { filter: none; } .pair td { text-align: center; }
 """
 
 
@@ -421,12 +420,13 @@ def build_html(loaded: dict) -> str:
         f"<h1>{_e(title)}</h1>",
         f'<p class="muted">preset <code>{_e((funnel or {}).get("preset_name", "?"))}</code> · stats from '
         f"<code>{_e(loaded['stats_dir'])}</code></p>",
-        '<nav><a href="#funnel">funnel</a><a href="#distributions">distributions</a>'
+        '<nav><a href="#funnel">funnel</a><a href="#distributions">distributions</a><a href="#thresholds">thresholds</a>'
         '<a href="#rejects">sampled rejects</a><a href="#near-duplicates">near-duplicates</a><a href="#preset">preset</a></nav>',
         banner,
         notice_html,
         _section_funnel(funnel),
         _section_distributions(loaded.get("distributions"), preset),
+        what_if_report.section(loaded.get("what_if"), funnel),
         _section_samples(loaded.get("samples") or [], funnel),
         _section_near_duplicates(loaded.get("near_duplicates") or [], NEAR_DUPLICATES_FILE in loaded.get("missing", []), preset),
         _section_preset(funnel),
@@ -455,13 +455,13 @@ def render_report(data_dir: str) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = cli.ArgumentParser(
-        prog="python -m pipeline.audit", description="Print the funnel of a built corpus and write stats/report.html."
-    )
+    parser = cli.ArgumentParser(prog="python -m pipeline.audit",
+                                description="Print the funnel of a built corpus and write stats/report.html.")
     parser.add_argument("data_dir", help="build output directory (or its stats/ directory); local or gs://")
     parser.add_argument("--no_html", action="store_true", help="print the funnel only")
     parser.add_argument("--allow_incomplete", action="store_true",
                         help="audit a build that did not finish (no COMPLETED), e.g. to see where it stopped")
+    parser.add_argument("--what_if", nargs="+", metavar="PARAM=VALUE", help="print the funnel these thresholds give")
     args = parser.parse_args(argv)
     from common import console
     from common.corpus_dir import IncompleteCorpus, require_completed
@@ -486,13 +486,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except DamagedFile as error:
         funnel = None
         print(f"error: {error}", file=sys.stderr)
+    if args.what_if:
+        return what_if.run(stats_dir, funnel, args.what_if)
     if funnel is not None:
         print(format_funnel(funnel))
     if not args.no_html:
         print(f"report: {render_report(args.data_dir)}")
-    if funnel is None:
-        return 2
-    return 1 if check_funnel(funnel) else 0
+    return 2 if funnel is None else (1 if check_funnel(funnel) else 0)
 
 
 if __name__ == "__main__":

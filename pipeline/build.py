@@ -72,6 +72,7 @@ from pipeline.options import BuildOptions, embedder_args, input_columns
 from pipeline.read import MatchInputFiles
 from pipeline.stage_rows import pool_row
 from pipeline.verdicts import CountVerdicts, JoinVerdicts, StagesRun
+from pipeline.what_if_stats import WhatIfStats
 from pipeline.write_stats import ChooseSamples, WriteStats
 
 
@@ -115,7 +116,8 @@ def build_pipeline(
         | "CountedOnlyPool" >> beam.Map(pool_row)
     )
     corpus = {"survivors": in_the_running | "JudgedPool" >> beam.Map(pool_row), "counted_only": counted_only} | (
-        "ApplyCorpusFilters" >> ran(ApplyCorpusFilters(preset, extras=extras)))
+        "ApplyCorpusFilters" >> ran(ApplyCorpusFilters(preset, extras=extras, every_verdict=True)))
+    # Every corpus stage's verdicts, not only a key's first: the audit's what-if needs them all.
     key_verdicts = [corpus[REJECTED] | "CountCorpusVerdicts" >> CountVerdicts("corpus_filters")]  # in stage order
     if eval_index is not None:
         key_verdicts.append(
@@ -131,7 +133,12 @@ def build_pipeline(
                 preset, corpus_dedup_threshold(preset, eval_index, opts), opts.embedder))
             | "CountCorpusDedupVerdicts" >> CountVerdicts("near_duplicate_corpus"))
     all_key_verdicts = key_verdicts | "KeyVerdicts" >> beam.Flatten()
-    joined = (in_the_running, all_key_verdicts) | "JoinVerdicts" >> ran(JoinVerdicts(extra_stages.stage_rank(extras)))
+    rank = extra_stages.stage_rank(extras)
+    joined = (in_the_running, all_key_verdicts, corpus["lowest_ngram_counts"]) | "JoinVerdicts" >> ran(
+        JoinVerdicts(rank))
+    _ = {"fates": joined["fates"], "record_rejections": record_rejections, "group_counts": corpus["group_counts"],
+         "vocabulary": corpus["vocabulary"]} | "WhatIfStats" >> WhatIfStats(
+        opts.output, preset, [name for name, _ in extra_stages.stage_list(extras)], rank)
     decided_rejections = (record_rejections, joined[REJECTED]) | "DecidedRejections" >> beam.Flatten()
 
     # Second pass: the kept records read again from their files and written; the audit's samples on the way.

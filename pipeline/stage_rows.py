@@ -51,6 +51,7 @@ class LightRow(NamedTuple):
     carried: str = ""     # JSON [[column, text], ...] of a downloaded record ("": read again from ``source``)
     stored_width: int = 0   # the picture's size when the shard stores its bytes as read (0: re-encoded)
     stored_height: int = 0
+    lowest_ngram_count: int = 0  # a measure row's (``ngram_count_row``): the key's lowest n-gram count; 0 otherwise
 
 
 # Functions, not methods: a worker process decodes rows into a type Beam
@@ -74,6 +75,11 @@ def pool_row(row: LightRow) -> tuple:
 def verdict_row(key: str, reason: str) -> LightRow:
     """A key stage's ``(key, reason)`` verdict as a light row, so that rows and verdicts share one coder where they meet."""
     return LightRow(key, "", "", reason, False, "", "", 0, 0, "", "", "", -1)
+
+
+def ngram_count_row(key: str, count: int) -> LightRow:
+    """The lowest count among a key's n-grams, as a row that meets the key's rows with the verdicts (the audit's what-if)."""
+    return LightRow(key, "", "", "", False, "", "", 0, 0, "", "", "", -1, lowest_ngram_count=count)
 
 
 class HashRow(NamedTuple):

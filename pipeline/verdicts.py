@@ -28,7 +28,9 @@ from apache_beam.metrics import Metrics
 from common.hot_keys import JoinDecisions
 from filters import stages
 from filters.stages import REJECTED, SURVIVORS
-from pipeline.stage_rows import KEYED_ROW, LightRow, holding_rows, keyed, rejected, verdict_row
+from pipeline.stage_rows import (
+    KEYED_ROW, LightRow, holding_rows, keyed, ngram_count_row, rejected, verdict_row,
+)
 from pipeline.stats import METRICS_NAMESPACE
 
 
@@ -138,7 +140,8 @@ class CountVerdicts(beam.PTransform):
 
 
 class KeyFate(beam.CombineFn):
-    """A key's light rows and verdict rows -> ``(count, smallest, second smallest, first verdict, verdicts)``.
+    """A key's light rows and verdict rows -> ``(count, smallest, second smallest, first verdict, verdicts,
+    verdict stages, lowest n-gram count)``.
 
     Rows are the records still in the running (reason ""), ordered by
     ``keep_order``: the smallest is the row ``resolve_group`` would write, a
@@ -146,18 +149,22 @@ class KeyFate(beam.CombineFn):
     (``stage_rows.verdict_row``) carry a key stage's reason; the earliest
     stage's is kept, and how many verdicts were folded in is counted. A
     combine, so a pair repeated on every page of a site is reduced where it
-    was read; the accumulator is two rows, a reason and two counts, whatever
-    the count, with a compact coder (``accumulator_coder``).
+    was read; the accumulator is two rows, a reason and four integers,
+    whatever the count, with a compact coder (``accumulator_coder``).
+
+    The last two fields are for the audit's what-if (``pipeline.what_if_stats``):
+    a bit per stage (``rank``) that gave the key a verdict, and the lowest
+    count among its n-grams (``stage_rows.ngram_count_row``; 0: none came).
     """
 
     def __init__(self, rank=None):
         self.rank = rank
 
     def create_accumulator(self):
-        return 0, None, None, "", 0
+        return 0, None, None, "", 0, 0, 0
 
-    def _add(self, acc, count, rows, verdict, verdicts=0):
-        n, first, second, first_reason, folded = acc
+    def _add(self, acc, count, rows, verdict, verdicts=0, mask=0, lowest=0):
+        n, first, second, first_reason, folded, stages_mask, lowest_so_far = acc
         for row in rows:
             if row is None:
                 continue
@@ -167,17 +174,22 @@ class KeyFate(beam.CombineFn):
                 second = row
         if verdict:
             first_reason = first_verdict([first_reason, verdict], self.rank) if first_reason else verdict
-        return n + count, first, second, first_reason, folded + verdicts
+        if lowest and (not lowest_so_far or lowest < lowest_so_far):
+            lowest_so_far = lowest
+        return n + count, first, second, first_reason, folded + verdicts, stages_mask | mask, lowest_so_far
 
     def add_input(self, acc, row):
+        if row.lowest_ngram_count:
+            return self._add(acc, 0, (), "", lowest=row.lowest_ngram_count)
         if row.reason:
-            return self._add(acc, 0, (), row.reason, 1)
+            rank = self.rank or stages.STAGE_INDEX
+            return self._add(acc, 0, (), row.reason, 1, 1 << rank[stages.stage_of(row.reason)])
         return self._add(acc, 1, (row,), "")
 
     def merge_accumulators(self, accs):
         merged = self.create_accumulator()
-        for n, first, second, verdict, folded in accs:
-            merged = self._add(merged, n, (first, second), verdict, folded)
+        for n, first, second, verdict, folded, mask, lowest in accs:
+            merged = self._add(merged, n, (first, second), verdict, folded, mask, lowest)
         return merged
 
     def extract_output(self, acc):
@@ -191,7 +203,7 @@ def accumulator_coder():
     row = beam.coders.registry.get_coder(LightRow)
     return beam.coders.TupleCoder([beam.coders.VarIntCoder(), beam.coders.NullableCoder(row),
                                    beam.coders.NullableCoder(row), beam.coders.StrUtf8Coder(),
-                                   beam.coders.VarIntCoder()])
+                                   beam.coders.VarIntCoder(), beam.coders.VarIntCoder(), beam.coders.VarIntCoder()])
 
 
 def fate_rejections(fate) -> Tuple[Optional[LightRow], List[Tuple[LightRow, str, int]]]:
@@ -201,7 +213,7 @@ def fate_rejections(fate) -> Tuple[Optional[LightRow], List[Tuple[LightRow, str,
     same number per reason and the same ledger line (key, reason, url, the
     same for all of a key's rows); the audit shows the smallest row rejected.
     """
-    count, first, second, verdict, _ = fate
+    count, first, second, verdict = fate[:4]
     if count == 0:
         return None, []  # a verdict for a key whose rows were rejected before
     if verdict:
@@ -228,12 +240,16 @@ class _ResolveVerdicts(beam.DoFn):
 
 
 class JoinVerdicts(beam.PTransform):
-    """``(light rows, (key, reason) verdicts)`` -> ``{"survivors": rows to write, "rejected": rows with their reason}``.
+    """``(light rows, (key, reason) verdicts[, (key, lowest n-gram count)])`` -> ``{"survivors": rows to write,
+    "rejected": rows with their reason, "fates": (key, KeyFate accumulator)}``.
 
     Decides ``duplicate_pair`` on the way: of the rows left with one key,
     one is written. Rows and verdicts meet in one combine per key
     (``KeyFate``), so a key's repeats are reduced before the shuffle, however
     often a pair repeats; ``resolve_group`` is the same rule on a whole list.
+    Verdicts may repeat (a key rejected by several stages): the earliest
+    stage's is the key's; the others, and the n-gram counts, are kept in the
+    fates for the audit's what-if (``pipeline.what_if_stats``).
     """
 
     decides = ("duplicate_pair",)
@@ -243,14 +259,18 @@ class JoinVerdicts(beam.PTransform):
         self.rank = rank
 
     def expand(self, inputs):
-        rows, verdicts = inputs
+        rows, verdicts = inputs[:2]
         keyed_rows = rows | "KeyRows" >> beam.Map(keyed).with_output_types(KEYED_ROW)
         keyed_verdicts = verdicts | "VerdictRows" >> beam.MapTuple(
             lambda key, reason: (key, verdict_row(key, reason))).with_output_types(KEYED_ROW)
-        outputs = (
-            (keyed_rows, keyed_verdicts)
+        parts = [keyed_rows, keyed_verdicts]
+        if len(inputs) > 2:
+            parts.append(inputs[2] | "NgramCountRows" >> beam.MapTuple(
+                lambda key, count: (key, ngram_count_row(key, count))).with_output_types(KEYED_ROW))
+        fates = (
+            parts
             | "RowsAndVerdicts" >> beam.Flatten()
             | "FatePerKey" >> beam.CombinePerKey(KeyFate(self.rank))
-            | "Resolve" >> beam.ParDo(_ResolveVerdicts()).with_outputs(REJECTED, main=SURVIVORS)
         )
-        return {SURVIVORS: holding_rows(outputs[SURVIVORS]), REJECTED: holding_rows(outputs[REJECTED])}
+        outputs = fates | "Resolve" >> beam.ParDo(_ResolveVerdicts()).with_outputs(REJECTED, main=SURVIVORS)
+        return {SURVIVORS: holding_rows(outputs[SURVIVORS]), REJECTED: holding_rows(outputs[REJECTED]), "fates": fates}

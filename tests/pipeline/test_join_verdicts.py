@@ -9,8 +9,9 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from common.schema import make_key
+from filters import stages
 from pipeline import verdicts as v
-from pipeline.stage_rows import LightRow, rejected, verdict_row
+from pipeline.stage_rows import LightRow, ngram_count_row, rejected, verdict_row
 
 URL, TEXT = "https://e.x/logo.png", "company logo"
 KEY = make_key(URL, TEXT)
@@ -57,8 +58,10 @@ def test_fate_gives_what_the_whole_list_gives(count, verdict):
         keep, reject = v.resolve_group(KEY, list(records), [verdict] if verdict else [])
         verdicts = [verdict_row(KEY, verdict)] * 3 if verdict else []
         fate = combine(list(records) + verdicts, rng, fn)
-        # A count, two rows, a reason and the verdicts folded in, whatever the count.
-        assert fate[0] == count and len(fate) == 5 and fate[4] == len(verdicts)
+        # A count, two rows, a reason, the verdicts folded in, the stages that gave them and the lowest
+        # n-gram count (none here), whatever the count.
+        assert fate[0] == count and len(fate) == 7 and fate[4] == len(verdicts) and fate[6] == 0
+        assert fate[5] == (1 << stages.STAGE_INDEX["images_per_text"] if verdict else 0)
         kept, rows = emitted(v.fate_rejections(fate))
         expected = [rejected(r, reason) for r, reason in reject]
         assert (kept,) == tuple(keep) or (kept is None and keep == [])
@@ -84,6 +87,19 @@ def test_join_verdicts_on_a_pair_repeated_many_times():
 def test_the_fate_coder_round_trips_and_is_deterministic():
     rng = random.Random(1)
     coder = v.KeyFate().get_accumulator_coder()
-    for fate in [(0, None, None, "", 0), (3, repeat(0, rng), repeat(1, rng), "rare_ngrams/rare_ngram", 2)]:
+    for fate in [(0, None, None, "", 0, 0, 0),
+                 (3, repeat(0, rng), repeat(1, rng), "rare_ngrams/rare_ngram", 2, 1 << 13 | 1 << 11, 4)]:
         assert coder.decode(coder.encode(fate)) == fate
     assert coder.is_deterministic()
+
+
+def test_the_fate_keeps_every_verdict_stage_and_the_lowest_ngram_count():
+    """Whatever the order the rows arrive in: the stages that rejected the key, and its rarest n-gram's count."""
+    rng = random.Random(2)
+    rows = [repeat(i, rng) for i in range(4)] + [
+        verdict_row(KEY, "rare_ngrams/rare_ngram"), verdict_row(KEY, "texts_per_image/too_many_texts"),
+        ngram_count_row(KEY, 7), ngram_count_row(KEY, 3), ngram_count_row(KEY, 5)]
+    fate = combine(rows, rng, v.KeyFate())
+    assert fate[3] == "texts_per_image/too_many_texts" and fate[4] == 2
+    assert fate[5] == 1 << stages.STAGE_INDEX["texts_per_image"] | 1 << stages.STAGE_INDEX["rare_ngrams"]
+    assert fate[6] == 3

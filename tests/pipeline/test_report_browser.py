@@ -236,3 +236,28 @@ def _tiny_png():
     buf = io.BytesIO()
     Image.new("RGB", (4, 3), (10, 200, 30)).save(buf, "PNG")
     return buf.getvalue()
+
+
+def test_the_threshold_explorer_renders_in_chromium(sample_build, tmp_path, profile_dir):
+    """The explorer of a real build: one decoded curve per threshold, inside the whole report and on its own."""
+    output, _ = sample_build
+    stats = tmp_path / "stats"
+    shutil.copytree(output / "stats", stats)
+    report = audit.render_report(str(stats))
+    page = open(report).read()
+    curves = page.count('alt="written vs ')
+    assert curves == 9, curves  # every threshold the sample's build answers
+    images, events, _ = open_page("file://" + report, profile_dir)
+    assert len(images) == page.count("<img ") and all(i["complete"] and i["width"] > 0 for i in images)
+    assert _errors(events) == []
+    start = page.index('<h2 id="thresholds">')
+    alone = tmp_path / "explorer.html"
+    alone.write_text(page[:page.index("<body>") + 6] + page[start:page.index("<h2", start + 4)] + "</body></html>")
+    shot = tmp_path / "explorer.png"
+    images, events, _ = open_page("file://" + str(alone), profile_dir, top_path=str(shot))
+    assert len(images) == curves and all(i["complete"] and i["width"] > 300 for i in images)
+    assert _errors(events) == [] and _not_blank(shot)
+    keep = os.environ.get("AUDIT_SCREENSHOT_DIR")
+    if keep:
+        os.makedirs(keep, exist_ok=True)
+        shutil.copy(shot, keep)

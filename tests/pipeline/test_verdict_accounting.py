@@ -39,9 +39,9 @@ class LosingOneVerdict(verdicts_lib.JoinVerdicts):
     """What a runner that drops data does to one verdict between the stages and the join."""
 
     def expand(self, inputs):
-        rows, verdicts = inputs
+        rows, verdicts, *measures = inputs
         kept = verdicts | "DropOneVerdict" >> beam.Filter(lambda kv: not kv[0].startswith(FIRST[0]))
-        return super().expand((rows, kept))
+        return super().expand((rows, kept, *measures))
 
 
 FIRST = [""]

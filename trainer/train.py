@@ -65,7 +65,9 @@ from common import console
 from common.corpus_dir import DamagedFile, IncompleteCorpus, require_completed
 from trainer import checkpoint, loss, models, optim
 from trainer.configs import check as check_config
-from trainer.configs import ConfigError, compute_dtype, cpu_fast_compile_options, frozen_towers, vocab_path
+from trainer.configs import (
+    ConfigError, compute_dtype, cpu_fast_compile_options, frozen_towers, parse_flags, vocab_path,
+)
 from trainer.metric_log import MetricWriter, Progress
 from trainer.preemption import EXIT_PREEMPTED, StopOnSigterm
 from trainer.shard_reader import damage_in
@@ -488,20 +490,7 @@ def _run_command_line(workdir: str, sigterm: StopOnSigterm) -> None:
         sys.exit(status)
 
 
-def _parse_flags(argv):
-    """absl's flag parsing, with a ``--config.X`` override that does not apply as one line, not a traceback."""
-    try:
-        return app.parse_flags_with_usage(argv)
-    except (AttributeError, KeyError) as error:  # ml_collections: the override names no field of the config
-        overrides = [a.split("=", 1)[0] for a in argv[1:] if a.startswith("--config.")]
-        field = str(error).strip("\"'")
-        sys.exit(f"error: {', '.join(overrides) or '--config'}: no field '{field}' in the config "
-                 "(the config file's get_config() lists its fields)")
-    except (TypeError, ValueError) as error:  # a value of the wrong type for its field
-        sys.exit(f"error: {error}")
-
-
 if __name__ == "__main__":
     # Checked as flags are parsed: a missing one is a one-line error, not the usage text.
     flags.mark_flags_as_required(["config", "workdir"])
-    app.run(main, flags_parser=_parse_flags)
+    app.run(main, flags_parser=parse_flags)

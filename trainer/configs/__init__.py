@@ -282,3 +282,19 @@ def check(config) -> None:
         fail("resize_size", resize, f"at least image_size ({config.image_size}): the crop is cut from the resize")
     frozen_towers(config)
 
+
+def parse_flags(argv):
+    """absl's flag parsing for a trainer command: a ``--config.X`` override that does not apply is one line."""
+    import sys
+
+    from absl import app
+
+    try:
+        return app.parse_flags_with_usage(argv)
+    except (AttributeError, KeyError) as error:  # ml_collections: the override names no field of the config
+        overrides = [a.split("=", 1)[0] for a in argv[1:] if a.startswith("--config.")]
+        field = str(error).strip("\"'")
+        sys.exit(f"error: {', '.join(overrides) or '--config'}: no field '{field}' in the config "
+                 "(the config file's get_config() lists its fields)")
+    except (TypeError, ValueError) as error:  # a value of the wrong type for its field
+        sys.exit(f"error: {error}")

@@ -25,6 +25,7 @@ of the NamedTuples to build their schemas.
 """
 
 import json
+import math
 from typing import NamedTuple, Tuple
 
 import apache_beam as beam
@@ -53,6 +54,8 @@ class LightRow(NamedTuple):
     carried: str = ""     # JSON [[column, text], ...] of a downloaded record ("": read again from ``source``)
     stored_width: int = 0   # the picture's size when the shard stores its bytes as read (0: re-encoded)
     stored_height: int = 0
+    model_score: float = -math.inf  # image-text cosine under the --model_score model (-inf: not scored; not NaN,
+    #                                 so that equal rows compare equal)
 
 
 # Functions, not methods: a worker process decodes rows into a type Beam

@@ -83,13 +83,13 @@ def keep_order(row: LightRow) -> tuple:
 
 
 def first_verdict(verdicts, rank=None):
-    """The verdict of the earliest stage (also a combiner: any number of verdicts per key).
+    """The verdict of the earliest stage, then the first by name (also a combiner: any number of verdicts per key).
 
     ``rank`` (stage name -> run position, ``filters.extra_stages.stage_rank``)
     orders the verdicts when extra stages run; the built-in order otherwise.
     """
     rank = rank or stages.STAGE_INDEX
-    return min(verdicts, key=lambda r: rank[stages.stage_of(r)])
+    return min(verdicts, key=lambda r: (rank[stages.stage_of(r)], r))
 
 
 def resolve_group(key: str, rows: List[LightRow], verdicts: List[str], rank=None):
@@ -110,15 +110,18 @@ def resolve_group(key: str, rows: List[LightRow], verdicts: List[str], rank=None
 
 
 class KeyFate(beam.CombineFn):
-    """A key's light rows and verdict rows -> ``(count, smallest, second smallest, first verdict)``.
+    """A key's light rows and verdict rows -> ``(count, smallest, second smallest, verdicts)``.
 
     Rows are the records still in the running (reason ""), ordered by
     ``keep_order``: the smallest is the row ``resolve_group`` would write, a
     rejection of the key is shown by the smallest row it rejects. Verdict rows
-    (``stage_rows.verdict_row``) carry a key stage's reason; the earliest
-    stage's is kept. A combine, so a pair repeated on every page of a site
-    is reduced where it was read; the accumulator is two rows and a reason,
-    whatever the count, with a compact coder (``accumulator_coder``).
+    (``stage_rows.verdict_row``) carry a key stage's reason; ``verdicts`` is
+    every distinct one, "|"-joined in run order, so the first is the key's
+    reason (``first_of``) and the rest say which later stages rejected it too
+    (the audit's "what the score alone would have caught"). A combine, so a
+    pair repeated on every page of a site is reduced where it was read; the
+    accumulator is two rows and at most one reason per stage, whatever the
+    count, with a compact coder (``accumulator_coder``).
     """
 
     def __init__(self, rank=None):
@@ -127,8 +130,8 @@ class KeyFate(beam.CombineFn):
     def create_accumulator(self):
         return 0, None, None, ""
 
-    def _add(self, acc, count, rows, verdict):
-        n, first, second, first_reason = acc
+    def _add(self, acc, count, rows, verdicts):
+        n, first, second, known = acc
         for row in rows:
             if row is None:
                 continue
@@ -136,9 +139,9 @@ class KeyFate(beam.CombineFn):
                 first, second = row, first
             elif second is None or keep_order(row) < keep_order(second):
                 second = row
-        if verdict:
-            first_reason = first_verdict([first_reason, verdict], self.rank) if first_reason else verdict
-        return n + count, first, second, first_reason
+        if verdicts and verdicts != known:
+            known = merge_verdicts(known, verdicts, self.rank)
+        return n + count, first, second, known
 
     def add_input(self, acc, row):
         if row.reason:
@@ -147,8 +150,8 @@ class KeyFate(beam.CombineFn):
 
     def merge_accumulators(self, accs):
         merged = self.create_accumulator()
-        for n, first, second, verdict in accs:
-            merged = self._add(merged, n, (first, second), verdict)
+        for n, first, second, verdicts in accs:
+            merged = self._add(merged, n, (first, second), verdicts)
         return merged
 
     def extract_output(self, acc):
@@ -156,6 +159,19 @@ class KeyFate(beam.CombineFn):
 
     def get_accumulator_coder(self):
         return accumulator_coder()
+
+
+def merge_verdicts(known: str, verdicts: str, rank=None) -> str:
+    """Two "|"-joined sets of reasons -> one, in run order (then by name: runs agree whatever the arrival order)."""
+    rank = rank or stages.STAGE_INDEX
+    reasons = set(known.split("|")) if known else set()
+    reasons.update(verdicts.split("|"))
+    return "|".join(sorted(reasons, key=lambda r: (rank[stages.stage_of(r)], r)))
+
+
+def first_of(verdicts: str) -> str:
+    """The key's reason: the first of its "|"-joined verdicts ("" for none)."""
+    return verdicts.split("|", 1)[0]
 
 
 def accumulator_coder():
@@ -171,19 +187,28 @@ def fate_rejections(fate) -> Tuple[Optional[LightRow], List[Tuple[LightRow, str,
     same number per reason and the same ledger line (key, reason, url, the
     same for all of a key's rows); the audit shows the smallest row rejected.
     """
-    count, first, second, verdict = fate
+    count, first, second, verdicts = fate
     if count == 0:
         return None, []  # a verdict for a key whose rows were rejected before
-    if verdict:
-        return None, [(first, verdict, count)]
+    if verdicts:
+        return None, [(first, first_of(verdicts), count)]
     if count == 1:
         return first, []
     return first, [(second, REPEAT, count - 1)]
 
 
+#: ``JoinVerdicts``' output of the keys more than one stage rejected:
+#: ``(first reason, (the later stages' reasons, ...), the pair's model score, rows)``.
+OVERLAPS = "overlaps"
+
+
 class _ResolveVerdicts(beam.DoFn):
+    def __init__(self, overlaps: bool = False):
+        self.overlaps = overlaps
+
     def process(self, element):
-        kept, rejections = fate_rejections(element[1])
+        fate = element[1]
+        kept, rejections = fate_rejections(fate)
         if kept is not None:
             yield kept
         for row, reason, times in rejections:
@@ -191,6 +216,9 @@ class _ResolveVerdicts(beam.DoFn):
             rejection = rejected(row, reason)
             for _ in range(times):
                 yield beam.pvalue.TaggedOutput(REJECTED, rejection)
+        if self.overlaps and fate[0] and "|" in fate[3]:
+            first, *others = fate[3].split("|")
+            yield beam.pvalue.TaggedOutput(OVERLAPS, (first, tuple(others), float(fate[1].model_score), fate[0]))
 
 
 class JoinVerdicts(beam.PTransform):
@@ -200,13 +228,16 @@ class JoinVerdicts(beam.PTransform):
     one is written. Rows and verdicts meet in one combine per key
     (``KeyFate``), so a key's repeats are reduced before the shuffle, however
     often a pair repeats; ``resolve_group`` is the same rule on a whole list.
+    With ``overlaps``, also ``"overlaps"``: one ``OVERLAPS`` tuple per key
+    that more than one stage rejected.
     """
 
     decides = ("duplicate_pair",)
 
-    def __init__(self, rank=None):
+    def __init__(self, rank=None, overlaps: bool = False):
         super().__init__()
         self.rank = rank
+        self.overlaps = overlaps
 
     def expand(self, inputs):
         rows, verdicts = inputs
@@ -217,6 +248,7 @@ class JoinVerdicts(beam.PTransform):
             (keyed_rows, keyed_verdicts)
             | "RowsAndVerdicts" >> beam.Flatten()
             | "FatePerKey" >> beam.CombinePerKey(KeyFate(self.rank))
-            | "Resolve" >> beam.ParDo(_ResolveVerdicts()).with_outputs(REJECTED, main=SURVIVORS)
+            | "Resolve" >> beam.ParDo(_ResolveVerdicts(self.overlaps)).with_outputs(REJECTED, OVERLAPS, main=SURVIVORS)
         )
-        return {SURVIVORS: holding_rows(outputs[SURVIVORS]), REJECTED: holding_rows(outputs[REJECTED])}
+        return {SURVIVORS: holding_rows(outputs[SURVIVORS]), REJECTED: holding_rows(outputs[REJECTED]),
+                OVERLAPS: outputs[OVERLAPS]}

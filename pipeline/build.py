@@ -7,14 +7,15 @@
 The job reads like its data flow, in two passes over the sources:
 
     MatchInputFiles -> JudgeRecords [-> DownloadImages -> JudgeDownloads]      first pass
-      -> ApplyCorpusFilters -> NearDuplicatesOfEvalImages
+      -> ApplyCorpusFilters -> [ModelScore] -> NearDuplicatesOfEvalImages
       -> [RemoveCorpusNearDuplicates] -> JoinVerdicts -> ChooseSamples         on light rows
       -> WriteShards                                                           second pass
       -> WriteRejectionLedger, WritePairsReport, WriteStats
 
 The first pass reads each record once and judges it where it was read
 (``pipeline.judge``): the per-record rules, NSFW, the evaluation-index
-match; it hands on a light row per record (``pipeline.stage_rows``).
+match, the pair model's score (``--model_score``); it hands on a light row
+per record (``pipeline.stage_rows``).
 Every later decision is taken on light rows: the corpus-wide counts, the
 near-duplicate and duplicate-pair verdicts (``pipeline.verdicts``). The
 second pass (``pipeline.write``) reads the kept records again from their
@@ -64,10 +65,11 @@ from pipeline.download import staging
 from pipeline.eval_index import EvalIndex, EvalMatchVerdicts
 from pipeline.judge import JudgeFetched, JudgeFiles, NsfwNote, RecordJudge
 from pipeline.near_duplicates import RemoveCorpusNearDuplicates, WritePairsReport
-from pipeline.options import BuildOptions, embedder_args, input_columns
+from pipeline.score_stage import ModelScoreVerdicts, ScoreStats
+from pipeline.options import BuildOptions, embedder_args, input_columns, pair_scorer
 from pipeline.read import MatchInputFiles
 from pipeline.stage_rows import REJECTED, SURVIVORS, LightRow, pool_row
-from pipeline.verdicts import JoinVerdicts, StagesRun
+from pipeline.verdicts import OVERLAPS, JoinVerdicts, StagesRun
 from pipeline.write_stats import ChooseSamples, WriteStats
 
 
@@ -84,7 +86,9 @@ def build_pipeline(
     """
     ran = StagesRun(notes)
     columns = input_columns(opts)
-    judge = RecordJudge(preset, extra_stages.record_stages(extras), eval_index, opts.embedder, embedder_args(opts))
+    scorer = pair_scorer(opts)  # --model_score: None unless asked for
+    judge = RecordJudge(preset, extra_stages.record_stages(extras), eval_index, opts.embedder, embedder_args(opts),
+                        scorer=scorer)
 
     # First pass: every input record read once and judged once; image bytes stay in the step that read them.
     paths = p | "MatchInputFiles" >> MatchInputFiles(opts.input)
@@ -113,6 +117,9 @@ def build_pipeline(
     corpus = {"survivors": in_the_running | "JudgedPool" >> beam.Map(pool_row), "counted_only": counted_only} | (
         "ApplyCorpusFilters" >> ran(ApplyCorpusFilters(preset, extras=extras)))
     key_verdicts = [corpus[REJECTED]]  # (key, reason), in stage order
+    if scorer is not None:
+        scored = in_the_running | "ModelScore" >> ran(ModelScoreVerdicts(preset))
+        key_verdicts.append(scored[REJECTED])
     if eval_index is not None:
         key_verdicts.append(in_the_running | "NearDuplicatesOfEvalImages" >> ran(EvalMatchVerdicts(eval_index)))
     if preset.dedup_in_corpus:
@@ -123,7 +130,8 @@ def build_pipeline(
             | "RemoveCorpusNearDuplicates" >> ran(RemoveCorpusNearDuplicates(
                 preset, corpus_dedup_threshold(preset, eval_index, opts), opts.embedder)))
     all_key_verdicts = key_verdicts | "KeyVerdicts" >> beam.Flatten()
-    joined = (in_the_running, all_key_verdicts) | "JoinVerdicts" >> ran(JoinVerdicts(extra_stages.stage_rank(extras)))
+    joined = (in_the_running, all_key_verdicts) | "JoinVerdicts" >> ran(
+        JoinVerdicts(extra_stages.stage_rank(extras), overlaps=scorer is not None))
     decided_rejections = (record_rejections, joined[REJECTED]) | "DecidedRejections" >> beam.Flatten()
 
     # Second pass: the kept records read again from their files and written; the audit's samples on the way.
@@ -148,8 +156,15 @@ def build_pipeline(
     histograms = measures | "Distributions" >> stats_lib.SumHistograms()
     nsfw_outcomes = [part[judge_lib.NSFW_OUTCOMES] for part in outputs_per_part] | "NsfwOutcomes" >> beam.Flatten()
     stage_notes_made_by_workers = nsfw_outcomes | "NsfwNote" >> NsfwNote(preset.nsfw_threshold)
+    corpus_stats = corpus["stats"]
+    if scorer is not None:  # the scores' histogram with the cut, and what the score alone would have caught
+        score_stats = (scored["cut"], scored["histogram"], rejections, joined[OVERLAPS]) | "ModelScoreStats" >> (
+            ScoreStats(scorer.check(), preset))
+        corpus_stats = (corpus_stats, score_stats["distribution"]) | "CorpusAndScoreStats" >> beam.Flatten()
+        stage_notes_made_by_workers = (
+            (stage_notes_made_by_workers, score_stats["note"]) | "NotesMadeInTheJob" >> beam.Flatten())
     meta = {"ran": ran.names, "notes": ran.notes, "dataset": opts.name, "preset": preset, "extras": tuple(extras)}
-    _ = (input_count, rejections, written_per_split, histograms, corpus["stats"], written[write_lib.SAMPLES],
+    _ = (input_count, rejections, written_per_split, histograms, corpus_stats, written[write_lib.SAMPLES],
          stage_notes_made_by_workers) | "WriteStats" >> WriteStats(opts.output, meta)
     return ran
 

@@ -28,7 +28,9 @@ light rows, as the corpus stages see them:
 
 Per run: wall and CPU seconds (driver plus reaped workers), the peak
 resident size (``VmHWM``) of each SDK worker process and of the driver (the
-runner's in-memory shuffle lives there), and the outcome counted in the job.
+runner's in-memory shuffle lives there), and the outcome counted in the job,
+which must be what the case's rows make (``expected_outcomes``): a run that
+lost records makes the command exit 1.
 ``--tree DIR`` runs the same harness against another checkout (e.g. a commit
 from before a change to these stages) for comparison.
 """
@@ -133,6 +135,20 @@ def build_case(p, case: str, rows: int, total: int):
     raise ValueError(case)
 
 
+def expected_outcomes(case: str, rows: int, total: int) -> dict:
+    """What each case must count when nothing is lost (``main`` fails the run otherwise)."""
+    from filters.frequency import SHARED_TEXT, TOO_MANY_TEXTS
+
+    rows = min(rows, total)
+    if case == "text":
+        return {SHARED_TEXT: rows}
+    if case == "image":
+        return {TOO_MANY_TEXTS: rows}
+    if case == "pair":
+        return {"light_kept": total, "written": 1 + total - rows, "duplicate_pair/repeat": rows - 1}
+    return None  # kmeans: a shape, not a count
+
+
 def run_case(case: str, rows: int, total: int) -> dict:
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
@@ -203,10 +219,15 @@ def main(argv=None) -> int:
             figures = json.loads(done.stdout.strip().splitlines()[-1])
             figures["load_after"] = record.load()
             figures["label"] = args.label
+            expected = expected_outcomes(case, rows, args.total)
+            figures["outcomes_add_up"] = expected is None or figures["outcomes"] == expected
             print(json.dumps(figures), flush=True)
+            if not figures["outcomes_add_up"]:
+                print(f"error: {case} with {rows:,} hot rows counted {figures['outcomes']}, expected {expected}: "
+                      "records were lost", file=sys.stderr)
             runs.append(figures)
     started.write("scale", {"runs": runs}, args.json)
-    return 0
+    return 0 if all(run["outcomes_add_up"] for run in runs) else 1
 
 
 if __name__ == "__main__":

@@ -69,7 +69,7 @@ from pipeline.score_stage import ModelScoreVerdicts, ScoreStats
 from pipeline.options import BuildOptions, embedder_args, input_columns, pair_scorer
 from pipeline.read import MatchInputFiles
 from pipeline.stage_rows import REJECTED, SURVIVORS, LightRow, pool_row
-from pipeline.verdicts import OVERLAPS, JoinVerdicts, StagesRun
+from pipeline.verdicts import OVERLAPS, CountVerdicts, JoinVerdicts, StagesRun
 from pipeline.write_stats import ChooseSamples, WriteStats
 
 
@@ -116,19 +116,23 @@ def build_pipeline(
     )
     corpus = {"survivors": in_the_running | "JudgedPool" >> beam.Map(pool_row), "counted_only": counted_only} | (
         "ApplyCorpusFilters" >> ran(ApplyCorpusFilters(preset, extras=extras)))
-    key_verdicts = [corpus[REJECTED]]  # (key, reason), in stage order
+    key_verdicts = [corpus[REJECTED] | "CountCorpusVerdicts" >> CountVerdicts("corpus_filters")]  # in stage order
     if scorer is not None:
         scored = in_the_running | "ModelScore" >> ran(ModelScoreVerdicts(preset))
-        key_verdicts.append(scored[REJECTED])
+        key_verdicts.append(scored[REJECTED] | "CountScoreVerdicts" >> CountVerdicts("model_score"))
     if eval_index is not None:
-        key_verdicts.append(in_the_running | "NearDuplicatesOfEvalImages" >> ran(EvalMatchVerdicts(eval_index)))
+        key_verdicts.append(
+            in_the_running
+            | "NearDuplicatesOfEvalImages" >> ran(EvalMatchVerdicts(eval_index))
+            | "CountEvalVerdicts" >> CountVerdicts("near_duplicate_eval"))
     if preset.dedup_in_corpus:
         earlier_verdicts = key_verdicts | "VerdictsBeforeCorpusDedup" >> beam.Flatten()
         embeddings = [part[judge_lib.EMBEDDINGS] for part in outputs_per_part] | "Embeddings" >> beam.Flatten()
         key_verdicts.append(
             {"light": in_the_running, "embeddings": embeddings, "earlier": earlier_verdicts}
             | "RemoveCorpusNearDuplicates" >> ran(RemoveCorpusNearDuplicates(
-                preset, corpus_dedup_threshold(preset, eval_index, opts), opts.embedder)))
+                preset, corpus_dedup_threshold(preset, eval_index, opts), opts.embedder))
+            | "CountCorpusDedupVerdicts" >> CountVerdicts("near_duplicate_corpus"))
     all_key_verdicts = key_verdicts | "KeyVerdicts" >> beam.Flatten()
     joined = (in_the_running, all_key_verdicts) | "JoinVerdicts" >> ran(
         JoinVerdicts(extra_stages.stage_rank(extras), overlaps=scorer is not None))

@@ -38,6 +38,23 @@ def accounting_problems(funnel: dict, read_counts: Optional[dict]) -> List[str]:
     return problems
 
 
+def verdict_accounting_problems(counts: Optional[dict]) -> List[str]:
+    """Why the key stages' verdicts did not all reach the join that applies them (empty when they did).
+
+    ``counts`` are the ``verdicts`` counters (``pipeline.verdicts``): each
+    stage's ``emitted/<stage>`` and the join's ``received``.
+    """
+    if counts is None:
+        return []
+    emitted = {name.split("/", 1)[1]: n for name, n in counts.items() if name.startswith("emitted/")}
+    received = counts.get("received", 0)
+    if sum(emitted.values()) == received:
+        return []
+    shown = ", ".join(f"{stage} {n:,}" for stage, n in sorted(emitted.items()))
+    return [f"the key stages emitted {sum(emitted.values()):,} verdicts ({shown}) but the join received "
+            f"{received:,}: the runner lost data"]
+
+
 def counters(result, namespace: str = NS) -> Optional[dict]:
     """Beam Metrics counters of ``namespace`` by name, or None if the runner has none."""
     from apache_beam.metrics.metric import MetricsFilter

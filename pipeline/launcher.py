@@ -199,6 +199,7 @@ def run(argv: Optional[List[str]] = None) -> dict:
     from pipeline import output as output_lib
     from pipeline import publish as publish_lib
     from pipeline.read import READ_NAMESPACE
+    from pipeline.verdicts import VERDICTS_NAMESPACE
 
     parser = build_parser()
     args, beam_args = parser.parse_known_args(list(sys.argv[1:] if argv is None else argv))
@@ -245,10 +246,11 @@ def run(argv: Optional[List[str]] = None) -> dict:
         say(f"submitted; when the job has finished: python -m pipeline.publish {output} --build {version}")
         return {}
     result.wait_until_finish()
-    read_counts = counters(result, READ_NAMESPACE)
-    if read_counts is not None:
-        stats_lib.write_text(FileSystems.join(directory, publish_lib.READ_COUNTS),
-                             stats_lib.to_json(read_counts, sort_keys=True))
+    # What the runner counted apart from the data, for the publication to reconcile with the data.
+    for namespace, path in ((READ_NAMESPACE, publish_lib.READ_COUNTS), (VERDICTS_NAMESPACE, publish_lib.VERDICT_COUNTS)):
+        found = counters(result, namespace)
+        if found is not None:
+            stats_lib.write_text(FileSystems.join(directory, path), stats_lib.to_json(found, sort_keys=True))
     funnel_counters = counters(result)
     if funnel_counters is not None:
         stats_lib.write_text(FileSystems.join(directory, "stats", "metrics.json"),

@@ -49,7 +49,7 @@ _TOP_LEVEL_FILES = {COMPLETED, MARKER, LOCK, COMMIT, "features.json", "vocab.txt
 _VERSION_FILES = {REQUEST, MANIFEST, COMMIT, "features.json", "vocab.txt"}
 _STATS_FILES = re.compile(
     r"^stats/(funnel\.json|distributions\.json|rejected_samples\.jsonl|near_duplicates\.jsonl|report\.html"
-    r"|near_duplicates-\d{5,}-of-\d{5,}\.jsonl|read_counts\.json"
+    r"|near_duplicates-\d{5,}-of-\d{5,}\.jsonl|read_counts\.json|verdict_counts\.json"
     r"|metrics\.json|_shards\.json|concepts\.json|rejected/rejected-\d{5,}-of-\d{5,}\.jsonl)$"
 )
 _INDEX_FILES = re.compile(r"^near_duplicates/index/(vectors\.npy|rows\.jsonl|centroids\.npy|thumbnails\.jsonl)$")

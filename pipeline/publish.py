@@ -39,10 +39,12 @@ from pipeline import commit as commit_lib
 from pipeline import output as output_lib
 from pipeline import shard_report
 from pipeline import tfds_metadata
-from pipeline.finish import AccountingError, accounting_problems
+from pipeline.finish import AccountingError, accounting_problems, verdict_accounting_problems
 from pipeline.funnel_table import as_int
 
 READ_COUNTS = "stats/read_counts.json"
+#: The ``verdicts`` counters of the job, saved by an attached launcher (``pipeline.finish``).
+VERDICT_COUNTS = "stats/verdict_counts.json"
 EXIT_PUBLISHED, EXIT_FAILED, EXIT_USAGE, EXIT_CONFLICT = 0, 1, 2, 3
 
 
@@ -120,6 +122,7 @@ def _check(output: str, version: str, directory: str, request: dict):
     except shard_report.ShardsMissing as error:
         raise PublishError(str(error)) from None
     problems = accounting_problems(funnel, _read_json(FileSystems.join(directory, READ_COUNTS)))
+    problems += verdict_accounting_problems(_read_json(FileSystems.join(directory, VERDICT_COUNTS)))
     for split, entry in report.items():
         if sum(entry["records"]) != as_int((funnel.get("written") or {}).get(split)):
             problems.append(f"split {split!r}: the shards hold {sum(entry['records']):,} records, "

@@ -109,8 +109,35 @@ def resolve_group(key: str, rows: List[LightRow], verdicts: List[str], rank=None
     return ordered[:1], [(r, REPEAT) for r in ordered[1:]]
 
 
+#: Beam Metrics namespace of the verdicts' own accounting: ``emitted/<stage>`` where a key stage hands its
+#: verdicts on (``CountVerdicts``), ``received`` where ``JoinVerdicts`` folds them in; the launcher checks that
+#: they agree (``pipeline.finish.verdict_accounting_problems``): a verdict lost on the way would write a record
+#: that should have been rejected, and the funnel's conservation law cannot see that.
+VERDICTS_NAMESPACE = "verdicts"
+
+
+class _CountVerdict(beam.DoFn):
+    def __init__(self, stage: str):
+        self.emitted = Metrics.counter(VERDICTS_NAMESPACE, f"emitted/{stage}")
+
+    def process(self, verdict):
+        self.emitted.inc()
+        yield verdict
+
+
+class CountVerdicts(beam.PTransform):
+    """``(key, reason)`` verdicts, unchanged, counted as ``verdicts/emitted/<stage>``."""
+
+    def __init__(self, stage: str):
+        super().__init__()
+        self.stage = stage
+
+    def expand(self, verdicts):
+        return verdicts | "Count" >> beam.ParDo(_CountVerdict(self.stage))
+
+
 class KeyFate(beam.CombineFn):
-    """A key's light rows and verdict rows -> ``(count, smallest, second smallest, verdicts)``.
+    """A key's light rows and verdict rows -> ``(count, smallest, second smallest, verdicts, verdicts folded)``.
 
     Rows are the records still in the running (reason ""), ordered by
     ``keep_order``: the smallest is the row ``resolve_group`` would write, a
@@ -118,20 +145,21 @@ class KeyFate(beam.CombineFn):
     (``stage_rows.verdict_row``) carry a key stage's reason; ``verdicts`` is
     every distinct one, "|"-joined in run order, so the first is the key's
     reason (``first_of``) and the rest say which later stages rejected it too
-    (the audit's "what the score alone would have caught"). A combine, so a
+    (the audit's "what the score alone would have caught"); how many verdict
+    rows were folded in is counted (``verdicts/received``). A combine, so a
     pair repeated on every page of a site is reduced where it was read; the
-    accumulator is two rows and at most one reason per stage, whatever the
-    count, with a compact coder (``accumulator_coder``).
+    accumulator is two rows, at most one reason per stage and two counts,
+    whatever the count, with a compact coder (``accumulator_coder``).
     """
 
     def __init__(self, rank=None):
         self.rank = rank
 
     def create_accumulator(self):
-        return 0, None, None, ""
+        return 0, None, None, "", 0
 
-    def _add(self, acc, count, rows, verdicts):
-        n, first, second, known = acc
+    def _add(self, acc, count, rows, verdicts, folded_here=0):
+        n, first, second, known, folded = acc
         for row in rows:
             if row is None:
                 continue
@@ -141,17 +169,17 @@ class KeyFate(beam.CombineFn):
                 second = row
         if verdicts and verdicts != known:
             known = merge_verdicts(known, verdicts, self.rank)
-        return n + count, first, second, known
+        return n + count, first, second, known, folded + folded_here
 
     def add_input(self, acc, row):
         if row.reason:
-            return self._add(acc, 0, (), row.reason)
+            return self._add(acc, 0, (), row.reason, 1)
         return self._add(acc, 1, (row,), "")
 
     def merge_accumulators(self, accs):
         merged = self.create_accumulator()
-        for n, first, second, verdicts in accs:
-            merged = self._add(merged, n, (first, second), verdicts)
+        for n, first, second, verdicts, folded in accs:
+            merged = self._add(merged, n, (first, second), verdicts, folded)
         return merged
 
     def extract_output(self, acc):
@@ -177,7 +205,8 @@ def first_of(verdicts: str) -> str:
 def accumulator_coder():
     row = beam.coders.registry.get_coder(LightRow)
     return beam.coders.TupleCoder([beam.coders.VarIntCoder(), beam.coders.NullableCoder(row),
-                                   beam.coders.NullableCoder(row), beam.coders.StrUtf8Coder()])
+                                   beam.coders.NullableCoder(row), beam.coders.StrUtf8Coder(),
+                                   beam.coders.VarIntCoder()])
 
 
 def fate_rejections(fate) -> Tuple[Optional[LightRow], List[Tuple[LightRow, str, int]]]:
@@ -187,7 +216,7 @@ def fate_rejections(fate) -> Tuple[Optional[LightRow], List[Tuple[LightRow, str,
     same number per reason and the same ledger line (key, reason, url, the
     same for all of a key's rows); the audit shows the smallest row rejected.
     """
-    count, first, second, verdicts = fate
+    count, first, second, verdicts, _ = fate
     if count == 0:
         return None, []  # a verdict for a key whose rows were rejected before
     if verdicts:
@@ -205,9 +234,11 @@ OVERLAPS = "overlaps"
 class _ResolveVerdicts(beam.DoFn):
     def __init__(self, overlaps: bool = False):
         self.overlaps = overlaps
+        self.received = Metrics.counter(VERDICTS_NAMESPACE, "received")
 
     def process(self, element):
         fate = element[1]
+        self.received.inc(fate[4])
         kept, rejections = fate_rejections(fate)
         if kept is not None:
             yield kept

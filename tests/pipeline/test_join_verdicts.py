@@ -57,7 +57,8 @@ def test_fate_gives_what_the_whole_list_gives(count, verdict):
         keep, reject = v.resolve_group(KEY, list(records), [verdict] if verdict else [])
         verdicts = [verdict_row(KEY, verdict)] * 3 if verdict else []
         fate = combine(list(records) + verdicts, rng, fn)
-        assert fate[0] == count and len(fate) == 4  # a count, two rows and a reason, whatever the count
+        # A count, two rows, a reason and the verdicts folded in, whatever the count.
+        assert fate[0] == count and len(fate) == 5 and fate[4] == len(verdicts)
         kept, rows = emitted(v.fate_rejections(fate))
         expected = [rejected(r, reason) for r, reason in reject]
         assert (kept,) == tuple(keep) or (kept is None and keep == [])
@@ -83,7 +84,7 @@ def test_join_verdicts_on_a_pair_repeated_many_times():
 def test_the_fate_coder_round_trips_and_is_deterministic():
     rng = random.Random(1)
     coder = v.KeyFate().get_accumulator_coder()
-    for fate in [(0, None, None, ""), (3, repeat(0, rng), repeat(1, rng), "rare_ngrams/rare_ngram")]:
+    for fate in [(0, None, None, "", 0), (3, repeat(0, rng), repeat(1, rng), "rare_ngrams/rare_ngram", 2)]:
         assert coder.decode(coder.encode(fate)) == fate
     assert coder.is_deterministic()
 

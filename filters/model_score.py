@@ -43,7 +43,9 @@ score). A user's model::
 
 and ``PairScorer("my_clip", model_path="/models/clip.onnx")``. The module
 that registers it must be imported wherever the scorer runs (on every
-worker), as an extra stage's is.
+worker), as an extra stage's is: name the model ``MODULE:NAME``
+(``--model_score my_models:my_clip``) and each process imports MODULE
+before it looks the name up.
 """
 
 from __future__ import annotations
@@ -93,11 +95,30 @@ def names() -> Tuple[str, ...]:
     return tuple(sorted(_REGISTRY))
 
 
-def get(name: str, **kwargs) -> PairModel:
-    """A new model (no sharing): ``get("checkpoint", workdir=W)``."""
+def registered(spec: str) -> str:
+    """The registered name a model is given by: ``NAME``, or ``MODULE:NAME`` (imports MODULE, which registers it).
+
+    The module form lets a worker that never imported the user's module find
+    the model: the name travels in the job, the import happens where it runs.
+    """
+    module_name, sep, name = spec.rpartition(":")
+    if sep and name not in _REGISTRY:
+        import importlib
+
+        try:
+            importlib.import_module(module_name)
+        except ImportError as error:
+            raise ValueError(f"pair model {spec!r}: cannot import {module_name}: {error}") from None
+    name = name if sep else spec
     if name not in _REGISTRY:
-        raise ValueError(f"unknown pair model {name!r}; known: {', '.join(names())}")
-    return _REGISTRY[name](**kwargs)
+        where = f" (does {module_name} register it?)" if sep else ""
+        raise ValueError(f"unknown pair model {spec!r}{where}; known: {', '.join(names())}")
+    return name
+
+
+def get(name: str, **kwargs) -> PairModel:
+    """A new model (no sharing): ``get("checkpoint", workdir=W)``; ``MODULE:NAME`` as ``registered``."""
+    return _REGISTRY[registered(name)](**kwargs)
 
 
 def parse_args(items: Sequence[str]) -> Dict[str, object]:
@@ -169,8 +190,7 @@ class PairScorer:
     """What a build stage holds: a model's name and arguments; the model itself is per process."""
 
     def __init__(self, name: str, **kwargs):
-        if name not in _REGISTRY:
-            raise ValueError(f"unknown pair model {name!r}; known: {', '.join(names())}")
+        registered(name)
         self.name, self.kwargs = name, dict(kwargs)
         _cache_key(name, self.kwargs)  # arguments must be JSON-able, as --model_score_arg gives them
 

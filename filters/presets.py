@@ -92,6 +92,14 @@ PARAMS = [
           "what a worker without the NSFW scorer (nudenet, the optional '[nsfw]' extra) does: 'pass' the records "
           "unscored (counted in nsfw/scorer_unavailable and said in the funnel) or 'fail' the job",
           "pass", ("pass", "fail")),
+    Param("model_score_threshold", float,
+          "image-text cosine a pair must reach under the --model_score model (a trained two-tower checkpoint)",
+          -1.0, low=-1.0, high=1.0, measure="the pair's cosine", keep=">=", off=-1.0),
+    Param("model_score_top_fraction", float,
+          "keep the pairs whose --model_score cosine is in this top fraction of the scored pairs "
+          "(DataComp: 0.3); a corpus-wide quantile, ties broken by key",
+          1.0, low=0.0, high=1.0, measure="the pair's place from the top, as a fraction of the scored pairs",
+          keep="<=", off=1.0),
     Param("counting_base", str,
           "rows every corpus-wide count (texts per image, images per text, n-grams) is taken over: "
           "'raw' = every row with a readable image header and text, before the quality thresholds "

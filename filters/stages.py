@@ -28,6 +28,19 @@ The stage part must be one of ``STAGES``; details are short stable words
 Cheap before expensive: header-only image checks and text rules run before
 full decodes, hashes and the NSFW scorer (a header check costs a small
 fraction of a decode: ``benchmarks/RESULTS.md``, "Per-record filters").
+
+``model_score`` (``--model_score``, off by default) comes right after
+``nsfw``, before the corpus stages. It judges a pair by itself, as the
+per-record rules do: the first pass scores the pairs that every per-record
+rule and NSFW kept (no model time on a pair those reject), and only its cut
+is corpus-wide (the top fraction is a quantile of the scores). First among
+the corpus stages, the pairs it judges are exactly the pairs the funnel
+shows entering it, so its ``out / in`` is the fraction it keeps
+(DataComp's "top 30% of the pool after basic filtering"). The corpus-wide
+counts do not see its verdicts (they count over the counting pool, as they
+do not see each other's), so its place decides only under which reason a
+pair that another corpus stage also rejects is counted; the audit reports
+those pairs (what the score alone would have caught).
 """
 
 #: The two outputs of every stage: a stage returns ``{SURVIVORS: what goes on, REJECTED: what it rejects}``.
@@ -45,6 +58,8 @@ STAGES = (
     ("text_repetition", "repeated words / words (1 - distinct/total) at most max_word_repetition"),
     ("image_decode", "the full image decodes (not truncated or corrupt)"),
     ("nsfw", "pornographic-content score below nsfw_threshold"),
+    ("model_score", "image-text cosine of a trained two-tower model: at least model_score_threshold, and in the "
+                    "top model_score_top_fraction of the scored pairs"),
     ("texts_per_image", "the image has at most max_texts_per_image distinct alt-texts"),
     ("images_per_text", "the alt-text is shared by at most max_images_per_text distinct images"),
     ("rare_ngrams", "every n-gram (words, and bigrams if max_ngram_order is 2) is in the vocabulary"),
@@ -53,10 +68,10 @@ STAGES = (
     ("duplicate_pair", "the same (url, alt-text) pair was not already kept"),
 )
 
-#: Stages the funnel lists only when the build ran them (``--download``): a
-#: build from image bytes has no download stage, and its funnel says so by
-#: not listing one.
-OPTIONAL_STAGES = ("download",)
+#: Stages the funnel lists only when the build ran them (``--download``,
+#: ``--model_score``): a build from image bytes has no download stage, and its
+#: funnel says so by not listing one.
+OPTIONAL_STAGES = ("download", "model_score")
 
 STAGE_NAMES = tuple(name for name, _ in STAGES)
 STAGE_INDEX = {name: i for i, name in enumerate(STAGE_NAMES)}

@@ -44,6 +44,7 @@ from filters import stages
 from pipeline import what_if, what_if_report
 from pipeline.funnel_table import FUNNEL_FILE, as_int, check_funnel, format_funnel, percent, stage_rejected
 from pipeline.report_plots import DISTRIBUTION_CUTS, plot_cosines, plot_count_of_counts, plot_distribution, plot_funnel
+from pipeline.score_report import section_model_score
 
 STATS_DIR = "stats"
 SAMPLES_FILE = "rejected_samples.jsonl"
@@ -431,8 +432,7 @@ def build_html(loaded: dict) -> str:
         _section_near_duplicates(loaded.get("near_duplicates") or [], NEAR_DUPLICATES_FILE in loaded.get("missing", []), preset),
         _section_preset(funnel),
     ]
-    if loaded.get("concepts"):
-        body.insert(-1, _section_concepts(loaded["concepts"]))
+    body[-1:-1] = [section for section in (_section_concepts(loaded.get("concepts")), section_model_score(loaded, _img)) if section]
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
         f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'

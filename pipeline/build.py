@@ -7,17 +7,17 @@
 The job reads like its data flow, in two passes over the sources:
 
     MatchInputFiles -> JudgeRecords [-> DownloadImages]                        first pass
-      -> ApplyCorpusFilters -> NearDuplicatesOfEvalImages
+      -> ApplyCorpusFilters -> [ModelScore] -> NearDuplicatesOfEvalImages
       -> [RemoveCorpusNearDuplicates] -> JoinVerdicts -> ChooseSamples         on light rows
       -> WriteShards                                                           second pass
       -> WriteRejectionLedger, WritePairsReport, WriteStats
 
 The first pass reads each record once and judges it where it was read
 (``pipeline.judge``): the per-record rules, NSFW, the evaluation-index
-match; it hands on a light row per record (``pipeline.stage_rows``). With
-``--download``, the URL-list rows go to ``DownloadImages``
-(``pipeline.download.stage``): each distinct URL fetched and its image
-judged once, then each row judged with its image's facts.
+match, the pair model's score (``--model_score``); it hands on a light row
+per record (``pipeline.stage_rows``). With ``--download``, the URL-list rows
+go to ``DownloadImages`` (``pipeline.download.stage``): each distinct URL
+fetched and its image judged once, then each row judged with its image's facts.
 Every later decision is taken on light rows: the corpus-wide counts, the
 near-duplicate and duplicate-pair verdicts (``pipeline.verdicts``). The
 second pass (``pipeline.write``) reads the kept records again from their
@@ -68,10 +68,11 @@ from pipeline.download import staging
 from pipeline.eval_index import EvalIndex, EvalMatchVerdicts
 from pipeline.judge import JudgeFiles, NsfwNote, RecordJudge
 from pipeline.near_duplicates import RemoveCorpusNearDuplicates, WritePairsReport
-from pipeline.options import BuildOptions, embedder_args, input_columns
+from pipeline.score_stage import ModelScoreVerdicts, ScoreStats
+from pipeline.options import BuildOptions, embedder_args, input_columns, pair_scorer
 from pipeline.read import MatchInputFiles
 from pipeline.stage_rows import pool_row
-from pipeline.verdicts import CountVerdicts, JoinVerdicts, StagesRun
+from pipeline.verdicts import OVERLAPS, CountVerdicts, JoinVerdicts, StagesRun
 from pipeline.what_if_stats import WhatIfStats
 from pipeline.write_stats import ChooseSamples, WriteStats
 
@@ -89,7 +90,9 @@ def build_pipeline(
     """
     ran = StagesRun(notes)
     columns = input_columns(opts)
-    judge = RecordJudge(preset, extra_stages.record_stages(extras), eval_index, opts.embedder, embedder_args(opts))
+    scorer = pair_scorer(opts)  # --model_score: None unless asked for
+    judge = RecordJudge(preset, extra_stages.record_stages(extras), eval_index, opts.embedder, embedder_args(opts),
+                        scorer=scorer)
 
     # First pass: every input record read once and judged once; image bytes stay in the step that read them.
     paths = p | "MatchInputFiles" >> MatchInputFiles(opts.input)
@@ -119,6 +122,9 @@ def build_pipeline(
         "ApplyCorpusFilters" >> ran(ApplyCorpusFilters(preset, extras=extras, every_verdict=True)))
     # Every corpus stage's verdicts, not only a key's first: the audit's what-if needs them all.
     key_verdicts = [corpus[REJECTED] | "CountCorpusVerdicts" >> CountVerdicts("corpus_filters")]  # in stage order
+    if scorer is not None:
+        scored = in_the_running | "ModelScore" >> ran(ModelScoreVerdicts(preset))
+        key_verdicts.append(scored[REJECTED] | "CountScoreVerdicts" >> CountVerdicts("model_score"))
     if eval_index is not None:
         key_verdicts.append(
             in_the_running
@@ -135,7 +141,7 @@ def build_pipeline(
     all_key_verdicts = key_verdicts | "KeyVerdicts" >> beam.Flatten()
     rank = extra_stages.stage_rank(extras)
     joined = (in_the_running, all_key_verdicts, corpus["lowest_ngram_counts"]) | "JoinVerdicts" >> ran(
-        JoinVerdicts(rank))
+        JoinVerdicts(rank, overlaps=scorer is not None))
     _ = {"fates": joined["fates"], "record_rejections": record_rejections, "group_counts": corpus["group_counts"],
          "vocabulary": corpus["vocabulary"]} | "WhatIfStats" >> WhatIfStats(
         opts.output, preset, [name for name, _ in extra_stages.stage_list(extras)], rank)
@@ -163,9 +169,15 @@ def build_pipeline(
     histograms = measures | "Distributions" >> stats_lib.SumHistograms()
     nsfw_outcomes = [part[judge_lib.NSFW_OUTCOMES] for part in outputs_per_part] | "NsfwOutcomes" >> beam.Flatten()
     worker_notes.append(nsfw_outcomes | "NsfwNote" >> NsfwNote(preset.nsfw_threshold))
+    corpus_stats = corpus["stats"]
+    if scorer is not None:  # the scores' histogram with the cut, and what the score alone would have caught
+        score_stats = (scored["cut"], scored["histogram"], rejections, joined[OVERLAPS]) | "ModelScoreStats" >> (
+            ScoreStats(scorer.check(), preset))
+        corpus_stats = (corpus_stats, score_stats["distribution"]) | "CorpusAndScoreStats" >> beam.Flatten()
+        worker_notes.append(score_stats["note"])
     stage_notes_made_by_workers = worker_notes | "StageNotes" >> beam.Flatten()
     meta = {"ran": ran.names, "notes": ran.notes, "dataset": opts.name, "preset": preset, "extras": tuple(extras)}
-    _ = (input_count, rejections, written_per_split, histograms, corpus["stats"], written[write_lib.SAMPLES],
+    _ = (input_count, rejections, written_per_split, histograms, corpus_stats, written[write_lib.SAMPLES],
          stage_notes_made_by_workers) | "WriteStats" >> WriteStats(opts.output, meta)
     return ran
 

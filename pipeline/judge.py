@@ -7,8 +7,11 @@ applies the per-record rules (``filters.record.judge_record``: header, format,
 size, aspect, text, the reduced decode that gives sha256 and pHash, extra
 stages) and, a batch at a time, the NSFW scorer and the match against the
 evaluation index (a per-process copy read from its files, ``pipeline.
-eval_index``), then emits one ``LightRow`` per record (``pipeline.
-stage_rows``). Image bytes never leave the step: a written record is read
+eval_index``) and, with ``--model_score``, the pair model (one copy per
+process, ``filters.model_score``: the pairs that passed everything so far
+wait for a full batch of the model, at most until the file ends; the cosine
+goes into the row, the cut is a corpus stage, ``pipeline.score_stage``),
+then emits one ``LightRow`` per record (``pipeline.stage_rows``). Image bytes never leave the step: a written record is read
 again from its file by the second pass (``pipeline.write``), found by its
 ordinal (its position in what the reader yields).
 
@@ -27,6 +30,7 @@ preset asks for it) and ``nsfw`` (what the NSFW scorer did, for the funnel's not
 from __future__ import annotations
 
 import json
+import math
 from typing import Dict, Iterator, List, Optional, Tuple
 
 import apache_beam as beam
@@ -36,7 +40,7 @@ from apache_beam.utils.shared import Shared
 
 from common.histogram import bin_index
 from common.schema import Candidate
-from filters import nsfw
+from filters import nsfw, score_cut
 from filters.image import thumbnail_b64
 from filters.record import Judgement, judge_record
 from pipeline import dedup_options
@@ -87,6 +91,17 @@ class Histograms:
         return sorted(counts.items())
 
 
+def _rows_out(rows) -> List[Tuple[str, object]]:
+    """Finished light rows as ``(ROWS, row)`` outputs, each rejection counted under its reason."""
+    outputs = []
+    for row in rows:
+        if row is not None:
+            if row.reason:
+                Metrics.counter(METRICS_NAMESPACE, row.reason).inc()
+            outputs.append((ROWS, row))
+    return outputs
+
+
 class RecordJudge:
     """The first pass's work on a batch of records, without Beam.
 
@@ -98,8 +113,9 @@ class RecordJudge:
     """
 
     def __init__(self, preset, extras=(), eval_index=None, embedder_name: str = "dct", embedder_args=(),
-                 download: bool = False, nsfw_factory=None):
+                 download: bool = False, nsfw_factory=None, scorer=None):
         self.preset = preset
+        self.scorer = scorer  # filters.model_score.PairScorer, or None: no model-score stage
         self.extras = tuple(extras)
         self.eval_index = eval_index
         self.embedder_name = embedder_name
@@ -130,6 +146,9 @@ class RecordJudge:
             self.index = _INDEXES.acquire(lambda: load_clustered_index(eval_index, preset), tag=eval_index.directory)
         self.histograms = Histograms()
         self.rejected = Metrics.counter("dedup", "near_duplicate_eval/rejected")
+        self.unscored: List[Tuple[LightRow, bytes, str]] = []  # kept rows waiting for a full batch of the pair model
+        if self.scorer is not None:
+            self.scorer.check()  # this process's copy of the model, loaded once (filters.model_score)
 
     def judge(self, items) -> List[Tuple[str, object]]:
         outputs: List[Tuple[str, object]] = []
@@ -150,12 +169,33 @@ class RecordJudge:
         passing = self._score_nsfw(rows, passing)
         if self.embedder is not None and passing:
             outputs += self._embed_and_match(rows, passing)
-        for row in rows:
-            if row is not None:
-                if row.reason:
-                    Metrics.counter(METRICS_NAMESPACE, row.reason).inc()
-                outputs.append((ROWS, row))
-        return outputs
+        if self.scorer is not None:
+            for i, candidate in passing:
+                self.unscored.append((rows[i], candidate.image, candidate.text))
+                rows[i] = None
+            rows += self._score_pairs(final=False)
+        return outputs + _rows_out(rows)
+
+    def finish(self) -> List[Tuple[str, object]]:
+        """The rows still waiting for their pair score (the end of a file or of a batch of downloads)."""
+        return _rows_out(self._score_pairs(final=True)) if self.scorer is not None else []
+
+    def _score_pairs(self, final: bool) -> List[LightRow]:
+        """Scores the waiting rows a full model batch at a time (all of them if ``final``): a pass rate of
+        one half would otherwise pad every batch of the towers to twice its pairs."""
+        size = self.scorer.model.batch_size
+        done = []
+        counted = self.preset.counting_base == "raw"  # as NSFW: a quality judgement, the row still counts
+        while len(self.unscored) >= size or (final and self.unscored):
+            batch, self.unscored = self.unscored[:size], self.unscored[size:]
+            scores = self.scorer.score([image for _, image, _ in batch], [text for _, _, text in batch])
+            for (row, _, _), score in zip(batch, scores):
+                score = float(score)
+                if math.isnan(score):  # the model's decoder failed where the build's did not
+                    done.append(row._replace(reason=score_cut.UNDECODABLE, counted=counted))
+                else:
+                    done.append(row._replace(model_score=score))
+        return done
 
     def _score_nsfw(self, rows, passing):
         reasons = self.nsfw.judge([c.image for _, c in passing])
@@ -233,6 +273,7 @@ class _JudgeFiles(_JudgeBase):
                 yield from self._emit(self.judge.judge(batch))
                 batch = []
         yield from self._emit(self.judge.judge(batch))
+        yield from self._emit(self.judge.finish())
         yield from self._emit_totals()
 
 
@@ -243,9 +284,11 @@ RECORD_STAGES = ("image_header", "image_format", "image_size", "image_aspect", "
 
 
 def stages_decided(judge: RecordJudge) -> tuple:
-    """The stages the first pass decides: reading, the per-record rules and extra stages, NSFW when it runs."""
+    """The stages the first pass decides: reading, the per-record rules and extra stages, NSFW when it runs,
+    model_score when a pair model scores (a pair its decoder cannot read)."""
     return ("read",) + RECORD_STAGES + tuple(e.name for e in judge.extras) + (
-        ("nsfw",) if nsfw.stage_enabled(judge.preset.nsfw_threshold) else ())
+        ("nsfw",) if nsfw.stage_enabled(judge.preset.nsfw_threshold) else ()) + (
+        ("model_score",) if judge.scorer is not None else ())
 
 
 class JudgeFiles(beam.PTransform):

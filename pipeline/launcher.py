@@ -138,7 +138,34 @@ def validate(args) -> tuple:
         output_lib.check_location(args.output, [output_lib.input_location(args.input)] + eval_paths)
     except output_lib.OutputRefused as error:
         raise UsageError(str(error)) from None
+    check_model_score(args, preset)  # last: it loads the model
     return preset, files
+
+
+def check_model_score(args, preset) -> None:
+    """The ``--model_score`` model loads here, in one line if it cannot (a missing or incompatible checkpoint),
+    and the preset's score cuts have a model to cut by."""
+    from filters.score_cut import cut_values
+    from pipeline.options import pair_scorer
+
+    try:
+        scorer = pair_scorer(args)
+    except (TypeError, ValueError) as error:
+        raise UsageError(f"--model_score {args.model_score}: {error}") from None
+    if scorer is None:
+        cuts = [name for name, value in zip(("model_score_threshold", "model_score_top_fraction"),
+                                            cut_values(preset)) if value is not None]
+        if cuts:
+            raise UsageError(f"{' and '.join(cuts)} cut by a model's scores: name the model with --model_score "
+                             "(e.g. --model_score checkpoint --model_score_arg workdir=DIR)")
+        if args.model_score_args:
+            raise UsageError("--model_score_arg needs --model_score")
+        return
+    try:
+        scorer.check()
+    except (TypeError, ValueError) as error:  # a checkpoint's problems are one-line ValueErrors (trainer.pair_score)
+        raise UsageError(f"--model_score {args.model_score}: {error}") from None
+
 
 
 def say(message: str) -> None:

@@ -79,6 +79,16 @@ class BuildOptions(PipelineOptions):
             help="constructor argument of the embedder (JSON values; repeatable), e.g. workdir=gs://b/run for "
                  "checkpoint, whose workers need the 'train' extra (docs/dataflow.md)")
         parser.add_argument(
+            "--model_score", default="", metavar="MODEL",
+            help="score each pair that passes the per-record rules with a two-tower image-text model and record "
+                 "the cosine: 'checkpoint' (a trainer.train run, --model_score_arg workdir=DIR) or a model a "
+                 "module registers (MODULE:NAME, filters.model_score); the cuts are the preset's "
+                 "model_score_threshold and model_score_top_fraction (docs/model-score.md)")
+        parser.add_argument(
+            "--model_score_arg", dest="model_score_args", action="append", default=[], metavar="KEY=VALUE",
+            help="constructor argument of the --model_score model (JSON values; repeatable), e.g. workdir=out/train, "
+                 "step=1200, batch_size=128")
+        parser.add_argument(
             "--concepts", default="", metavar="ONTOLOGY",
             help="TOnICS: tag written pairs with the classes their alt-text names: 'default' (built-in English "
                  "ontology) or a JSON ontology file; writes the concepts feature and concepts/ index (docs/tonics.md)")
@@ -119,6 +129,20 @@ def embedder_args(opts) -> tuple:
 
     return tuple(sorted(embedders.parse_args(getattr(opts, "embedder_args", []) or []).items()))
 
+
+
+def pair_scorer(opts):
+    """The ``--model_score`` model as a ``filters.model_score.PairScorer`` (None: no model-score stage).
+
+    Raises ``ValueError`` for an unknown model or a malformed ``--model_score_arg``;
+    the model itself loads on first use (``scorer.check()`` loads it now).
+    """
+    name = getattr(opts, "model_score", "") or ""
+    if not name:
+        return None
+    from filters import model_score
+
+    return model_score.PairScorer(name, **model_score.parse_args(getattr(opts, "model_score_args", []) or []))
 
 
 def corpus_directory(output: str, layout: str, name: str, version: str) -> str:

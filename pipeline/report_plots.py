@@ -35,6 +35,8 @@ DISTRIBUTION_CUTS = {
 LOG_SCALE_RATIO = 50
 
 KEPT, CUT, MIXED, UNKNOWN = "#4c78a8", "#e45756", "#f2a33a", "#9d9da1"
+#: The side a distribution's own ``cut`` keeps (``"keep"`` in the file), when it says.
+_KEEP_OPS = (">", ">=", "<", "<=")
 
 
 def distribution_cuts(name: str, dist: dict, preset: dict) -> List[Tuple[str, str, float]]:
@@ -46,7 +48,7 @@ def distribution_cuts(name: str, dist: dict, preset: dict) -> List[Tuple[str, st
             continue
         cuts.append((param, presets.keep_op(param, preset), float(value)))
     if not cuts and isinstance(dist.get("cut"), (int, float)):
-        cuts.append(("cut", "", float(dist["cut"])))
+        cuts.append(("cut", dist.get("keep") if dist.get("keep") in _KEEP_OPS else "", float(dist["cut"])))
     return cuts
 
 
@@ -224,3 +226,42 @@ def plot_cosines(pairs: Sequence[dict], threshold: Optional[float]) -> str:
     ax.set_xlabel("cosine similarity of the pair")
     ax.set_ylabel("pairs")
     return _finish(fig, ax, "near-duplicate pairs found")
+
+
+def plot_model_scores(entry: dict) -> str:
+    """The scored pairs' cosines (bars, coloured by the stage's cut), both cuts, and the scores of the
+    pairs other stages rejected (lines): the ``model_score`` entry of distributions.json."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    bins = _bins(entry)
+    width = min((hi - lo for lo, hi, _ in bins if hi is not None), default=0.05)
+    others = {stage: [as_int(c) for c in (row.get("counts") or [])] for stage, row in
+              sorted((entry.get("other_stages") or {}).items()) if isinstance(row, dict)}
+    used = [i for i, (_, _, count) in enumerate(bins) if count or any(i < len(c) and c[i] for c in others.values())]
+    first, last = (min(used), max(used)) if used else (0, len(bins) - 1)
+    shown = bins[first:last + 1]
+    lows = [lo for lo, _, _ in shown]
+    fig = _figure(7.0, 3.2)
+    ax = fig.add_subplot()
+    cut = entry.get("cut")
+    cuts = [("cut", ">=", float(cut))] if isinstance(cut, (int, float)) else []
+    colours = [_bin_colour(lo, lo + width if hi is None else hi, cuts, False) for lo, hi, _ in shown]
+    ax.bar(lows, [count for _, _, count in shown], width=width * 0.95, align="edge", color=colours)
+    handles = [Patch(color=c, label=t) for c, t in ((KEPT, "kept"), (CUT, "cut"), (MIXED, "partly cut"))
+               if c in colours]
+    for (stage, counts), style in zip(others.items(), ("-", "--", ":", "-.") * 4):
+        ys = [counts[i] if i < len(counts) else 0 for i in range(first, last + 1)]
+        ax.step([lo + width / 2 for lo in lows], ys, where="mid", color="black", linestyle=style, linewidth=1)
+        handles.append(Line2D([], [], color="black", linestyle=style, linewidth=1, label=f"rejected by {stage}"))
+    for name, value, colour in (("model_score_threshold", entry.get("threshold"), CUT),
+                                ("top fraction's cut", entry.get("fraction_cut"), MIXED)):
+        if isinstance(value, (int, float)):
+            ax.axvline(value, color=colour, linestyle="--", linewidth=1.2)
+            handles.append(Line2D([], [], color=colour, linestyle="--", label=f"{name} {value:.3f}"))
+    if _wants_log({"counts": [count for _, _, count in shown]}):
+        ax.set_yscale("symlog", linthresh=1)
+    ax.set_xlabel("image-text cosine")
+    ax.set_ylabel("pairs")
+    ax.legend(handles=handles, fontsize=7, loc="upper left", framealpha=0.9)
+    return _finish(fig, ax, "model score: every scored pair, and the pairs other stages rejected")

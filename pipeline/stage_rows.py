@@ -25,6 +25,7 @@ of the NamedTuples to build their schemas.
 """
 
 import json
+import math
 from typing import NamedTuple, Tuple
 
 import apache_beam as beam
@@ -52,6 +53,8 @@ class LightRow(NamedTuple):
     stored_width: int = 0   # the picture's size when the shard stores its bytes as read (0: re-encoded)
     stored_height: int = 0
     lowest_ngram_count: int = 0  # a measure row's (``ngram_count_row``): the key's lowest n-gram count; 0 otherwise
+    model_score: float = -math.inf  # image-text cosine under the --model_score model (-inf: not scored; not NaN,
+    #                                 so that equal rows compare equal)
 
 
 # Functions, not methods: a worker process decodes rows into a type Beam

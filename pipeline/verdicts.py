@@ -86,13 +86,13 @@ def keep_order(row: LightRow) -> tuple:
 
 
 def first_verdict(verdicts, rank=None):
-    """The verdict of the earliest stage (also a combiner: any number of verdicts per key).
+    """The verdict of the earliest stage, then the first by name (also a combiner: any number of verdicts per key).
 
     ``rank`` (stage name -> run position, ``filters.extra_stages.stage_rank``)
     orders the verdicts when extra stages run; the built-in order otherwise.
     """
     rank = rank or stages.STAGE_INDEX
-    return min(verdicts, key=lambda r: rank[stages.stage_of(r)])
+    return min(verdicts, key=lambda r: (rank[stages.stage_of(r)], r))
 
 
 def resolve_group(key: str, rows: List[LightRow], verdicts: List[str], rank=None):
@@ -140,16 +140,19 @@ class CountVerdicts(beam.PTransform):
 
 
 class KeyFate(beam.CombineFn):
-    """A key's light rows and verdict rows -> ``(count, smallest, second smallest, first verdict, verdicts,
+    """A key's light rows and verdict rows -> ``(count, smallest, second smallest, verdicts, verdicts folded,
     verdict stages, lowest n-gram count)``.
 
     Rows are the records still in the running (reason ""), ordered by
     ``keep_order``: the smallest is the row ``resolve_group`` would write, a
     rejection of the key is shown by the smallest row it rejects. Verdict rows
-    (``stage_rows.verdict_row``) carry a key stage's reason; the earliest
-    stage's is kept, and how many verdicts were folded in is counted. A
-    combine, so a pair repeated on every page of a site is reduced where it
-    was read; the accumulator is two rows, a reason and four integers,
+    (``stage_rows.verdict_row``) carry a key stage's reason; ``verdicts`` is
+    every distinct one, "|"-joined in run order, so the first is the key's
+    reason (``first_of``) and the rest say which later stages rejected it too
+    (the audit's "what the score alone would have caught"); how many verdict
+    rows were folded in is counted (``verdicts/received``). A combine, so a
+    pair repeated on every page of a site is reduced where it was read; the
+    accumulator is two rows, at most one reason per stage and four integers,
     whatever the count, with a compact coder (``accumulator_coder``).
 
     The last two fields are for the audit's what-if (``pipeline.what_if_stats``):
@@ -163,8 +166,8 @@ class KeyFate(beam.CombineFn):
     def create_accumulator(self):
         return 0, None, None, "", 0, 0, 0
 
-    def _add(self, acc, count, rows, verdict, verdicts=0, mask=0, lowest=0):
-        n, first, second, first_reason, folded, stages_mask, lowest_so_far = acc
+    def _add(self, acc, count, rows, verdicts, folded_here=0, mask=0, lowest=0):
+        n, first, second, known, folded, stages_mask, lowest_so_far = acc
         for row in rows:
             if row is None:
                 continue
@@ -172,11 +175,11 @@ class KeyFate(beam.CombineFn):
                 first, second = row, first
             elif second is None or keep_order(row) < keep_order(second):
                 second = row
-        if verdict:
-            first_reason = first_verdict([first_reason, verdict], self.rank) if first_reason else verdict
+        if verdicts and verdicts != known:
+            known = merge_verdicts(known, verdicts, self.rank)
         if lowest and (not lowest_so_far or lowest < lowest_so_far):
             lowest_so_far = lowest
-        return n + count, first, second, first_reason, folded + verdicts, stages_mask | mask, lowest_so_far
+        return n + count, first, second, known, folded + folded_here, stages_mask | mask, lowest_so_far
 
     def add_input(self, acc, row):
         if row.lowest_ngram_count:
@@ -188,8 +191,8 @@ class KeyFate(beam.CombineFn):
 
     def merge_accumulators(self, accs):
         merged = self.create_accumulator()
-        for n, first, second, verdict, folded, mask, lowest in accs:
-            merged = self._add(merged, n, (first, second), verdict, folded, mask, lowest)
+        for n, first, second, verdicts, folded, mask, lowest in accs:
+            merged = self._add(merged, n, (first, second), verdicts, folded, mask, lowest)
         return merged
 
     def extract_output(self, acc):
@@ -197,6 +200,19 @@ class KeyFate(beam.CombineFn):
 
     def get_accumulator_coder(self):
         return accumulator_coder()
+
+
+def merge_verdicts(known: str, verdicts: str, rank=None) -> str:
+    """Two "|"-joined sets of reasons -> one, in run order (then by name: runs agree whatever the arrival order)."""
+    rank = rank or stages.STAGE_INDEX
+    reasons = set(known.split("|")) if known else set()
+    reasons.update(verdicts.split("|"))
+    return "|".join(sorted(reasons, key=lambda r: (rank[stages.stage_of(r)], r)))
+
+
+def first_of(verdicts: str) -> str:
+    """The key's reason: the first of its "|"-joined verdicts ("" for none)."""
+    return verdicts.split("|", 1)[0]
 
 
 def accumulator_coder():
@@ -213,23 +229,30 @@ def fate_rejections(fate) -> Tuple[Optional[LightRow], List[Tuple[LightRow, str,
     same number per reason and the same ledger line (key, reason, url, the
     same for all of a key's rows); the audit shows the smallest row rejected.
     """
-    count, first, second, verdict = fate[:4]
+    count, first, second, verdicts = fate[:4]
     if count == 0:
         return None, []  # a verdict for a key whose rows were rejected before
-    if verdict:
-        return None, [(first, verdict, count)]
+    if verdicts:
+        return None, [(first, first_of(verdicts), count)]
     if count == 1:
         return first, []
     return first, [(second, REPEAT, count - 1)]
 
 
+#: ``JoinVerdicts``' output of the keys more than one stage rejected:
+#: ``(first reason, (the later stages' reasons, ...), the pair's model score, rows)``.
+OVERLAPS = "overlaps"
+
+
 class _ResolveVerdicts(beam.DoFn):
-    def __init__(self):
+    def __init__(self, overlaps: bool = False):
+        self.overlaps = overlaps
         self.received = Metrics.counter(VERDICTS_NAMESPACE, "received")
 
     def process(self, element):
-        self.received.inc(element[1][4])
-        kept, rejections = fate_rejections(element[1])
+        fate = element[1]
+        self.received.inc(fate[4])
+        kept, rejections = fate_rejections(fate)
         if kept is not None:
             yield kept
         for row, reason, times in rejections:
@@ -237,6 +260,9 @@ class _ResolveVerdicts(beam.DoFn):
             rejection = rejected(row, reason)
             for _ in range(times):
                 yield beam.pvalue.TaggedOutput(REJECTED, rejection)
+        if self.overlaps and fate[0] and "|" in fate[3]:
+            first, *others = fate[3].split("|")
+            yield beam.pvalue.TaggedOutput(OVERLAPS, (first, tuple(others), float(fate[1].model_score), fate[0]))
 
 
 class JoinVerdicts(beam.PTransform):
@@ -247,16 +273,19 @@ class JoinVerdicts(beam.PTransform):
     one is written. Rows and verdicts meet in one combine per key
     (``KeyFate``), so a key's repeats are reduced before the shuffle, however
     often a pair repeats; ``resolve_group`` is the same rule on a whole list.
-    Verdicts may repeat (a key rejected by several stages): the earliest
-    stage's is the key's; the others, and the n-gram counts, are kept in the
-    fates for the audit's what-if (``pipeline.what_if_stats``).
+    Verdicts may repeat (a key rejected by several stages): every distinct
+    one is kept, the earliest stage's first; the others, the verdict stages
+    and the n-gram counts are in the fates for the audit's what-if
+    (``pipeline.what_if_stats``). With ``overlaps``, also ``"overlaps"``:
+    one ``OVERLAPS`` tuple per key that more than one stage rejected.
     """
 
     decides = ("duplicate_pair",)
 
-    def __init__(self, rank=None):
+    def __init__(self, rank=None, overlaps: bool = False):
         super().__init__()
         self.rank = rank
+        self.overlaps = overlaps
 
     def expand(self, inputs):
         rows, verdicts = inputs[:2]
@@ -272,5 +301,7 @@ class JoinVerdicts(beam.PTransform):
             | "RowsAndVerdicts" >> beam.Flatten()
             | "FatePerKey" >> beam.CombinePerKey(KeyFate(self.rank))
         )
-        outputs = fates | "Resolve" >> beam.ParDo(_ResolveVerdicts()).with_outputs(REJECTED, main=SURVIVORS)
-        return {SURVIVORS: holding_rows(outputs[SURVIVORS]), REJECTED: holding_rows(outputs[REJECTED]), "fates": fates}
+        outputs = fates | "Resolve" >> beam.ParDo(_ResolveVerdicts(self.overlaps)).with_outputs(
+            REJECTED, OVERLAPS, main=SURVIVORS)
+        return {SURVIVORS: holding_rows(outputs[SURVIVORS]), REJECTED: holding_rows(outputs[REJECTED]),
+                OVERLAPS: outputs[OVERLAPS], "fates": fates}

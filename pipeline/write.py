@@ -309,14 +309,17 @@ class _WriteLedgerFile(beam.DoFn):
 
 
 def ledger_line(row: LightRow) -> str:
-    return json.dumps({"key": row.key, "reason": row.reason, "url": row.url, **detail_items(row)})
+    from pipeline.write_stats import scored
+
+    return json.dumps({"key": row.key, "reason": row.reason, "url": row.url, **detail_items(row), **scored(row)})
 
 
 class WriteRejectionLedger(beam.PTransform):
     """Every rejected record's key and reason, ``stats/rejected/*.jsonl``.
 
     A line is ``{"key", "reason", "url"}`` plus the rejection's ``detail``
-    (a download's ``http_status`` and ``final_url``).
+    (a download's ``http_status`` and ``final_url``) and, for a pair the
+    model-score stage scored, its ``model_score``.
 
     The per-record ledger behind the funnel: with the shards it accounts for
     every input record. Files are keyed and sorted by key hash, so runs

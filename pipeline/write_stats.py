@@ -13,6 +13,7 @@ thumbnails are made by the second pass, which reads their files anyway.
 from __future__ import annotations
 
 import json
+import math
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
@@ -25,8 +26,10 @@ from pipeline.stage_rows import LightRow
 
 
 def sample_row(row: LightRow, image=None, alt_text=None) -> dict:
-    """A rejection as the audit shows it: reason, record fields, a thumbnail of ``image`` (read again)."""
+    """A rejection as the audit shows it: reason, record fields, a thumbnail of ``image`` (read again),
+    and its ``model_score`` when the pair was scored (``--model_score``)."""
     return {
+        **scored(row),
         "reason": row.reason,
         "stage": stages.stage_of(row.reason),
         "key": row.key,
@@ -38,6 +41,12 @@ def sample_row(row: LightRow, image=None, alt_text=None) -> dict:
         "thumbnail": thumbnail_b64(image),
         "rank": stats_lib.sample_rank(row.key),
     }
+
+
+def scored(row: LightRow) -> dict:
+    """``{"model_score": cosine}`` of a scored pair (rounded: a report, not a computation); ``{}`` otherwise."""
+    score = row.model_score
+    return {"model_score": round(float(score), 6)} if math.isfinite(score) else {}
 
 
 class ChooseSamples(beam.PTransform):

@@ -28,18 +28,28 @@ rules keep them (expected ``"written"``); a model-score stage should not.
 Manifest lines: ``{"pipeline_key": make_key(url, caption or ""), "url",
 "case", "expected", "note", "key" (the row's img2dataset key, unique),
 "file" (part file name), "size" ([w, h] after EXIF orientation, or null),
-"pairing"}``. ``pairing`` says what the alt-text is of the row's own
-picture: ``"clean"`` (it describes it), ``"mismatched"`` (it describes
-another picture: the ``mismatched_pair`` rows, and most alt-texts of the
-one image with over 1000 of them), or null (no picture of its own, or an
-alt-text that describes nothing: boilerplate, junk, keyword lists, fixed
-words). Every row expected to be written is clean or mismatched.
+"pairing", "expected_with_model_score"}``. ``pairing`` says what the
+alt-text is of the row's own picture: ``"clean"`` (it describes it),
+``"mismatched"`` (it describes another picture: the ``mismatched_pair``
+rows, and most alt-texts of the one image with over 1000 of them), or null
+(no picture of its own, or an alt-text that describes nothing:
+boilerplate, junk, keyword lists, fixed words). Every row expected to be written is clean or mismatched.
 ``expected`` is ``"written"``, the first rejection reason in
 ``filters.stages`` order, or ``"written_once"``: a group of rows with the
 *same* (url, caption), hence the same pipeline key, of which exactly one is
 written and every other one is rejected as ``duplicate_pair/repeat``; which
 one is kept is the pipeline's own deterministic choice, so the manifest does
 not name it.
+``expected_with_model_score`` is the fate under a build that also runs the
+model-score stage (``--model_score``) with a model that tells a mismatched
+pair from a clean one: ``"model_score"`` (rejected by that stage, under
+whichever of its cuts the build sets) for every mismatched pair that
+reaches it: the ``mismatched_pair`` rows and the mismatched alt-texts of the
+image with over 1000 of them, whose first reason it becomes, since the stage
+runs before the corpus stages; ``expected`` for every other row. A real
+model is judged against it by shares: clean pairs it cuts, mismatched
+pairs it keeps. ``sample_info.json``'s ``expected_with_model_score``
+counts the rows whose fate it changes.
 
 Expected fates of the whole-corpus stages (texts per image, images per text,
 rare n-grams) assume the build runs with ``sample_info.json``'s

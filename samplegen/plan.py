@@ -32,6 +32,10 @@ MISMATCHED = "mismatched"
 # Planted mismatched pairs per ordinary candidate: web alt-text is noisy, and
 # a model-score stage is judged by how many of them it finds.
 MISMATCHED_SHARE = 0.05
+# The manifest's "expected_with_model_score" of a mismatched pair that
+# reaches the model-score stage: rejected there, under whichever cut the
+# build sets (model_score/below_threshold or model_score/outside_top_fraction).
+SCORED_OUT = "model_score"
 
 # ALIGN preset values the per-record expectations use (checked against
 # filters.presets in the tests, not imported: the manifest is a statement of
@@ -136,6 +140,15 @@ class Row:
         if self.expected in (WRITTEN, WRITTEN_ONCE):
             return True
         return stages.STAGE_INDEX[self.stage] >= stages.STAGE_INDEX[stage]
+
+    @property
+    def expected_with_model_score(self) -> str:
+        """The fate under a build that also runs the model-score stage with a model that tells a mismatched
+        pair from a clean one: a mismatched pair that reaches the stage is rejected there (it runs before
+        the corpus stages, so that is its first reason); every other row keeps ``expected``."""
+        if self.pairing == MISMATCHED and self.reaches(SCORED_OUT):
+            return SCORED_OUT
+        return self.expected
 
     @property
     def should_be_frequent(self) -> bool:

@@ -103,6 +103,7 @@ def write_plan(plan: Plan, out: str, workers: Optional[Workers] = None) -> dict:
             manifest.append({
                 "pipeline_key": row_key(row), "url": row.url, "case": row.case, "expected": row.expected,
                 "note": row.note, "key": key, "file": name, "size": _oriented_size(row), "pairing": row.pairing,
+                "expected_with_model_score": row.expected_with_model_score,
             })
         schema = MISSING_COLUMN_SCHEMA if rows is extra_rows else CANDIDATE_SCHEMA
         table = pa.table({f.name: pa.array(columns[f.name], f.type) for f in schema}, schema=schema)
@@ -139,6 +140,9 @@ def write_plan(plan: Plan, out: str, workers: Optional[Workers] = None) -> dict:
         "build_overrides": build_overrides(),
         "expected_fates": dict(sorted(fates.items())),
         "pairings": dict(sorted(pairings.items())),
+        "expected_with_model_score": dict(sorted(collections.Counter(
+            line["expected_with_model_score"] for line in manifest if line["expected_with_model_score"] != line["expected"]
+        ).items())),
         "checks": plan.facts,
     }
     with open(os.path.join(out, "sample_info.json"), "w", encoding="utf-8") as f:

@@ -100,6 +100,29 @@ def test_the_fate_keeps_every_verdict_stage_and_the_lowest_ngram_count():
         verdict_row(KEY, "rare_ngrams/rare_ngram"), verdict_row(KEY, "texts_per_image/too_many_texts"),
         ngram_count_row(KEY, 7), ngram_count_row(KEY, 3), ngram_count_row(KEY, 5)]
     fate = combine(rows, rng, v.KeyFate())
-    assert fate[3] == "texts_per_image/too_many_texts" and fate[4] == 2
+    assert v.first_of(fate[3]) == "texts_per_image/too_many_texts" and fate[4] == 2
     assert fate[5] == 1 << stages.STAGE_INDEX["texts_per_image"] | 1 << stages.STAGE_INDEX["rare_ngrams"]
     assert fate[6] == 3
+
+
+def test_a_key_several_stages_reject_is_counted_under_the_first_and_reported_as_an_overlap():
+    """The first stage in run order decides, whatever the arrival order; with ``overlaps`` the later ones are said."""
+    rng = random.Random(2)
+    fn = v.KeyFate()
+    verdicts = ["rare_ngrams/rare_ngram", "model_score/outside_top_fraction", "images_per_text/shared_text",
+                "near_duplicate_eval/b", "near_duplicate_eval/a"]
+    for trial in range(20):
+        records = [repeat(i, rng)._replace(model_score=0.125) for i in range(3)]
+        fate = combine(records + [verdict_row(KEY, r) for r in verdicts * 2], rng, fn)
+        assert fate[3] == ("model_score/outside_top_fraction|images_per_text/shared_text|rare_ngrams/rare_ngram|"
+                           "near_duplicate_eval/a|near_duplicate_eval/b")
+        assert {reason for _, reason, _ in v.fate_rejections(fate)[1]} == {"model_score/outside_top_fraction"}
+    single = row(make_key("u2", "t2"), "u2", "t2", "z")._replace(model_score=0.5)
+    with TestPipeline(runner="FnApiRunner") as p:
+        joined = (p | "Records" >> beam.Create(records + [single]),
+                  p | "Verdicts" >> beam.Create([(KEY, r) for r in verdicts] + [(single.key, "rare_ngrams/rare_ngram")])
+                  ) | v.JoinVerdicts(overlaps=True)
+        assert_that(joined[v.OVERLAPS], equal_to([(
+            "model_score/outside_top_fraction",
+            ("images_per_text/shared_text", "rare_ngrams/rare_ngram", "near_duplicate_eval/a", "near_duplicate_eval/b"),
+            0.125, 3)]))

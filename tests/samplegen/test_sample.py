@@ -169,6 +169,15 @@ def test_sample_info(generated, manifest):
     mismatched = [m for m in manifest if m["case"] == "mismatched_pair"]
     assert len(mismatched) == round(plan_lib.MISMATCHED_SHARE * NUM_CANDIDATES)
     assert {(m["expected"], m["pairing"]) for m in mismatched} == {("written", "mismatched")}
+    # Under the model-score stage every mismatched pair that reaches it is its rejection, nothing else changes.
+    assert {m["expected_with_model_score"] for m in mismatched} == {"model_score"}
+    many = [m for m in manifest if m["case"] == "many_texts_one_image"]
+    assert {(m["pairing"], m["expected_with_model_score"]) for m in many} == {
+        ("mismatched", "model_score"), (None, "texts_per_image/too_many_texts")}
+    changed = [m for m in manifest if m["expected_with_model_score"] != m["expected"]]
+    assert all(m["pairing"] == "mismatched" and m["expected_with_model_score"] == "model_score" for m in changed)
+    assert {m["pairing"] for m in manifest if m["expected_with_model_score"] == m["expected"]} == {"clean", None}
+    assert info["expected_with_model_score"] == {"model_score": len(changed)} and len(changed) > len(mismatched)
     assert info["seed"] == SEED and info["num_candidates"] == NUM_CANDIDATES
     name, path = info["eval_images"].split("=", 1)
     assert name == evalset.EVAL_SET and os.path.isdir(os.path.join(out, path))

@@ -139,3 +139,43 @@ def test_a_missing_or_foreign_checkpoint_is_one_line(tiny_trained, tmp_path, mak
     assert "\n" not in text and text.startswith(f"model score checkpoint {workdir}: "), text
     assert len(text) < 300
     assert re.search(message, text), text
+
+
+def test_a_build_records_the_cosines_trainer_embed_gives(tiny_trained, exported, shard_pairs, tmp_path):
+    """Through the build's first pass: the validation pairs as candidates, every one cut (threshold 1), so the
+    ledger holds each pair's recorded score; and a mismatched copy of each image scores what embed says too."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from common.schema import make_key
+    from pipeline import launcher
+
+    from corpus_paths import committed
+
+    keys, captions, image_vectors, text_vectors = exported
+    _, images, texts = shard_pairs
+    other = np.roll(np.arange(len(keys)), 5)
+    urls = [f"https://example.com/validation/{i}.jpg" for i in range(len(keys))]
+    urls += [f"https://example.com/swapped/{i}.jpg" for i in range(len(keys))]
+    captions_in = texts + [texts[i] for i in other]
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.table({"url": urls, "caption": captions_in, "jpg": images + images}),
+                   tmp_path / "in" / "part-0.parquet")
+    want = np.concatenate([np.einsum("nd,nd->n", image_vectors, text_vectors),
+                           np.einsum("nd,nd->n", image_vectors, text_vectors[other])])
+    funnel = launcher.run([
+        "--input", str(tmp_path / "in" / "*.parquet"), "--output", str(tmp_path / "out"),
+        "--set", "min_shorter_side=0", "--set", "min_words=1", "--set", "vocab_size=0", "--set", "nsfw_threshold=1",
+        "--model_score", "checkpoint", "--model_score_arg", f"workdir={tiny_trained[0]}",
+        "--model_score_arg", "batch_size=5", "--set", "model_score_threshold=1.0"])
+    assert next(r for r in funnel["stages"] if r["stage"] == "model_score")["rejected"] == {
+        "model_score/below_threshold": 32}
+    recorded = {}
+    for path in (committed(tmp_path / "out") / "stats" / "rejected").glob("*.jsonl"):
+        recorded.update((row["key"], row["model_score"]) for row in map(json.loads, path.read_text().splitlines()))
+    got = np.array([recorded[make_key(url, caption)] for url, caption in zip(urls, captions_in)])
+    # As PairScorer.score from the same bytes (PIL's decode, not TensorFlow's): up to the IDCT's rounding.
+    np.testing.assert_allclose(got, want, atol=4e-3)
+    assert np.abs(got - want).mean() < 1e-3
+    scorer = model_score.PairScorer("checkpoint", workdir=tiny_trained[0], batch_size=5)
+    np.testing.assert_allclose(got, scorer.score(images + images, captions_in), atol=2e-6)  # the ledger's 6 digits

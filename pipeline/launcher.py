@@ -161,6 +161,10 @@ def check_model_score(args, preset) -> None:
         if args.model_score_args:
             raise UsageError("--model_score_arg needs --model_score")
         return
+    if getattr(args, "download", False):
+        # The crawl judges a fetched image once for all its rows, outside the file judge that scores pairs.
+        raise UsageError("--model_score with --download: downloaded pairs are not scored; build the downloaded "
+                         "corpus first, then rebuild from its shards with --model_score")
     try:
         scorer.check()
     except (TypeError, ValueError) as error:  # a checkpoint's problems are one-line ValueErrors (trainer.pair_score)

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from typing import Iterator, Optional
 
-from pipeline.readers.limits import TooDeep, TooLong, load_json, lines
-from pipeline.readers.losses import marker, too_large
+from pipeline.readers.limits import TooDeep, TooLong, load_json
+from pipeline.readers.losses import too_large
 from pipeline.readers.rows import Columns, decided, malformed_line, shown, url_list_record
-from pipeline.readers.streams import StreamError, open_input
+from pipeline.readers.streams import read_line_list
 
 
 def line_record(position: str, raw, columns: Columns):
@@ -47,14 +47,7 @@ def read_lines(path: str, raw_lines, columns: Columns = Columns()) -> Iterator[o
 
 
 def read_file(path: str, columns: Columns = Columns()) -> Iterator[object]:
-    count = 0
-    with open_input(path) as handle:
-        try:
-            for record in read_lines(path, lines(handle, columns.limits.max_line_bytes), columns):
-                count += 1
-                yield record
-        except StreamError as error:
-            yield marker(f"{path}#after-{count}", "truncated_file", f"{error}; a line list states no count", None)
+    return read_line_list(path, columns, read_lines)
 
 
 def expected_records(path: str, columns: Columns = Columns()) -> Optional[int]:

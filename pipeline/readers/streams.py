@@ -136,3 +136,23 @@ def open_input(path: str):
     if not kind:
         return FileSystems.open(path)  # Beam decodes .zst/.deflate by name, and passes other files through
     return Decompressed(FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED), kind)
+
+
+def read_line_list(path: str, columns, read_lines):
+    """A URL list's records: its lines, capped at ``max_line_bytes``, through the format's ``read_lines``.
+
+    A stream that breaks (a cut gzip member, a bad bz2 block) ends the file
+    as one ``read/truncated_file`` marker after what was read: a line list
+    states no count of its own.
+    """
+    from pipeline.readers.limits import lines
+    from pipeline.readers.losses import marker
+
+    count = 0
+    with open_input(path) as handle:
+        try:
+            for record in read_lines(path, lines(handle, columns.limits.max_line_bytes), columns):
+                count += 1
+                yield record
+        except StreamError as error:
+            yield marker(f"{path}#after-{count}", "truncated_file", f"{error}; a line list states no count", None)

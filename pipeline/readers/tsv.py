@@ -22,10 +22,10 @@ from __future__ import annotations
 
 from typing import Iterator, List, Optional
 
-from pipeline.readers.limits import TooLong, lines
-from pipeline.readers.losses import marker, too_large
+from pipeline.readers.limits import TooLong
+from pipeline.readers.losses import too_large
 from pipeline.readers.rows import Columns, decided, first_present, malformed_line, shown, url_list_record
-from pipeline.readers.streams import StreamError, open_input
+from pipeline.readers.streams import read_line_list
 
 
 def _fields(line: bytes) -> List[bytes]:
@@ -60,14 +60,7 @@ def read_lines(path: str, raw_lines, columns: Columns = Columns()) -> Iterator[o
 
 
 def read_file(path: str, columns: Columns = Columns()) -> Iterator[object]:
-    count = 0
-    with open_input(path) as handle:
-        try:
-            for record in read_lines(path, lines(handle, columns.limits.max_line_bytes), columns):
-                count += 1
-                yield record
-        except StreamError as error:
-            yield marker(f"{path}#after-{count}", "truncated_file", f"{error}; a line list states no count", None)
+    return read_line_list(path, columns, read_lines)
 
 
 def expected_records(path: str, columns: Columns = Columns()) -> Optional[int]:

@@ -111,39 +111,47 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def time_build(pattern: str, workers: int, candidates: int) -> dict:
-    """One build of ``pattern``: wall and CPU time, peak memory per process, bytes shuffled."""
+def run_build(argv, out: str, env=None, markers=(b"sdk_worker_main", b"pipeline.build")) -> dict:
+    """``python -m pipeline.build ARGV`` with its log in ``out``: wall and CPU seconds (it and its workers) and
+    the peak resident KB of the build's process (``driver_kb``) and of each other watched process (``peak_kb``).
+    A failed build ends the benchmark with its last line."""
     from common.console import LOG_DIR_ENV
 
-    out = tempfile.mkdtemp(prefix="build-throughput-")
-    shuffles_path = os.path.join(out, "shuffles.json")
-    argv = [sys.executable, "-m", "pipeline.build", "--input", pattern, "--output", os.path.join(out, "corpus"),
-            "--preset", "align", "--runner", shuffle_bytes.RUNNER]
-    if workers > 1:
-        argv += ["--direct_running_mode=multi_processing", f"--direct_num_workers={workers}"]
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", shuffle_bytes.OUTPUT_ENV: shuffles_path, LOG_DIR_ENV: out}
-    memory = WorkerMemory(markers=(b"sdk_worker_main", b"pipeline.build"))
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", LOG_DIR_ENV: out, **(env or {})}
+    memory = WorkerMemory(markers=markers)
     try:
         cpu_before, start = _children_cpu(), time.perf_counter()
         memory.start()
-        build = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+        build = subprocess.Popen([sys.executable, "-m", "pipeline.build", *argv], cwd=REPO,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
         _, stderr = build.communicate()
         wall, cpu = time.perf_counter() - start, _children_cpu() - cpu_before
-        memory.stop()
-        if build.returncode != 0:
-            last = stderr.decode(errors="replace").strip().splitlines()[-1:]
-            raise SystemExit(f"error: the build failed ({build.returncode}): {last} (log in {out})")
-        with open(shuffles_path) as handle:
-            shuffles = shuffle_bytes.Shuffles.from_json(json.load(handle))
-        shutil.rmtree(out, ignore_errors=True)
     finally:
-        if memory.is_alive():
-            memory.stop()
-    shuffles.candidates = candidates
+        memory.stop()
+    if build.returncode != 0:
+        last = stderr.decode(errors="replace").strip().splitlines()[-1:]
+        raise SystemExit(f"error: the build failed ({build.returncode}): {last} (log in {out})")
     driver_kb = memory.peak_kb.pop(build.pid, 0)
-    return {"wall_s": wall, "per_s": candidates / wall, "cpu_ms_per_candidate": 1000 * cpu / candidates,
-            "driver_peak_rss_mb": round(driver_kb / 1024, 1),
-            "worker_peak_rss_mb": sorted(round(kb / 1024, 1) for kb in memory.peak_kb.values()),
+    return {"wall_s": wall, "cpu_s": cpu, "driver_kb": driver_kb, "peak_kb": memory.peak_kb}
+
+
+def time_build(pattern: str, workers: int, candidates: int) -> dict:
+    """One build of ``pattern``: wall and CPU time, peak memory per process, bytes shuffled."""
+    out = tempfile.mkdtemp(prefix="build-throughput-")
+    shuffles_path = os.path.join(out, "shuffles.json")
+    argv = ["--input", pattern, "--output", os.path.join(out, "corpus"), "--preset", "align",
+            "--runner", shuffle_bytes.RUNNER]
+    if workers > 1:
+        argv += ["--direct_running_mode=multi_processing", f"--direct_num_workers={workers}"]
+    run = run_build(argv, out, {shuffle_bytes.OUTPUT_ENV: shuffles_path})
+    with open(shuffles_path) as handle:
+        shuffles = shuffle_bytes.Shuffles.from_json(json.load(handle))
+    shutil.rmtree(out, ignore_errors=True)
+    shuffles.candidates = candidates
+    wall = run["wall_s"]
+    return {"wall_s": wall, "per_s": candidates / wall, "cpu_ms_per_candidate": 1000 * run["cpu_s"] / candidates,
+            "driver_peak_rss_mb": round(run["driver_kb"] / 1024, 1),
+            "worker_peak_rss_mb": sorted(round(kb / 1024, 1) for kb in run["peak_kb"].values()),
             "shuffled_bytes_per_candidate": round(shuffles.total_bytes / candidates, 1),
             "shuffles": shuffles.to_json()["per_shuffle"]}
 

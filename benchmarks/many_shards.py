@@ -22,22 +22,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 
 from benchmarks import record
-from benchmarks.keyed_joins import WorkerMemory
+from benchmarks.build_throughput import run_build
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _children_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 def _shards(corpus: str) -> dict:
@@ -57,32 +49,17 @@ def _shards(corpus: str) -> dict:
 
 
 def build(name: str, pattern: str, per_shard: int) -> dict:
-    from common.console import LOG_DIR_ENV
-
     out = tempfile.mkdtemp(prefix="many-shards-")
     corpus = os.path.join(out, "corpus")
-    argv = [sys.executable, "-m", "pipeline.build", "--input", pattern, "--output", corpus, "--preset", "align",
+    argv = ["--input", pattern, "--output", corpus, "--preset", "align",
             "--set", f"max_records_per_shard={per_shard}", "--set", "validation_fraction=0"]
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", LOG_DIR_ENV: out}
-    memory = WorkerMemory(markers=(b"pipeline.build",))
     try:
-        cpu_before, start = _children_cpu(), time.perf_counter()
-        memory.start()
-        process = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
-        _, stderr = process.communicate()
-        wall, cpu = time.perf_counter() - start, _children_cpu() - cpu_before
-        memory.stop()
-        if process.returncode != 0:
-            last = stderr.decode(errors="replace").strip().splitlines()[-1:]
-            raise SystemExit(f"error: the {name} build failed ({process.returncode}): {last} (log in {out})")
+        run = run_build(argv, out, markers=(b"pipeline.build",))
         shards = _shards(corpus)
     finally:
-        if memory.is_alive():
-            memory.stop()
         shutil.rmtree(out, ignore_errors=True)
-    peak_kb = memory.peak_kb.get(process.pid, 0)
-    return {"input": name, "max_records_per_shard": per_shard, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
-            "peak_rss_mb": round(peak_kb / 1024, 1), **shards}
+    return {"input": name, "max_records_per_shard": per_shard, "wall_s": round(run["wall_s"], 1),
+            "cpu_s": round(run["cpu_s"], 1), "peak_rss_mb": round(run["driver_kb"] / 1024, 1), **shards}
 
 
 def main(argv=None) -> int:

@@ -49,3 +49,20 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
+def key_value_args(items: Iterable[str], flag: str) -> dict:
+    """``["workdir=W", "step=100"]`` -> keyword arguments (JSON values, else text), as ``flag KEY=VALUE``
+    options give them; an item without ``=`` or without a key is a ValueError naming ``flag``."""
+    import json
+
+    kwargs = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"{flag} expects KEY=VALUE, got {item!r}")
+        try:
+            kwargs[key] = json.loads(text)
+        except json.JSONDecodeError:
+            kwargs[key] = text
+    return kwargs

@@ -91,16 +91,9 @@ def parse_args(items: Sequence[str]) -> Dict[str, object]:
     The form of ``--embedder_arg KEY=VALUE`` (``pipeline.build``,
     ``dedup.calibrate``); raises ``ValueError`` on an item without ``=``.
     """
-    kwargs: Dict[str, object] = {}
-    for item in items:
-        key, sep, text = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--embedder_arg expects KEY=VALUE, got {item!r}")
-        try:
-            kwargs[key] = json.loads(text)
-        except json.JSONDecodeError:
-            kwargs[key] = text
-    return kwargs
+    from common.cli import key_value_args
+
+    return key_value_args(items, "--embedder_arg")
 
 
 # ---------------------------------------------------------------------------

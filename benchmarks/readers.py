@@ -31,7 +31,9 @@ from PIL import Image
 
 from common.schema import Candidate, make_key
 from benchmarks import record
-from pipeline import readers, shards, tfrecord
+from pipeline import readers
+from pipeline.write import shards
+from common import tfrecord_io as tfrecord
 from pipeline.readers.rows import Columns
 
 

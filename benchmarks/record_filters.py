@@ -95,7 +95,7 @@ def main():
     results["header_vs_full_ratio_cpu"] = results["header_only_records_per_cpu_s"] / results["full_per_record_records_per_cpu_s"]
 
     if args.build:
-        from pipeline import launcher
+        from pipeline.build import launcher
 
         info = json.load(open(os.path.join(args.sample, "sample_info.json")))
         rows = sum(pq.ParquetFile(p).metadata.num_rows for p in glob.glob(os.path.join(args.sample, "candidates", "*.parquet")))

@@ -19,7 +19,7 @@ light rows, as the corpus stages see them:
 - ``image``: one image (sha256 and pHash) on the hot rows, each its own
   alt-text -> ``ApplyCorpusFilters`` (``texts_per_image``);
 - ``pair``: one (url, alt-text) pair repeated on the hot rows, distinct pairs
-  otherwise -> ``pipeline.verdicts.DropKeys`` (light rows) and
+  otherwise -> ``pipeline.stages.verdicts.DropKeys`` (light rows) and
   ``JoinVerdicts`` (one record per key written, the repeats
   ``duplicate_pair/repeat``);
 - ``kmeans``: ``--total`` embedded rows (64 dimensions),
@@ -72,7 +72,7 @@ def _ordinary_rows(span):
 
 def _pair_records(span, hot: bool = True):
     from common.schema import make_key
-    from pipeline.stage_rows import LightRow
+    from pipeline.stages.light_rows import LightRow
 
     start, end = span
     for i in range(start, end):
@@ -109,7 +109,7 @@ def build_case(p, case: str, rows: int, total: int):
         out = {"survivors": survivors, "counted_only": empty} | ApplyCorpusFilters(get_preset("align", ["vocab_size=0"]))
         return out["rejected"] | "Reasons" >> beam.Values() | "Count" >> beam.combiners.Count.PerElement()
     if case == "pair":
-        from pipeline.verdicts import DropKeys, JoinVerdicts
+        from pipeline.stages.verdicts import DropKeys, JoinVerdicts
 
         records = (
             spans | "Repeats" >> beam.FlatMap(_pair_records).with_output_types(typing.Any),

@@ -233,7 +233,7 @@ class ShuffleMeasuringRunner(fn_runner.FnApiRunner):
 
 def measured_build(build_argv: List[str]) -> Tuple[dict, Shuffles]:
     """Run ``pipeline.build`` with these arguments in this process; returns its funnel and its shuffles."""
-    from pipeline import launcher
+    from pipeline.build import launcher
 
     ShuffleMeasuringRunner.last = None
     funnel = launcher.run(list(build_argv) + ["--runner", RUNNER])

@@ -45,9 +45,9 @@ def write_synthetic_corpus(data_dir: str, num_pairs: int, image_px: int) -> None
     from PIL import Image, ImageDraw
 
     from common import schema
-    from pipeline import tfrecord
-    from pipeline.shards import write_contiguous_shards
-    from pipeline.write import write_tfds_metadata
+    from common import tfrecord_io as tfrecord
+    from pipeline.write.shards import write_contiguous_shards
+    from pipeline.publish.tfds_metadata import write_metadata as write_tfds_metadata
     from trainer.vocab import build_vocab
 
     os.makedirs(data_dir, exist_ok=True)

@@ -10,18 +10,27 @@ folders on create); bytes are never decompressed by file extension.
 from __future__ import annotations
 
 import glob
+import json
 import os
+import re
 from typing import List
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 RAW = CompressionTypes.UNCOMPRESSED  # the bytes as stored, whatever the extension
+#: One read of a stream: never more is asked for at once (a length read from a file is a claim, not a fact).
+CHUNK_BYTES = 1 << 20
 
 
 def is_remote(path: str) -> bool:
     """A URL with a scheme (``gs://...``), not a local path."""
     return "://" in path
+
+
+def escape_glob(path: str) -> str:
+    """``path`` as a Beam match pattern that matches only itself (``*`` -> ``[*]``)."""
+    return re.sub(r"([*?\[])", r"[\1]", path)
 
 
 def join(base: str, *parts: str) -> str:
@@ -60,3 +69,42 @@ def match(pattern: str) -> List[str]:
     if not is_remote(pattern):
         return sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
     return sorted(m.path for m in FileSystems.match([pattern])[0].metadata_list)
+
+
+def to_json(obj, sort_keys: bool = False) -> str:
+    """The project's JSON files as written: indented, tuples as lists, bytes as text, numpy values as numbers."""
+    return json.dumps(obj, indent=1, sort_keys=sort_keys, default=_jsonable)
+
+
+def _jsonable(value):
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def read_at_most(handle, size: int) -> bytes:
+    """Up to ``size`` bytes, asked for in chunks: a false length allocates nothing it does not read."""
+    parts: List[bytes] = []
+    left = size
+    while left > 0:
+        chunk = handle.read(min(left, CHUNK_BYTES))
+        if not chunk:
+            break
+        parts.append(chunk)
+        left -= len(chunk)
+    return b"".join(parts)
+
+
+def skip(handle, size: int) -> int:
+    """Read ``size`` bytes through without keeping them; returns how many there were."""
+    done = 0
+    while done < size:
+        chunk = handle.read(min(size - done, CHUNK_BYTES))
+        if not chunk:
+            break
+        done += len(chunk)
+    return done

@@ -38,6 +38,16 @@ def key_fraction(key: str, salt: str = "") -> float:
     return int.from_bytes(digest[:8], "big") / 2.0**64
 
 
+def split_of(key: str, validation_fraction: float) -> str:
+    """A key's split: ``validation`` for a ``validation_fraction`` of keys by hash, else ``train``."""
+    return "validation" if key_fraction(key, salt="split") < validation_fraction else "train"
+
+
+def shard_of(key: str, num_shards: int) -> int:
+    """A key's file among ``num_shards`` hash-sharded files (the ledger, the pairs report)."""
+    return min(num_shards - 1, int(key_fraction(key, salt="shard") * num_shards))
+
+
 @dataclasses.dataclass(frozen=True)
 class Candidate:
     """One image/alt-text pair as it moves through the pipeline.
@@ -163,7 +173,7 @@ def tf_feature_spec():
 def tfds_features(extra: Optional[dict] = None):
     """The same spec as a ``tfds.features.FeaturesDict``, plus ``extra`` ones.
 
-    The build does not use it (``pipeline.tfds_metadata`` writes the same
+    The build does not use it (``pipeline.publish.tfds_metadata`` writes the same
     ``features.json`` without TFDS); tests compare the two.
     """
     import numpy as np

@@ -399,7 +399,7 @@ class RemoveNearDuplicates(beam.PTransform):
         ``set_names``, ``variants`` of length M), or a PCollection holding one
         such object. Prefer the PCollection for real runs: an object is put in
         the job graph (``beam.Create``), and Dataflow rejects graphs over
-        10 MB; ``pipeline.eval_index.load_index_rows`` reads it from files
+        10 MB; ``pipeline.stages.eval_index.load_index_rows`` reads it from files
         on a worker.
       threshold, and keyword options: ``SearchOptions`` (``search="exact"``
         by default).

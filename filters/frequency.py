@@ -52,7 +52,7 @@ input, the others by ``CoGroupByKey``, so no group's rows are ever one list.
 The histograms are over the counts capped at threshold + 1, so their last
 bin reads "more than the threshold". The counts of the groups with at least
 two members (``"counts"`` of ``DropSharedGroups``) are what the audit's
-what-if meets with the keys' classes (``pipeline.what_if_stats``).
+what-if meets with the keys' classes (``pipeline.what_if.collect``).
 """
 
 from __future__ import annotations
@@ -91,6 +91,12 @@ def what_if_cap(param: str, limit: int) -> int:
 # ---------------------------------------------------------------------------
 # Pure functions
 # ---------------------------------------------------------------------------
+
+
+def pool_row(row) -> tuple:
+    """A judged record (the build's light row: any object with ``key``, ``sha256``, ``phash``, ``text``) as
+    the ``(key, sha256, phash, normalised alt-text)`` row that the corpus-wide counts take."""
+    return row.key, row.sha256, row.phash, row.text
 
 
 def image_identity(row, identity: str) -> str:
@@ -331,7 +337,7 @@ class ApplyCorpusFilters(beam.PTransform):
     ``{"rejected": (key, reason), "stats": (name, json_value)}`` with each key
     at most once (first stage wins) and the stats ``count_of_counts`` and,
     for the stages that run, ``texts_per_image`` and ``images_per_text``;
-    and what the audit's what-if needs (``pipeline.what_if_stats``):
+    and what the audit's what-if needs (``pipeline.what_if.collect``):
     ``group_counts`` (``((stage, group), count)`` of the shared groups),
     ``lowest_ngram_counts`` (``(key, lowest count among its n-grams)``) and
     ``vocabulary`` (one ``("rare_ngrams", facts)``). With

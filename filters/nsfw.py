@@ -297,7 +297,7 @@ def decode_for_scoring(data: bytes, size: int = 320) -> Image.Image:
 class NsfwScoring:
     """Scores batches of encoded images and says, per image, the rejection reason or None.
 
-    Plain Python: the build's first pass (``pipeline.judge``) calls ``judge``
+    Plain Python: the build's first pass (``pipeline.stages.judge``) calls ``judge``
     on the images of each batch it reads, where the bytes already are.
     ``load`` (once per worker) loads the scorer; without its extra, records
     pass unscored, or ``ScorerUnavailable`` is raised when ``unscored="fail"``.

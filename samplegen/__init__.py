@@ -66,7 +66,7 @@ near-duplicate embedder (``dedup.embedders``); each planted near-duplicate
 is checked to be detected by it.
 
 Not planted: ``read/caption_not_utf8`` (pyarrow refuses to write invalid
-UTF-8 into a string column, other writers do not; ``tests/pipeline/test_read.py``
+UTF-8 into a string column, other writers do not; ``tests/pipeline/readers/test_file_records.py``
 writes such a file). EXIF orientation cannot change an ALIGN verdict (shorter
 side and longer/shorter ratio do not change when width and height swap);
 the EXIF rows check that the upright picture is the one kept and described.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs Debian's headless-capable Chromium for tests/pipeline/test_report_browser.py.
+# Installs Debian's headless-capable Chromium for tests/pipeline/audit/test_report_browser.py.
 # Idempotent: does nothing when /usr/bin/chromium already exists. Needs root
 # (or sudo) and Debian's package index; never downloads a browser build of its own.
 set -euo pipefail

@@ -9,9 +9,14 @@
   config fields for the trainer), so a renamed option cannot linger;
 - each command block says whether it runs here (``<!-- docs-test: run -->``,
   run below, offline) or why not (``<!-- docs-test: skip REASON -->``), and
-  the README's test command is the one CI runs.
+  the README's test command is the one CI runs;
+- every dotted path of the project named in a docstring or a page
+  (``pipeline.stages.judge.RecordJudge``) is a module of the tree, and the
+  first name after the module is defined there, so a move cannot leave a
+  docstring or a page pointing at nothing.
 """
 
+import ast
 import os
 import re
 import shlex
@@ -168,3 +173,81 @@ def test_the_readme_funnel_is_what_the_demo_build_prints(tmp_path):
     done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
     printed = re.search(r"(funnel of .*?conservation: [^\n]*)", done.stdout, re.S).group(1)
     assert printed.splitlines() == shown.splitlines()
+
+
+# ---------------------------------------------------------------------------
+# Docstrings name what exists
+# ---------------------------------------------------------------------------
+
+PACKAGES = ("common", "filters", "dedup", "pipeline", "trainer", "samplegen", "benchmarks")
+#: ``pipeline.stages.judge`` or ``pipeline.stages.judge.RecordJudge.setup``; ``trainer.checkpoint.load_*`` is a pattern.
+DOTTED = re.compile(r"(?<![\w./-])((?:%s)(?:\.[A-Za-z_][A-Za-z0-9_]*)+)(?![\w*]|\.[\w*])" % "|".join(PACKAGES))
+
+
+def module_file(dotted: str):
+    path = os.path.join(ROOT, *dotted.split("."))
+    for candidate in (os.path.join(path, "__init__.py"), path + ".py"):
+        if os.path.exists(candidate):
+            return candidate
+    return None
+
+
+def top_level_names(path: str) -> set:
+    """What a module defines or imports at its top level (including under ``if``/``try``)."""
+    names = set()
+    for node in ast.parse(open(path, encoding="utf-8").read()).body:
+        for sub in [node] + (list(ast.walk(node)) if isinstance(node, (ast.If, ast.Try)) else []):
+            if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(sub.name)
+            elif isinstance(sub, (ast.Assign, ast.AnnAssign)):
+                targets = sub.targets if isinstance(sub, ast.Assign) else [sub.target]
+                names.update(n.id for target in targets for n in ast.walk(target) if isinstance(n, ast.Name))
+            elif isinstance(sub, (ast.Import, ast.ImportFrom)):
+                names.update((alias.asname or alias.name).split(".")[0] for alias in sub.names)
+    return names
+
+
+def dotted_problem(dotted: str):
+    """Why ``dotted`` names nothing (None when its module exists and defines its first attribute)."""
+    parts = dotted.split(".")
+    for end in range(len(parts), 0, -1):
+        path = module_file(".".join(parts[:end]))
+        if path is not None:
+            rest = parts[end:]
+            if rest and rest[0] not in top_level_names(path):
+                return f"{'.'.join(parts[:end])} defines no {rest[0]}"
+            return None
+    return "no such module"
+
+
+def docstring_references():
+    for top in PACKAGES + ("tests",):
+        for folder, _, files in os.walk(os.path.join(ROOT, top)):
+            for name in sorted(files):
+                if not name.endswith(".py"):
+                    continue
+                path = os.path.join(folder, name)
+                tree = ast.parse(open(path, encoding="utf-8").read())
+                for node in ast.walk(tree):
+                    if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                        for dotted in DOTTED.findall(ast.get_docstring(node, clean=False) or ""):
+                            yield os.path.relpath(path, ROOT), getattr(node, "lineno", 1), dotted.rstrip(".")
+
+
+def test_docstrings_name_modules_that_exist():
+    found = [f"{path}:{line}: {dotted}: {problem}" for path, line, dotted in docstring_references()
+             if (problem := dotted_problem(dotted))]
+    assert found == []
+
+
+@pytest.mark.parametrize("page", RECORDS)
+def test_pages_name_modules_that_exist(page):
+    cited = {dotted.rstrip(".") for dotted in DOTTED.findall(text(page)) if not dotted.endswith(".md")}
+    assert sorted(f"{dotted}: {problem}" for dotted in cited if (problem := dotted_problem(dotted))) == []
+
+
+def test_the_docstring_check_finds_a_stale_name():
+    assert dotted_problem("pipeline.stages.judge.RecordJudge") is None
+    assert dotted_problem("pipeline.judge") == "pipeline defines no judge"
+    assert dotted_problem("pipeline.stages.judge.NoSuchThing") == "pipeline.stages.judge defines no NoSuchThing"
+    assert DOTTED.findall("``trainer.checkpoint.load_*`` and (``common.files``).") == ["common.files"]

@@ -115,25 +115,6 @@ def module_name(path: pathlib.Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _is_main_guard(node) -> bool:
-    test = getattr(node, "test", None)
-    return (isinstance(node, ast.If) and isinstance(test, ast.Compare) and isinstance(test.left, ast.Name)
-            and test.left.id == "__name__" and isinstance(test.comparators[0], ast.Constant)
-            and test.comparators[0].value == "__main__")
-
-
-def nodes_as_imported(tree):
-    """Every node of the module except a top-level ``if __name__ == "__main__":`` block.
-
-    That block runs only in ``python -m``'s ``__main__`` module, a different
-    module object, so an import there (``pipeline.build`` starting the
-    launcher, which imports ``pipeline.build``) cannot close a cycle.
-    """
-    for statement in tree.body:
-        if not _is_main_guard(statement):
-            yield from ast.walk(statement)
-
-
 def import_graph():
     """module -> project modules it imports anywhere in its source (lazy imports included)."""
     paths = {module_name(p): p for p in modules()}
@@ -146,7 +127,7 @@ def import_graph():
     graph = {}
     for name, path in paths.items():
         targets = set()
-        for node in nodes_as_imported(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Import):
                 targets.update(resolve(alias.name) for alias in node.names)
             elif isinstance(node, ast.ImportFrom) and not node.level:
@@ -191,11 +172,82 @@ def test_no_import_cycles():
     assert cycles(import_graph()) == []
 
 
-def test_only_the_main_guard_is_left_out_of_the_graph():
-    tree = ast.parse("import a\nif __name__ == '__main__':\n    import b\nif x:\n    import c\n")
-    names = {alias.name for node in nodes_as_imported(tree) if isinstance(node, ast.Import) for alias in node.names}
-    assert names == {"a", "c"}
-
-
 def test_the_cycle_finder_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+# ---------------------------------------------------------------------------
+# pipeline/ by role: one folder per part of the data flow, imports pointing down
+# ---------------------------------------------------------------------------
+
+#: Sub-package of pipeline/ -> the sub-packages it may import (besides itself). The command folders sit on
+#: top; ``funnel/`` is the ground floor every part counts into and imports no sibling.
+ROOMS = {
+    "funnel": set(),
+    "readers": {"funnel"},
+    "stages": {"readers", "funnel"},
+    "download": {"stages", "readers", "funnel"},
+    "write": {"stages", "download", "readers", "funnel"},
+    "what_if": {"funnel"},
+    "publish": {"funnel"},
+    "audit": {"what_if", "funnel"},
+    "build": {"readers", "download", "stages", "write", "funnel", "publish", "what_if"},
+}
+#: The commands a person runs: ``python -m pipeline.X`` for each, a folder with its ``__main__.py``.
+COMMANDS = {"build", "publish", "audit"}
+
+
+def room_of(module: str):
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 and parts[0] == "pipeline" else None
+
+
+def room_violations(graph=None):
+    graph = import_graph() if graph is None else graph
+    found = []
+    for module, targets in sorted(graph.items()):
+        room = room_of(module)
+        for target in sorted(targets):
+            other = room_of(target)
+            if room and other and other != room and other not in ROOMS[room]:
+                found.append(f"{module} imports {target} (pipeline/{room}/ may import only {sorted(ROOMS[room])})")
+            if not room and target.startswith("pipeline.") and other == "build":
+                found.append(f"{module} imports {target} (nothing below the command imports pipeline/build/)")
+    return found
+
+
+def test_pipeline_has_only_sub_packages():
+    loose = sorted(p.name for p in (ROOT / "pipeline").glob("*.py") if p.name != "__init__.py")
+    assert loose == []
+    rooms = {p.parent.name for p in (ROOT / "pipeline").glob("*/__init__.py")}
+    assert rooms == set(ROOMS), "a new sub-package of pipeline/ needs its place in ROOMS"
+
+
+def test_pipeline_imports_point_down():
+    assert room_violations() == []
+
+
+def test_the_room_check_finds_an_upward_import():
+    graph = {"pipeline.funnel.counts": {"pipeline.stages.judge"}, "pipeline.audit.report": {"pipeline.stages.judge"},
+             "dedup.x": {"pipeline.build.config"}, "pipeline.build.graph": {"pipeline.stages.judge"}}
+    assert len(room_violations(graph)) == 3
+
+
+def test_each_command_is_a_folder():
+    for name in COMMANDS:
+        assert (ROOT / "pipeline" / name / "__main__.py").exists()
+    mains = {p.parent.name for p in (ROOT / "pipeline").glob("*/__main__.py")}
+    assert mains == COMMANDS
+
+
+def test_pipeline_module_names_are_used_once_in_the_tree():
+    """A module of pipeline/ does not share its name with another shipped module (``tfrecord.py`` beside
+    ``readers/tfrecord.py`` made a reader ask which one is meant)."""
+    shipped = [p for top in sorted(set(ALLOWED) - {"samplegen"}) for p in (ROOT / top).rglob("*.py")
+               if p.name not in ("__init__.py", "__main__.py")]
+    by_name = {}
+    for path in shipped:
+        by_name.setdefault(path.stem, []).append(path.relative_to(ROOT).as_posix())
+    shared = {name: paths for name, paths in by_name.items()
+              if len(paths) > 1 and any(path.startswith("pipeline/") for path in paths)}
+    assert shared == {}

@@ -33,7 +33,8 @@ COMMANDS = {
 }
 
 #: Commands whose ``main`` lives in another module (``python -m pipeline.build`` runs the launcher's).
-MAIN_OF = {"pipeline.build": "pipeline.launcher", "samplegen": "samplegen.__main__"}
+MAIN_OF = {"pipeline.build": "pipeline.build.launcher", "pipeline.publish": "pipeline.publish.publisher",
+           "pipeline.audit": "pipeline.audit.auditor", "samplegen": "samplegen.__main__"}
 
 OPTION = re.compile(r"(?<![\w-])--[A-Za-z][A-Za-z0-9_.-]*[A-Za-z0-9_]")
 ENV = {**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2"}

@@ -1,6 +1,6 @@
 """TOnICS object-node minibatches: a whole batch of one class, read by seeking, without a scan.
 
-A build with ``--concepts`` (``pipeline.concepts``) writes beside every shard
+A build with ``--concepts`` (``pipeline.write.concept_tags``) writes beside every shard
 ``concepts/<shard>.json``: the byte offset of each record of each class in
 that shard. ``ConceptIndex`` loads these for a split (8 bytes per (record,
 class) pair in memory, no shard is read), and ``ClassBatches`` draws the

@@ -4,7 +4,8 @@ TensorFlow's own reader stops at a damaged frame with ``DataLossError:
 corrupted record at 12345``, naming neither the file nor what to do, and
 tf.data's ``ignore_errors`` drops the rest of the shard without saying how
 much. This reader reads the TFRecord frames itself (length, masked CRC32C of
-the length, payload, masked CRC32C of the payload) and, on damage, either
+the length, payload, masked CRC32C of the payload, with the project's codec,
+``common.tfrecord_io``) and, on damage, either
 raises ``DamagedShard`` (one line: the file, the byte, the record, what to
 do) or, with ``skip_corrupt``, skips and counts:
 
@@ -26,28 +27,25 @@ from __future__ import annotations
 
 import itertools
 import re
-import struct
 import threading
 from typing import Dict, Iterator, Mapping, Optional
 
-import google_crc32c
-
 from common.corpus_dir import DamagedFile
+from common.tfrecord_io import FOOTER_BYTES, HEADER_BYTES, CorruptPayload, FrameError, read_frames
 
-HEADER_BYTES = 12  # uint64 length, uint32 masked CRC of the length
-FOOTER_BYTES = 4  # uint32 masked CRC of the payload
 #: A longer length is taken for damage, not read: no shard record is near it.
 MAX_RECORD_BYTES = 1 << 30
 CHUNK_RECORDS = 64
+#: How each way a frame breaks is said to the person.
+FRAME_PROBLEMS = {
+    "header_truncated": "the file ends inside a record header",
+    "length_corrupt": "a record header is corrupt (its length fails its checksum)",
+    "payload_truncated": "the file ends inside a record (truncated)",
+}
 
 
 class DamagedShard(DamagedFile):
     """A shard that cannot be read whole; the message is the one line the person sees."""
-
-
-def _masked_crc(data: bytes) -> int:
-    crc = google_crc32c.value(data)
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
 def _open(path: str):
@@ -81,33 +79,20 @@ class ShardReader:
         expected = self.expected.get(path)
         index = offset = 0
         with _open(path) as handle:
-            while True:
-                head = handle.read(HEADER_BYTES)
-                if not head:
-                    return
-                (length,) = struct.unpack("<Q", head[:8].ljust(8, b"\0"))
-                if len(head) < HEADER_BYTES:
-                    problem = "the file ends inside a record header"
-                elif _masked_crc(head[:8]) != struct.unpack("<I", head[8:])[0]:
-                    problem = "a record header is corrupt (its length fails its checksum)"
-                elif length > MAX_RECORD_BYTES:
-                    problem = f"a record header claims {length:,} bytes"
-                else:
-                    payload = handle.read(length)
-                    tail = handle.read(FOOTER_BYTES)
-                    if len(payload) < length or len(tail) < FOOTER_BYTES:
-                        problem = "the file ends inside a record (truncated)"
+            try:
+                for frame in read_frames(handle, MAX_RECORD_BYTES, skip_too_large=False):
+                    if isinstance(frame, CorruptPayload):  # the frame holds: only this record is lost
+                        self._damaged(path, offset, index, expected, "a record is corrupt (its checksum fails)", lost=1)
+                        length = frame.length
                     else:
-                        if _masked_crc(payload) == struct.unpack("<I", tail)[0]:
-                            yield payload
-                        else:  # the frame holds: only this record is lost
-                            self._damaged(path, offset, index, expected, "a record is corrupt (its checksum fails)",
-                                          lost=1)
-                        index, offset = index + 1, offset + HEADER_BYTES + length + FOOTER_BYTES
-                        continue
+                        yield frame
+                        length = len(frame)
+                    index, offset = index + 1, offset + HEADER_BYTES + length + FOOTER_BYTES
+            except FrameError as error:
+                problem = (f"a record header claims {error.length:,} bytes" if error.kind == "too_large"
+                           else FRAME_PROBLEMS[error.kind])
                 lost = None if expected is None else max(expected - index, 0)
                 self._damaged(path, offset, index, expected, problem, lost=lost)
-                return
 
     def _damaged(self, path, offset, index, expected, problem, lost):
         of = f" of {expected:,}" if expected is not None else ""

@@ -52,8 +52,8 @@ from apache_beam.utils.windowed_value import WindowedValue
 from filters import stages
 from pipeline.download import staging
 from pipeline.download.image_facts import ImageFactsRow, failed_facts, unjudged_facts
-from pipeline.download.options import DownloadOptions
 from pipeline.download.politeness import host_key, routing_key
+from pipeline.download.settings import DownloadOptions
 from pipeline.download.worker import shared_worker
 
 NAMESPACE = "download"

@@ -8,7 +8,7 @@ facts by side input, so no step holds one URL's rows in one list. Each row
 then meets the row part of the per-record rules (``filters.record.judge_row``)
 with its image's facts, and the image's NSFW verdict, embedding and
 evaluation match apply to it where the row passes every per-record rule,
-as in the file path (``pipeline.judge``). The light row is the one a
+as in the file path (``pipeline.stages.judge``). The light row is the one a
 record read from a file gets: from a staging file (reader ``staging``, its
 path and ordinal), with the URL-list row's carried columns plus the HTTP
 status and final URL (``LightRow.carried``). A failed download is the
@@ -18,7 +18,7 @@ its ledger line.
 An extra per-record stage sees the image bytes: they are read back from
 the staging file by offset, only for a row that reaches such a stage.
 
-Outputs as ``pipeline.judge``'s: ``rows`` plus ``measures``, ``pairs``,
+Outputs as ``pipeline.stages.judge``'s: ``rows`` plus ``measures``, ``pairs``,
 ``embeddings`` and ``nsfw`` (outcomes counted per row that reached the stage).
 """
 
@@ -32,13 +32,13 @@ from apache_beam.metrics import Metrics
 
 from common.hot_keys import JoinDecisions
 from filters.record import judge_row
-from pipeline import judge as judge_lib
 from pipeline.download import staging
 from pipeline.download.image_facts import UrlRow, candidate_of, embedding_of, image_facts
-from pipeline.judge import EMBEDDINGS, MEASURES, NSFW_OUTCOMES, PAIRS, ROWS, Histograms
+from pipeline.funnel.counts import METRICS_NAMESPACE
 from pipeline.readers.rows import Rejection
-from pipeline.stage_rows import holding_rows
-from pipeline.stats import METRICS_NAMESPACE
+from pipeline.stages import judge as judge_lib
+from pipeline.stages.judge import EMBEDDINGS, MEASURES, NSFW_OUTCOMES, PAIRS, ROWS, Histograms
+from pipeline.stages.light_rows import holding_rows
 
 #: Rows judged together (one histogram per batch).
 BATCH_SIZE = 256

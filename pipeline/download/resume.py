@@ -34,7 +34,7 @@ import apache_beam as beam
 from apache_beam.io import fileio
 from apache_beam.metrics import Metrics
 
-from pipeline import tfrecord
+from common import tfrecord_io as tfrecord
 from pipeline.download import staging
 from pipeline.download.image_facts import ImageFactsRow, failed_facts
 

@@ -8,11 +8,11 @@
            settled  -> an earlier build's failure that is the URL's answer
       -> ImageFactsRow per distinct URL
       -> JudgeRows: the facts joined back to every row of the URL, each row judged   [fanout]
-      -> LightRow per row (+ measures, pairs, embeddings, NSFW outcomes), as ``pipeline.judge``'s
+      -> LightRow per row (+ measures, pairs, embeddings, NSFW outcomes), as ``pipeline.stages.judge``'s
 
 No image bytes cross a shuffle: URLs and light facts do; the bytes go from
 the socket to a staging file and to the image judge in one DoFn, and the
-second pass (``pipeline.write``) reads them from the staging file.
+second pass (``pipeline.write.second_pass``) reads them from the staging file.
 
 Every URL-list row becomes one light row: its ``download/<reason>``
 rejection, or the record judged from its image's facts. The funnel's note
@@ -27,8 +27,8 @@ import apache_beam as beam
 from filters.record import row_needs
 from pipeline.download import crawl, fanout, resume
 from pipeline.download.image_facts import ImageJudge, UrlRow, candidate_of, url_row
-from pipeline.download.options import CARRIED, DownloadOptions, add_arguments, describe, from_args  # noqa: F401
-from pipeline.judge import EMBEDDINGS, MEASURES, NSFW_OUTCOMES, PAIRS, ROWS
+from pipeline.download.settings import DownloadOptions, describe
+from pipeline.stages.judge import EMBEDDINGS, MEASURES, NSFW_OUTCOMES, PAIRS, ROWS
 
 NOTES = "notes"
 
@@ -43,7 +43,7 @@ def _or(needs):
 class DownloadImages(beam.PTransform):
     """URL-list rows -> ``{"rows", "measures", "pairs", "embeddings", "nsfw", "notes"}`` (see the module's docstring).
 
-    ``record_judge``: the first pass's ``pipeline.judge.RecordJudge`` (its
+    ``record_judge``: the first pass's ``pipeline.stages.judge.RecordJudge`` (its
     preset, extra stages, NSFW scorer, embedder and evaluation index).
     ``staging_dir``: ``OUTPUT/_downloads``; ``build_id`` names this build's
     staging files. ``lookup``: a test's DNS lookup (None: the system's).

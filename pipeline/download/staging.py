@@ -42,14 +42,14 @@ from typing import Iterator, List, Optional
 
 from apache_beam.io.filesystems import FileSystems
 
+from common import tfrecord_io as tfrecord
 from common.schema import Candidate
-from pipeline import tfrecord
 from pipeline.readers.rows import Columns
 
 READER = "staging"
 DIRECTORY = "_downloads"
 BODIES, INDEX = ".tfrecord", ".index.jsonl"
-#: ``<build id>-<32 hex>``: the build id sorts by the build's start (``pipeline.output.new_version_id``).
+#: ``<build id>-<32 hex>``: the build id sorts by the build's start (``pipeline.publish.output_contract.new_version_id``).
 STEM = re.compile(r"^(?P<build>\d{8}T\d{6}Z-[0-9a-f]{8,32})-[0-9a-f]{32}$")
 
 

@@ -13,7 +13,7 @@ import threading
 from typing import Optional
 
 from pipeline.download.addresses import Resolver, system_resolver
-from pipeline.download.fetch import FetchOptions, Fetched, fetch, tls_context
+from pipeline.download.fetch import Fetched, FetchOptions, fetch, tls_context
 from pipeline.download.politeness import HostLimiter, HostPolicy
 from pipeline.download.resolver import CachingResolver, DnsSettings
 

@@ -4,7 +4,7 @@
 |---|---|---|
 | ``parquet`` | ``*.parquet`` (img2dataset ``--output_format parquet``, Hugging Face, Spark) | ``parquet`` |
 | ``webdataset`` | ``*.tar`` (img2dataset ``--output_format webdataset``, with its ``*.parquet``) | ``webdataset`` |
-| ``files`` | ``NNNNN.parquet`` + folder ``NNNNN/`` (img2dataset ``--output_format files``) | ``files`` |
+| ``files`` | ``NNNNN.parquet`` + folder ``NNNNN/`` (img2dataset ``--output_format files``) | ``folders`` |
 | ``tsv`` | ``*.tsv``, ``*.tsv.gz`` (CC3M/CC12M URL lists) | ``tsv`` |
 | ``jsonl`` | ``*.jsonl``, ``*.jsonl.gz`` (URL lists) | ``jsonl`` |
 | ``tfrecord`` | ``*.tfrecord``, ``*.tfrecord-00000-of-00016``, ``*.tfrec`` (``tf.train.Example``) | ``tfrecord`` |
@@ -25,12 +25,12 @@ import posixpath
 import re
 from typing import Optional
 
-from pipeline.readers import files, jsonl, parquet, tfrecord, tsv, webdataset
+from pipeline.readers import folders, jsonl, parquet, tfrecord, tsv, webdataset
 
 FORMATS = {
     "parquet": parquet,
     "webdataset": webdataset,
-    "files": files,
+    "files": folders,
     "tsv": tsv,
     "jsonl": jsonl,
     "tfrecord": tfrecord,

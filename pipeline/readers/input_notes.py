@@ -22,7 +22,7 @@ SNIFF_ROWS = 1000
 
 
 def _first_data_file(pattern: str, override: Optional[str]):
-    from pipeline.read import list_input_files
+    from pipeline.readers.input_files import list_input_files
 
     for path in list_input_files(pattern):
         if not readers.is_non_data(path):

@@ -16,7 +16,8 @@ import json
 import re
 from typing import Iterator, List, NamedTuple, Union
 
-CHUNK_BYTES = 1 << 20  # one read of a stream; never more is asked for at once
+from common.files import CHUNK_BYTES
+
 #: JSON nested deeper is refused before it is parsed: Python's parser recurses, and how deep it
 #: can go depends on the caller's stack, so a fixed bound keeps a line's fate the same in every pass.
 MAX_JSON_DEPTH = 100
@@ -42,30 +43,6 @@ class TooLong(NamedTuple):
 
     length: int
     head: bytes
-
-
-def read_at_most(handle, size: int) -> bytes:
-    """Up to ``size`` bytes, asked for in chunks: a false length allocates nothing it does not read."""
-    parts: List[bytes] = []
-    left = size
-    while left > 0:
-        chunk = handle.read(min(left, CHUNK_BYTES))
-        if not chunk:
-            break
-        parts.append(chunk)
-        left -= len(chunk)
-    return b"".join(parts)
-
-
-def skip(handle, size: int) -> int:
-    """Read ``size`` bytes through without keeping them; returns how many there were."""
-    done = 0
-    while done < size:
-        chunk = handle.read(min(size - done, CHUNK_BYTES))
-        if not chunk:
-            break
-        done += len(chunk)
-    return done
 
 
 def lines(handle, max_line_bytes: int) -> Iterator[Union[bytes, TooLong]]:
@@ -154,6 +131,5 @@ def add_arguments(parser) -> None:
 
 
 def from_options(opts) -> ReadLimits:
-    """``ReadLimits`` from parsed flags (defaults for absent ones); ``ValueError`` names a flag out of range."""
-    values = {name: getattr(opts, f"read_{name}", None) for name, _ in _FLAGS}
-    return ReadLimits(**{name: value for name, value in values.items() if value is not None}).check()
+    """``ReadLimits`` from parsed flags; ``ValueError`` names a flag out of range."""
+    return ReadLimits(**{name: getattr(opts, f"read_{name}") for name, _ in _FLAGS}).check()

@@ -45,7 +45,14 @@ from common.schema import make_key
 from filters import stages
 from pipeline.readers.losses import marker, too_large
 from pipeline.readers.rows import (
-    BAD_CELL, Columns, Rejection, Row, decided, first_present, text_of, to_record,
+    BAD_CELL,
+    Columns,
+    Rejection,
+    Row,
+    decided,
+    first_present,
+    text_of,
+    to_record,
 )
 
 BATCH_ROWS = 256  # rows decoded at a time; a row group is never held whole

@@ -22,7 +22,7 @@ from typing import Optional
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from pipeline.readers.limits import CHUNK_BYTES
+from common.files import CHUNK_BYTES
 
 
 class StreamError(Exception):

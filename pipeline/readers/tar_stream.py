@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Iterator, Optional, Tuple
 
-from pipeline.readers.limits import read_at_most, skip
+from common.files import read_at_most, skip
 
 BLOCK = 512
 REGULAR = (b"0", b"\x00", b"7")

@@ -1,6 +1,6 @@
 """TFRecord files of ``tf.train.Example``, e.g. this project's own shards (for re-filtering).
 
-Parsed with the project's own codec (``pipeline.tfrecord``), so workers need
+Parsed with the project's own codec (``common.tfrecord_io``), so workers need
 no TensorFlow. Features are looked up like columns: url ``url``, caption
 ``texts``/``caption``/..., image ``image``/``jpg``/...; ``original_width`` /
 ``original_height`` are the source size and ``key``/``sha256`` are carried as
@@ -24,7 +24,7 @@ A TFRecord file states no count of its own, but a TFDS directory's
 ``dataset_info.json`` states every shard's length. When the file is such a
 shard, that length is its count: a truncated shard's ``read/truncated_file``
 says how many records it is missing (``unread_records``), and a shard that
-holds another number than stated is reconciled by ``pipeline.read``.
+holds another number than stated is reconciled by ``pipeline.readers.file_records``.
 Without it, ``unread_records`` is ``unknown``. The file may be compressed
 (``.gz``, as ``TFRecordDataset(compression_type="GZIP")`` reads).
 """
@@ -36,10 +36,11 @@ from typing import Iterator, Optional
 
 from apache_beam.io.filesystems import FileSystems
 
+from common import tfrecord_io as codec
+from common.files import read_at_most
 from common.schema import make_key
 from filters import stages
-from pipeline import tfrecord as codec
-from pipeline.readers.limits import ReadLimits, load_json, read_at_most
+from pipeline.readers.limits import ReadLimits, load_json
 from pipeline.readers.losses import malformed, marker, too_large
 from pipeline.readers.rows import Columns, Rejection, Row, decided, first_present, to_record
 from pipeline.readers.streams import StreamError, open_input

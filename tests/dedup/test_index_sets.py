@@ -78,7 +78,7 @@ def test_tfds_shards_and_parquet_sets_load_together(tmp_path, pictures, dct):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pipeline import tfrecord
+    from common import tfrecord_io as tfrecord
 
     shards = tmp_path / "coco"
     shards.mkdir()

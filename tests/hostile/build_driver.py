@@ -1,7 +1,7 @@
-"""Run one build (``pipeline.launcher.run``) in this process and report what it wrote and used, as JSON.
+"""Run one build (``pipeline.build.launcher.run``) in this process and report what it wrote and used, as JSON.
 
 The ``read`` counters are the ones the launcher stored beside the funnel
-(``pipeline.publish.READ_COUNTS``), so a test can reconcile them with what
+(``pipeline.publish.publisher.READ_COUNTS``), so a test can reconcile them with what
 the input files state; the peak RSS is the whole build's (the FnApiRunner
 runs in this process).
 """
@@ -16,8 +16,8 @@ def main(argv):
     from apache_beam.io.filesystems import FileSystems
 
     from common.corpus_dir import resolve
-    from pipeline import launcher
-    from pipeline.publish import READ_COUNTS
+    from pipeline.build import launcher
+    from pipeline.publish.publisher import READ_COUNTS
 
     funnel = launcher.run(argv)
     peak = own_peak_rss()

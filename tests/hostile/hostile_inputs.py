@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image
 
-from pipeline import tfrecord
+from common import tfrecord_io as tfrecord
 
 import parquet_footer
 

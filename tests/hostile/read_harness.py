@@ -3,7 +3,7 @@
 ``read_bounded(paths, ...)`` runs ``python read_harness.py`` on the files:
 the child imports the readers, then limits its own address space to what it
 holds at that point plus ``headroom`` (``RLIMIT_AS``), and reads each file
-with ``pipeline.read.file_records`` (the reader, then the count's
+with ``pipeline.readers.file_records.file_records`` (the reader, then the count's
 reconciliation, as the build's ``ParseRows`` does) twice, under a per-file
 alarm.
 What each file gave comes back as JSON: every record's fate, url and
@@ -70,7 +70,8 @@ def _child(spec):
     import signal
     import time
 
-    from pipeline import read, readers
+    from pipeline.readers import file_records as read
+    from pipeline import readers
     from pipeline.readers.limits import ReadLimits
     from pipeline.readers.rows import Columns
 

@@ -1,4 +1,4 @@
-"""One real build (``pipeline.launcher.run``, FnApiRunner) over hostile files mixed with good ones.
+"""One real build (``pipeline.build.launcher.run``, FnApiRunner) over hostile files mixed with good ones.
 
 A lying Parquet footer, a TFRecord with a malformed Example and a false
 2^40 length, a WebDataset shard with a too-deep ``.json`` beside its
@@ -23,7 +23,7 @@ from hostile_inputs import (
     sample_members, tar_bytes, write_frames, write_parquet,
 )
 from corpus_paths import committed
-from pipeline import tfrecord
+from common import tfrecord_io as tfrecord
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))

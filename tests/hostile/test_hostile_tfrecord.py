@@ -11,7 +11,7 @@ import json
 import pytest
 
 from hostile_inputs import _field, _varint, example_with, good, good_example, length_header, write_frames
-from pipeline import tfrecord
+from common import tfrecord_io as tfrecord
 from read_harness import TEST_LIMITS, fates, read_bounded
 
 TOO_LARGE = TEST_LIMITS["max_record_bytes"] + 1

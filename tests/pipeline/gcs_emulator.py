@@ -7,7 +7,7 @@ fixture records "none found" in Beam's credential cache up front, which is
 what that search ends with on a machine without credentials.
 
 The emulator ignores ``ifGenerationMatch`` preconditions: the commit's
-compare-before-write (``pipeline.commit``) is what refuses a second commit
+compare-before-write (``pipeline.publish.commit``) is what refuses a second commit
 on it; the precondition itself guards the last race on real GCS.
 """
 

@@ -17,8 +17,12 @@ import pytest
 from apache_beam.io.filesystems import FileSystems
 
 from common import corpus_dir
+from common import tfrecord_io as tfrecord
 from common.schema import shard_filename
-from pipeline import commit, launcher, output, publish, tfrecord
+from pipeline.build import launcher
+from pipeline.publish import commit
+from pipeline.publish import output_contract as output
+from pipeline.publish import publisher as publish
 
 QUICK = ["--set", "vocab_size=0", "--set", "nsfw_threshold=1.0", "--set", "min_shorter_side=0",
          "--set", "min_words=1", "--set", "validation_fraction=0.3"]
@@ -84,7 +88,7 @@ def commit_and_resume(pattern, out):
 
 def failed_rebuild_keeps_the_corpus(pattern, out, monkeypatch):
     """--overwrite whose job fails: the previous corpus is there, unchanged, and still the one committed."""
-    from pipeline import shards
+    from pipeline.write import shards
 
     build(pattern, out)
     before, seen = files_of(out), visible(out)

@@ -88,7 +88,7 @@ def test_mismatched_pairs_are_the_stated_share_and_describe_another_scene(plan):
         named = shape_words(row.caption)
         assert named, row.caption  # worded for a drawn scene: it names its shapes
         assert named.isdisjoint(scenes.scene_shapes(picture)), (row.caption, scenes.scene_shapes(picture))
-        # What ALIGN's per-record text rules ask (the build keeps them: tests/pipeline/test_build_sample.py).
+        # What ALIGN's per-record text rules ask (the build keeps them: tests/pipeline/build/test_build_sample.py).
         text = normalize_text(row.caption)
         assert 3 <= text_rules.word_count(text) <= 20 and text == normalize_text(text)
     assert kinds == {"scene", "photo"}  # pictures drawn as ordinary ones are

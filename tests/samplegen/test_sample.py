@@ -205,7 +205,7 @@ def test_thresholds_match_the_align_preset():
 def test_per_record_fates_match_the_filters(generated, manifest):
     """Read + per-record stages of the pipeline, on the real files, give the manifest's fates."""
     from filters.record import judge_record
-    from pipeline.read import Rejection, read_parquet_file
+    from pipeline.readers.parquet import read_file as read_parquet_file, Rejection
 
     out, _ = generated
     preset = get_preset("align")

@@ -1,9 +1,9 @@
 """Shared trainer fixtures: a tiny corpus in the shard format, a tiny eval folder.
 
 ``tiny_corpus`` is a TFDS-layout directory written with the pipeline's own
-pieces (``pipeline.tfrecord`` Examples of ``common.schema.FEATURES``, file
+pieces (``common.tfrecord_io`` Examples of ``common.schema.FEATURES``, file
 names from ``common.schema.shard_filename``, ``dataset_info.json`` and
-``features.json`` from ``pipeline.write.write_tfds_metadata``; so
+``features.json`` from ``pipeline.publish.tfds_metadata.write_metadata``; so
 ``tfds.builder_from_directory`` loads it), filled with procedurally drawn
 scenes (one coloured shape on a plain background) and alt-texts describing
 them, plus a ``vocab.txt`` learned from those alt-texts by ``trainer.vocab``.
@@ -24,7 +24,7 @@ import pytest
 from PIL import Image, ImageDraw
 
 from common import schema
-from pipeline import tfrecord
+from common import tfrecord_io as tfrecord
 
 CORPUS_NAME = "tiny_corpus"
 SPLIT_SIZES = {"train": 64, "validation": 16}
@@ -74,7 +74,7 @@ def draw_shape(shape, colour, background, width, height, rng, scale=(0.3, 0.45),
 
 def write_split(data_dir, name, split, records, num_shards):
     """Writes ``records`` as ``num_shards`` contiguous shards; returns the shard lengths."""
-    from pipeline.shards import write_contiguous_shards
+    from pipeline.write.shards import write_contiguous_shards
 
     return write_contiguous_shards(data_dir, name, split, [tfrecord.encode_example(r) for r in records], num_shards)
 
@@ -111,7 +111,7 @@ def make_scene_record(rng, split, index):
 @pytest.fixture(scope="session")
 def tiny_corpus(tmp_path_factory):
     """Path (str) of a tiny shard directory with train/validation splits and vocab.txt."""
-    from pipeline.write import write_tfds_metadata
+    from pipeline.publish.tfds_metadata import write_metadata as write_tfds_metadata
     from trainer.vocab import build_vocab
 
     data_dir = str(tmp_path_factory.mktemp(CORPUS_NAME))
@@ -207,11 +207,11 @@ def tiny_train_config(data_dir, cache_dir, **overrides):
 
 
 @pytest.fixture(scope="session")
-def tiny_trained(tiny_corpus, tiny_eval_folder, tmp_path_factory):
+def tiny_trained(tiny_corpus, tiny_eval_folder, tmp_path_factory, jax_cache_dir):
     """(workdir, final metrics) of a 2-step tiny run with retrieval, zero-shot and kNN evaluators."""
     from trainer import train
 
-    cache_dir = str(tmp_path_factory.mktemp("jax_cache_trained"))
+    cache_dir = jax_cache_dir
     workdir = str(tmp_path_factory.mktemp("tiny_trained"))
     config = tiny_train_config(tiny_corpus, cache_dir, eval_dir=tiny_eval_folder)
     config.evals = {"retrieval": {"split": "validation"},

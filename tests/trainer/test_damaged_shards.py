@@ -15,7 +15,7 @@ import sys
 import pytest
 import tensorflow as tf
 
-from pipeline import tfrecord
+from common import tfrecord_io as tfrecord
 from trainer import input_pipeline, shard_reader, train, vocab
 from trainer.configs import tiny
 from trainer.shard_reader import DamagedShard, ShardReader
@@ -136,7 +136,7 @@ def test_trainer_command_line_names_the_damaged_shard_in_one_line(damaged_corpus
         [sys.executable, "-m", "trainer.train", "--config", "trainer/configs/tiny.py",
          "--workdir", str(tmp_path / "run"), f"--config.data_dir={corpus}", "--config.batch_size=8",
          "--config.image_size=32", "--config.max_text_len=16", "--config.total_steps=2",
-         "--config.xla_cpu_fast_compile=true", f"--config.compilation_cache_dir={tmp_path / 'cache'}"],
+         "--config.xla_cpu_fast_compile=true", f"--config.compilation_cache_dir={os.environ['JAX_COMPILATION_CACHE_DIR']}"],
         cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2"})
     assert done.returncode == 1
     assert done.stderr.count("\n") == 1, done.stderr
@@ -153,7 +153,7 @@ def test_trainer_skips_a_damaged_record_when_told_counts_and_reports_it(damaged_
     config.update(data_dir=corpus, skip_corrupt_records=True, total_steps=2, log_every=1,
                   batch_size=32,  # two steps read every shard (64 records, three lost)
                   image_size=32, resize_size=36, max_text_len=16, xla_cpu_fast_compile=True,
-                  compilation_cache_dir=str(tmp_path / "cache"))
+                  compilation_cache_dir=os.environ["JAX_COMPILATION_CACHE_DIR"])
     final = train.train_and_evaluate(config, workdir)
     assert final["step"] == 2 and final["data/records_skipped"] == 3  # each once, though read in two epochs
     with open(os.path.join(workdir, "metrics.jsonl")) as f:

@@ -13,7 +13,7 @@ from trainer.evaluators import encode_in_batches
 from trainer.input_pipeline import make_dataset
 
 BROWSER_TEST = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                            "pipeline", "test_report_browser.py")
+                            "pipeline", "audit", "test_report_browser.py")
 
 
 @pytest.fixture(scope="module")

@@ -160,7 +160,7 @@ def test_two_processes_preempt_in_sync_checkpoint_evaluate_and_resume(tiny_corpu
     overrides = dict(data_dir=tiny_corpus, eval_dir=tiny_eval_folder, total_steps=TOTAL_STEPS,
                      batch_size=8, image_size=32, resize_size=36, max_text_len=16, log_every=1,
                      checkpoint_every=100, eval_batch_size=8,
-                     compilation_cache_dir=str(tmp_path / "cache"), xla_cpu_fast_compile=True)
+                     compilation_cache_dir=os.environ["JAX_COMPILATION_CACHE_DIR"], xla_cpu_fast_compile=True)
     reference, workdir = str(tmp_path / "reference"), str(tmp_path / "run")
 
     results = run_two_processes(reference, workdir, overrides, str(tmp_path / "output"))

@@ -148,7 +148,7 @@ def test_a_build_records_the_cosines_trainer_embed_gives(tiny_trained, exported,
     import pyarrow.parquet as pq
 
     from common.schema import make_key
-    from pipeline import launcher
+    from pipeline.build import launcher
 
     from corpus_paths import committed
 

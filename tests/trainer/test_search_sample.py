@@ -66,7 +66,7 @@ def trained_on_sample(tmp_path_factory):
     vocab.build_vocab(str(corpus), 2000)
     config = tiny.get_config()
     config.data_dir = str(corpus)
-    config.compilation_cache_dir = str(out / "jax_cache")
+    config.compilation_cache_dir = os.environ["JAX_COMPILATION_CACHE_DIR"]
     config.evals = {"retrieval": {"split": "validation"}}
     workdir = str(out / "train")
     final = train.train_and_evaluate(config, workdir)

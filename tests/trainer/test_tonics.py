@@ -100,10 +100,10 @@ def tagged_corpus(tmp_path_factory):
     """The tiny corpus as a ``--concepts`` build writes it: concepts feature, per-shard index, stats."""
     from common.ontology import from_dict
     from filters.concepts import Tagger
-    from pipeline import concepts as concepts_lib
-    from pipeline import tfrecord
-    from pipeline.shards import concept_offsets
-    from pipeline.write import write_tfds_metadata
+    from pipeline.write import concept_tags as concepts_lib
+    from common import tfrecord_io as tfrecord
+    from pipeline.write.shards import concept_offsets
+    from pipeline.publish.tfds_metadata import write_metadata as write_tfds_metadata
     from trainer.vocab import build_vocab
 
     ontology = from_dict({"classes": {s: [s, s + "s"] for s in SHAPES}})
@@ -228,8 +228,8 @@ def saved_curriculum(workdir, step):
 
 
 @pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("jax_cache_tonics"))
+def cache_dir(jax_cache_dir):
+    return jax_cache_dir
 
 
 @pytest.fixture(scope="module")

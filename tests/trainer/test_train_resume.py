@@ -25,8 +25,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 @pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("jax_cache"))
+def cache_dir(jax_cache_dir):
+    return jax_cache_dir
 
 
 def small_config(data_dir, cache_dir, **overrides):

@@ -1,0 +1,1 @@
+"""``python -m pipeline.audit``: the funnel, its checks and the HTML report of a built corpus."""

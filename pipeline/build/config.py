@@ -1,0 +1,234 @@
+"""The build's one resolved configuration: every flag checked, every object it names made, once.
+
+    args, beam_args = options.parse(argv)
+    config, beam_options = resolve(args, beam_args)
+
+``resolve`` is the build's validation: a flag that cannot be honoured is a
+``UsageError`` (one line) before the output is touched, and what it names
+(the preset with its overrides, the extra stages, the input columns and read
+limits, the download settings, the embedder's and the pair model's
+arguments, the TOnICS ontology, the corpus and version directories) is made
+here and nowhere else. The launcher and the job graph read the frozen
+``BuildConfig``; nothing downstream parses, defaults or rebuilds a flag.
+
+Every declared flag is on ``config.flags`` as given (``Flags``, read-only):
+a new option is its declaration (``pipeline.build.options``) and the code
+that reads ``config.flags.<name>``; one that needs checking or turns into an
+object gets a field here, resolved in ``resolve``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+import uuid
+from typing import Mapping, Optional, Tuple
+
+from apache_beam.io.filesystems import FileSystems
+
+from common import corpus_dir
+from filters import extra_stages
+from filters.presets import Preset, PresetError, get_preset
+from pipeline.build.options import UsageError, beam_options
+from pipeline.download import settings as download_settings
+from pipeline.download.settings import DownloadOptions
+from pipeline.readers import limits as read_limits
+from pipeline.readers.rows import Columns, make_columns
+
+#: An evaluation set's name: it ends the reason ``near_duplicate_eval/NAME`` (a ``/`` would start another part).
+SET_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+class Flags:
+    """The build's flags as parsed (argparse's defaults filled in): read-only attributes, no defaults of its own."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, values: Mapping[str, object]):
+        object.__setattr__(self, "_values", types.MappingProxyType(dict(values)))
+
+    def __getattr__(self, name: str):
+        try:
+            return self._values[name]
+        except KeyError:
+            raise AttributeError(f"the build declares no flag {name!r} (pipeline.build.options)") from None
+
+    def __setattr__(self, name, value):
+        raise dataclasses.FrozenInstanceError(f"build flags are read-only: --{name}")
+
+    def __reduce__(self):
+        return Flags, (dict(self._values),)
+
+    def __repr__(self) -> str:
+        return f"Flags({dict(self._values)!r})"
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildConfig:
+    """Everything a build was asked for, resolved: what the launcher and the job graph read."""
+
+    flags: Flags
+    preset: Preset
+    extras: tuple                       # extra stages, the preset's then --stage's (filters.extra_stages)
+    columns: Columns                    # input columns, carried columns, read limits, whether to download
+    download: Optional[DownloadOptions]  # --download's settings; None without --download
+    embedder_args: Tuple[tuple, ...]    # --embedder_arg as sorted (key, value) pairs (part of the graph)
+    eval_sets: Tuple[Tuple[str, str], ...]  # --eval_images as (name, path)
+    scorer: object                      # --model_score as a filters.model_score.PairScorer, loaded; or None
+    ontology: object                    # --concepts as a common.ontology.Ontology; or None
+    input_files: Tuple[str, ...]        # what --input matches now (the job matches again on the workers)
+    output: str                         # the corpus directory: --output, or OUTPUT/NAME/VERSION (--layout tfds)
+    version: str                        # this build's version id
+    version_dir: str                    # OUTPUT/versions/<version>: everything the job writes
+    download_staging: str               # OUTPUT/_downloads: downloads shared by the output's builds
+
+
+def resolve_preset(flags) -> Preset:
+    """The preset with ``--set``'s overrides (``UsageError`` names the parameter)."""
+    try:
+        return get_preset(flags.preset, flags.overrides)
+    except PresetError as error:
+        raise UsageError(str(error)) from None
+
+
+def corpus_directory(output: str, layout: str, name: str, version: str) -> str:
+    """Where the corpus goes: ``output`` (flat) or ``output/NAME/VERSION`` (TFDS's by-name layout)."""
+    if layout == "tfds":
+        return FileSystems.join(output, name, version)
+    return output
+
+
+def _columns(args) -> Columns:
+    """Which input columns hold what, and which are carried (with ``--download``, its HTTP status and final URL too)."""
+    carry = [c.strip() for c in args.carry_columns.split(",")]
+    if args.download:
+        carry += list(download_settings.CARRIED)
+    columns = make_columns(args.url_col, args.caption_col, args.image_col, carry, args.tsv_columns)
+    return columns._replace(download=bool(args.download), limits=read_limits.from_options(args))
+
+
+def _eval_sets(specs) -> Tuple[Tuple[str, str], ...]:
+    sets = []
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise UsageError(f"--eval_images {spec!r}: expected NAME=PATH")
+        if not SET_NAME.match(name):
+            raise UsageError(f"--eval_images {spec!r}: the set name {name!r} may hold letters, digits, '_', '-' "
+                             "and '.' only (it names the rejection reason near_duplicate_eval/NAME)")
+        if not FileSystems.exists(path):
+            raise UsageError(f"--eval_images {spec!r}: {path} does not exist")
+        sets.append((name, path))
+    return tuple(sets)
+
+
+def _embedder_args(args) -> Tuple[tuple, ...]:
+    from dedup import embedders
+
+    if args.embedder not in embedders.names():
+        raise UsageError(f"--embedder {args.embedder!r}: known embedders are {', '.join(embedders.names())}")
+    try:
+        parsed = tuple(sorted(embedders.parse_args(args.embedder_args).items()))
+        embedders.get(args.embedder, **dict(parsed))  # e.g. checkpoint without workdir=
+    except (TypeError, ValueError) as error:
+        raise UsageError(f"--embedder {args.embedder}: {error}") from None
+    return parsed
+
+
+def _pair_scorer(args, preset):
+    """The ``--model_score`` model, loaded (one line if it cannot be), and the preset's score cuts checked against it."""
+    from filters import model_score
+    from filters.score_cut import cut_values
+
+    if not args.model_score:
+        cuts = [name for name, value in zip(("model_score_threshold", "model_score_top_fraction"),
+                                            cut_values(preset)) if value is not None]
+        if cuts:
+            raise UsageError(f"{' and '.join(cuts)} cut by a model's scores: name the model with --model_score "
+                             "(e.g. --model_score checkpoint --model_score_arg workdir=DIR)")
+        if args.model_score_args:
+            raise UsageError("--model_score_arg needs --model_score")
+        return None
+    try:
+        scorer = model_score.PairScorer(args.model_score, **model_score.parse_args(args.model_score_args))
+    except (TypeError, ValueError) as error:
+        raise UsageError(f"--model_score {args.model_score}: {error}") from None
+    if args.download:
+        # The crawl judges a fetched image once for all its rows, outside the file judge that scores pairs.
+        raise UsageError("--model_score with --download: downloaded pairs are not scored; build the downloaded "
+                         "corpus first, then rebuild from its shards with --model_score")
+    try:
+        scorer.check()
+    except (TypeError, ValueError) as error:  # a checkpoint's problems are one-line ValueErrors (trainer.pair_score)
+        raise UsageError(f"--model_score {args.model_score}: {error}") from None
+    return scorer
+
+
+def _ontology(args):
+    if not args.concepts:
+        return None
+    from common.ontology import OntologyError, load
+
+    try:
+        return load(args.concepts)
+    except OntologyError as error:
+        raise UsageError(f"--concepts: {error}") from None
+
+
+def resolve(args, beam_args=()) -> tuple:
+    """``(BuildConfig, Beam's PipelineOptions)`` from parsed flags, or ``UsageError``; nothing is written.
+
+    The checks run in the order a person fixes a command line: Beam's flags,
+    the required ones, names and formats, the input and output locations, and
+    last the pair model (it loads the model).
+    """
+    from pipeline import readers
+    from pipeline.publish import output_contract
+    from pipeline.readers.input_files import list_input_files
+
+    beam = beam_options(list(beam_args))
+    if not args.input or not args.output:
+        raise UsageError("--input and --output are required")
+    problem = output_contract.valid_dataset_name(args.name)
+    if problem:
+        raise UsageError(problem)
+    preset = resolve_preset(args)
+    if args.input_format and args.input_format not in readers.FORMATS:
+        raise UsageError(f"--input_format {args.input_format!r}: one of {', '.join(readers.FORMATS)}")
+    if not re.match(r"^\d+\.\d+\.\d+$", args.version or ""):
+        raise UsageError(f"--version {args.version!r}: expected MAJOR.MINOR.PATCH, e.g. 1.0.0")
+    try:
+        columns = _columns(args)
+        download = download_settings.from_args(args) if args.download else None
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    if args.concept_labels_column and not args.concepts:
+        raise UsageError("--concept_labels_column needs --concepts")
+    if args.concept_labels_column and args.concept_labels_column not in columns.carry:
+        raise UsageError(f"--concept_labels_column {args.concept_labels_column!r}: also name it in --carry_columns")
+    embedder_args = _embedder_args(args)
+    eval_sets = _eval_sets(args.eval_images)
+    files = list_input_files(args.input)
+    if not files:
+        raise UsageError(f"--input {args.input} matches no files")
+    try:
+        output_contract.check_location(args.output, [output_contract.input_location(args.input)]
+                                       + [path for _, path in eval_sets])
+    except output_contract.OutputRefused as error:
+        raise UsageError(str(error)) from None
+    scorer = _pair_scorer(args, preset)
+    try:
+        extras = extra_stages.load_all(tuple(preset.extra_stages) + tuple(args.extra_stages))
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    ontology = _ontology(args)
+    output = corpus_directory(args.output, args.layout, args.name, args.version).rstrip("/")
+    version = output_contract.new_version_id(uuid.uuid4().hex[:8])
+    config = BuildConfig(
+        flags=Flags(vars(args)), preset=preset, extras=extras, columns=columns, download=download,
+        embedder_args=embedder_args, eval_sets=eval_sets, scorer=scorer, ontology=ontology, input_files=tuple(files),
+        output=output, version=version, version_dir=corpus_dir.version_dir(output, version),
+        download_staging=FileSystems.join(output, output_contract.DOWNLOADS),
+    )
+    return config, beam

@@ -1,0 +1,1 @@
+"""``python -m pipeline.publish``: a finished build checked, described and committed by one object."""

@@ -1,0 +1,5 @@
+"""``python -m pipeline.publish OUTPUT``: publish a finished build (``pipeline.publish.publisher``)."""
+
+from pipeline.publish.publisher import main
+
+main()

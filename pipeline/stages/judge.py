@@ -1,0 +1,331 @@
+"""The build's first pass: every record is read once, judged once and handed on as a light row.
+
+    paths --JudgeFiles--> LightRow per input record (+ measures, pairs, embeddings, NSFW outcomes)
+
+One fused step per input file reads its records (``pipeline.readers.file_records.FileRecords``),
+applies the per-record rules (``filters.record.judge_record``: header, format,
+size, aspect, text, the reduced decode that gives sha256 and pHash, extra
+stages) and, a batch at a time, the NSFW scorer and the match against the
+evaluation index (a per-process copy read from its files, ``pipeline.
+eval_index``) and, with ``--model_score``, the pair model (one copy per
+process, ``filters.model_score``: the pairs that passed everything so far
+wait for a full batch of the model, at most until the file ends; the cosine
+goes into the row, the cut is a corpus stage, ``pipeline.stages.score_verdicts``),
+then emits one ``LightRow`` per record (``pipeline.stages.light_rows``). Image bytes never leave the step: a written record is read
+again from its file by the second pass (``pipeline.write``), found by its
+ordinal (its position in what the reader yields).
+
+With ``--download``, rows without image bytes leave as ``to_fetch``: the
+download stage (``pipeline.download.stage``) fetches each distinct URL once
+into a staging file, judges its image once with this judge's scorer,
+embedder and index, and judges each row with its image's facts.
+
+Tagged outputs besides the rows: ``measures`` (partial histograms of the
+audit's distributions, one per measure per file or batch), ``pairs`` (near-
+duplicates of evaluation images with the corpus image's thumbnail, for the
+audit), ``embeddings`` (``(key, vector)`` for the in-corpus dedup, when the
+preset asks for it) and ``nsfw`` (what the NSFW scorer did, for the funnel's note).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Dict, Iterator, List, Optional, Tuple
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.metrics import Metrics
+from apache_beam.utils.shared import Shared
+
+from common.histogram import bin_index
+from common.schema import Candidate
+from dedup import preset_options as dedup_options
+from filters import nsfw, score_cut
+from filters.image import thumbnail_b64
+from filters.record import Judgement, judge_record
+from pipeline.funnel.counts import HISTOGRAM_EDGES, METRICS_NAMESPACE
+from pipeline.readers.file_records import FileRecords, input_patterns
+from pipeline.readers.rows import Columns, Rejection
+from pipeline.stages.light_rows import LightRow, holding_rows
+
+ROWS, MEASURES, PAIRS, EMBEDDINGS, NSFW_OUTCOMES, TO_FETCH = "rows", "measures", "pairs", "embeddings", "nsfw", "to_fetch"
+#: Records judged together: the NSFW scorer, the embedder and the index search work on batches.
+BATCH_SIZE = 64
+#: Characters of a rejected record's alt-text kept for the audit (its samples show 500).
+SHOWN_TEXT = 500
+
+
+def rejection_row(rejection: Rejection, reader: str = "", source: str = "", ordinal: int = -1) -> LightRow:
+    """A reader's rejection as a light row (``source`` "" when the record cannot be read again)."""
+    detail = json.dumps(dict(rejection.detail), sort_keys=True) if rejection.detail else ""
+    return LightRow(rejection.key, rejection.url, rejection.alt_text[:SHOWN_TEXT], rejection.reason, False, "", "",
+                    rejection.width, rejection.height, rejection.format, source, reader, ordinal, detail=detail)
+
+
+def judged_row(judgement: Judgement, reader: str, source: str, ordinal: int) -> LightRow:
+    c = judgement.candidate
+    text = c.text if c.text or judgement.counted else c.alt_text[:SHOWN_TEXT]
+    # A downloaded record's URL-list row is not read again: what the shard needs of it travels with the row.
+    carried = json.dumps([list(kv) for kv in c.carried]) if c.origin else ""
+    stored_width, stored_height = judgement.stored_size or (0, 0)
+    return LightRow(c.key, c.url, text, judgement.reason or "", judgement.counted, c.sha256, c.phash,
+                    c.width, c.height, c.format, source, reader, ordinal, carried=carried,
+                    stored_width=stored_width, stored_height=stored_height)
+
+
+class Histograms:
+    """Partial histograms of the audit's measures (``pipeline.funnel.counts.HISTOGRAM_EDGES``), merged by summing."""
+
+    def __init__(self):
+        self.counts: Dict[str, List[int]] = {}
+
+    def add(self, measures: Dict[str, float]) -> None:
+        for name, value in measures.items():
+            edges = HISTOGRAM_EDGES.get(name)
+            if edges is not None:
+                self.counts.setdefault(name, [0] * len(edges))[bin_index(edges, value)] += 1
+
+    def take(self) -> List[Tuple[str, List[int]]]:
+        counts, self.counts = self.counts, {}
+        return sorted(counts.items())
+
+
+def _rows_out(rows) -> List[Tuple[str, object]]:
+    """Finished light rows as ``(ROWS, row)`` outputs, each rejection counted under its reason."""
+    outputs = []
+    for row in rows:
+        if row is not None:
+            if row.reason:
+                Metrics.counter(METRICS_NAMESPACE, row.reason).inc()
+            outputs.append((ROWS, row))
+    return outputs
+
+
+class RecordJudge:
+    """The first pass's work on a batch of records, without Beam.
+
+    ``judge(items)`` takes ``(record, reader, source, ordinal)`` items, a
+    record being a ``Candidate`` or a reader's ``Rejection``, and returns
+    ``(tag, value)`` outputs: a ``LightRow`` per record under ``ROWS``, and
+    ``PAIRS``/``EMBEDDINGS``/``TO_FETCH`` values. ``setup`` loads what a
+    worker needs once: the NSFW scorer, the embedder, the evaluation index.
+    """
+
+    def __init__(self, preset, extras=(), eval_index=None, embedder_name: str = "dct", embedder_args=(),
+                 download: bool = False, nsfw_factory=None, scorer=None):
+        self.preset = preset
+        self.scorer = scorer  # filters.model_score.PairScorer, or None: no model-score stage
+        self.extras = tuple(extras)
+        self.eval_index = eval_index
+        self.embedder_name = embedder_name
+        self.embedder_args = tuple(embedder_args)
+        self.download = download
+        self.nsfw_factory = nsfw_factory
+        self.histograms = Histograms()
+
+    def setup(self) -> None:
+        from threadpoolctl import threadpool_limits
+
+        # The runner's worker processes are the parallelism: BLAS threads only
+        # spin between the small matrix products of each record's pHash (they
+        # doubled the first pass's CPU time on 2 cores).
+        threadpool_limits(1, user_api="blas")
+        preset = self.preset
+        self.nsfw = nsfw.NsfwScoring(preset.nsfw_threshold, unscored=preset.nsfw_unscored,
+                                     scorer_factory=self.nsfw_factory)
+        self.nsfw.load()
+        self.embedder = None
+        if self.eval_index is not None or preset.dedup_in_corpus:
+            self.embedder = dedup_options.embedder(self.embedder_name, self.embedder_args)
+        self.index = None
+        if self.eval_index is not None:
+            from pipeline.stages.eval_index import load_clustered_index
+
+            eval_index = self.eval_index
+            self.index = _INDEXES.acquire(lambda: load_clustered_index(eval_index, preset), tag=eval_index.directory)
+        self.histograms = Histograms()
+        self.rejected = Metrics.counter("dedup", "near_duplicate_eval/rejected")
+        self.unscored: List[Tuple[LightRow, bytes, str]] = []  # kept rows waiting for a full batch of the pair model
+        if self.scorer is not None:
+            self.scorer.check()  # this process's copy of the model, loaded once (filters.model_score)
+
+    def judge(self, items) -> List[Tuple[str, object]]:
+        outputs: List[Tuple[str, object]] = []
+        rows: List[Optional[LightRow]] = []
+        passing: List[Tuple[int, Candidate]] = []
+        for record, reader, source, ordinal in items:
+            if isinstance(record, Rejection):  # a file of no known format cannot be read again
+                rows.append(rejection_row(record, reader, source if reader else "", ordinal))
+            elif record.image is None:  # a URL-list row: the download stage fetches it (--download)
+                outputs.append((TO_FETCH, record))
+                rows.append(None)
+            else:
+                judgement = judge_record(record, self.preset, self.extras)
+                self.histograms.add(judgement.measures)
+                rows.append(judged_row(judgement, reader, source, ordinal))
+                if judgement.reason is None:
+                    passing.append((len(rows) - 1, judgement.candidate))
+        passing = self._score_nsfw(rows, passing)
+        if self.embedder is not None and passing:
+            outputs += self._embed_and_match(rows, passing)
+        if self.scorer is not None:
+            for i, candidate in passing:
+                self.unscored.append((rows[i], candidate.image, candidate.text))
+                rows[i] = None
+            rows += self._score_pairs(final=False)
+        return outputs + _rows_out(rows)
+
+    def finish(self) -> List[Tuple[str, object]]:
+        """The rows still waiting for their pair score (the end of a file or of a batch of downloads)."""
+        return _rows_out(self._score_pairs(final=True)) if self.scorer is not None else []
+
+    def _score_pairs(self, final: bool) -> List[LightRow]:
+        """Scores the waiting rows a full model batch at a time (all of them if ``final``): a pass rate of
+        one half would otherwise pad every batch of the towers to twice its pairs."""
+        size = self.scorer.model.batch_size
+        done = []
+        counted = self.preset.counting_base == "raw"  # as NSFW: a quality judgement, the row still counts
+        while len(self.unscored) >= size or (final and self.unscored):
+            batch, self.unscored = self.unscored[:size], self.unscored[size:]
+            scores = self.scorer.score([image for _, image, _ in batch], [text for _, _, text in batch])
+            for (row, _, _), score in zip(batch, scores):
+                score = float(score)
+                if math.isnan(score):  # the model's decoder failed where the build's did not
+                    done.append(row._replace(reason=score_cut.UNDECODABLE, counted=counted))
+                else:
+                    done.append(row._replace(model_score=score))
+        return done
+
+    def _score_nsfw(self, rows, passing):
+        reasons = self.nsfw.judge([c.image for _, c in passing])
+        kept = []
+        counted = self.preset.counting_base == "raw"  # NSFW is a quality threshold: the row still counts
+        for (i, candidate), reason in zip(passing, reasons):
+            if reason:
+                rows[i] = rows[i]._replace(reason=reason, counted=counted)
+            else:
+                kept.append((i, candidate))
+        return kept
+
+    def _embed_and_match(self, rows, passing) -> List[Tuple[str, object]]:
+        from dedup.transforms import match_batch, stack_batch
+
+        outputs = []
+        vectors = np.asarray(self.embedder.embed([c.image for _, c in passing]), np.float32)
+        keys, unit = stack_batch([(c.key, v) for (_, c), v in zip(passing, vectors)])
+        if self.preset.dedup_in_corpus:
+            outputs += [(EMBEDDINGS, (key, vector)) for key, vector in zip(keys, unit)]
+        if self.index is not None:
+            found = match_batch(self.index, keys, unit)
+            thumbnails = {}
+            for q, reason in found.rejected:
+                i, candidate = passing[q]
+                rows[i] = rows[i]._replace(eval_match=reason)
+                thumbnails[candidate.key] = thumbnail_b64(candidate.image)
+                self.rejected.inc()
+            for pair in found.pairs:
+                outputs.append((PAIRS, dict(pair, cosine=round(float(pair["cosine"]), 6),
+                                            thumbnail=thumbnails.get(pair["key"]))))
+        return outputs
+
+    def measures(self) -> List[Tuple[str, List[int]]]:
+        return self.histograms.take()
+
+    def nsfw_outcomes(self) -> List[Tuple[Tuple[bool, str], int]]:
+        return sorted(self.nsfw.take_outcomes().items())
+
+
+#: The evaluation index, one copy per worker process however many DoFn instances it runs.
+_INDEXES = Shared()
+
+
+class _JudgeBase(beam.DoFn):
+    def __init__(self, judge: RecordJudge):
+        self.judge = judge
+
+    def setup(self):
+        self.judge.setup()
+
+    def _emit(self, outputs) -> Iterator[object]:
+        for tag, value in outputs:
+            yield value if tag == ROWS else beam.pvalue.TaggedOutput(tag, value)
+
+    def _emit_totals(self) -> Iterator[object]:
+        for name, counts in self.judge.measures():
+            yield beam.pvalue.TaggedOutput(MEASURES, (name, counts))
+        for outcome, records in self.judge.nsfw_outcomes():
+            yield beam.pvalue.TaggedOutput(NSFW_OUTCOMES, (outcome, records))
+
+
+class _JudgeFiles(_JudgeBase):
+    """An input file's path -> its records' outputs; per file, the partial histograms and NSFW outcomes."""
+
+    def __init__(self, judge: RecordJudge, patterns, input_format: Optional[str], columns: Columns):
+        super().__init__(judge)
+        self.records = FileRecords(patterns, input_format, columns)
+
+    def process(self, path: str):
+        batch = []
+        for ordinal, (reader, source, record) in enumerate(self.records.read(path)):
+            batch.append((record, reader, source, ordinal))
+            if len(batch) >= BATCH_SIZE:
+                yield from self._emit(self.judge.judge(batch))
+                batch = []
+        yield from self._emit(self.judge.judge(batch))
+        yield from self._emit(self.judge.finish())
+        yield from self._emit_totals()
+
+
+OUTPUT_TAGS = (MEASURES, PAIRS, EMBEDDINGS, NSFW_OUTCOMES, TO_FETCH)
+#: The per-record stages of ``filters.record``, in run order.
+RECORD_STAGES = ("image_header", "image_format", "image_size", "image_aspect", "text", "text_length",
+                 "text_repetition", "image_decode")
+
+
+def stages_decided(judge: RecordJudge) -> tuple:
+    """The stages the first pass decides: reading, the per-record rules and extra stages, NSFW when it runs,
+    model_score when a pair model scores (a pair its decoder cannot read)."""
+    return ("read",) + RECORD_STAGES + tuple(e.name for e in judge.extras) + (
+        ("nsfw",) if nsfw.stage_enabled(judge.preset.nsfw_threshold) else ()) + (
+        ("model_score",) if judge.scorer is not None else ())
+
+
+class JudgeFiles(beam.PTransform):
+    """Input file paths -> ``{"rows": LightRow, "measures", "pairs", "embeddings", "nsfw", "to_fetch"}``."""
+
+    def __init__(self, judge: RecordJudge, file_pattern: str, input_format: Optional[str] = None,
+                 columns: Columns = Columns()):
+        super().__init__()
+        self.judge = judge
+        self.decides = stages_decided(judge)
+        self.file_pattern = file_pattern
+        self.input_format = input_format
+        self.columns = columns
+
+    def expand(self, paths):
+        dofn = _JudgeFiles(self.judge, input_patterns(self.file_pattern), self.input_format, self.columns)
+        outputs = paths | "ReadAndJudge" >> beam.ParDo(dofn).with_outputs(*OUTPUT_TAGS, main=ROWS)
+        return {ROWS: holding_rows(outputs[ROWS]), **{tag: outputs[tag] for tag in OUTPUT_TAGS}}
+
+
+class NsfwNote(beam.PTransform):
+    """The workers' NSFW outcomes ``((scored, status), records)`` -> at most one ``("nsfw", note)`` for the funnel.
+
+    Nothing when no record reached the stage: the launcher's note stands.
+    """
+
+    def __init__(self, threshold: float, scorer_name: str = "nudenet"):
+        super().__init__()
+        self.threshold = threshold
+        self.scorer_name = scorer_name
+
+    def expand(self, outcomes):
+        threshold, scorer_name = self.threshold, self.scorer_name
+        return (
+            outcomes
+            | "RecordsPerOutcome" >> beam.CombinePerKey(sum)
+            | "Outcomes" >> beam.combiners.ToDict()
+            | "Note" >> beam.FlatMap(
+                lambda found: [("nsfw", nsfw.stage_note(threshold, scorer_name, found))] if found else [])
+        )

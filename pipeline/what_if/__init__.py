@@ -1,0 +1,1 @@
+"""The audit's what-if: the threshold rules, the histograms the build counts for them, and the answers."""

@@ -1,0 +1,1 @@
+"""The second pass: the kept records read again and written as shards; the rejection ledger beside them."""

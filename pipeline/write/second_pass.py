@@ -1,0 +1,290 @@
+"""The build's second pass: the kept records read again from their files and written as TFDS shards.
+
+    kept light rows --(by source file)--> read the file again --> shards <name>-<split>.tfrecord-NNNNN-of-MMMMM
+
+The first pass decided on light rows (``pipeline.stages.judge``); only their
+source file and ordinal (the record's position in what the file's reader
+yields) cross the shuffle here, never image bytes. ``WriteShards`` groups the
+kept rows by file with the file's place in the shard plan
+(``pipeline.write.shards.shard_plan``), reads each file once more and writes its
+records, in file order, into shards it alone writes: one open shard per
+split at a time, whatever the number of shards. A record is written with
+its stored picture (``filters.image.stored_picture``: the source JPEG as it
+came, or a re-encode). A record that cannot be written after all (its
+bytes changed since the first pass, or its full decode fails where the
+reduced one did not) is rejected here with its reason, and counted like
+any other.
+
+The same pass reads the rejections chosen as the audit's samples in the
+files it opens anyway and makes their thumbnails: the ledger and the
+report carry thumbnails and references, never the bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
+
+from common.corpus_dir import SHARDS_FILE
+from common.files import write_text
+from common.schema import CONCEPTS_DIR, SPLITS, Candidate, shard_filename, split_of
+from filters import stages
+from filters.image import Stored, read_header, stored_picture
+from pipeline.download import staging
+from pipeline.funnel.counts import METRICS_NAMESPACE
+from pipeline.funnel.stats_files import sample_row
+from pipeline.readers.file_records import file_records
+from pipeline.readers.rows import Columns
+from pipeline.stages.light_rows import LightRow, holding_rows, rejected
+from pipeline.write.concept_tags import PAIRS, TAGGED
+from pipeline.write.shards import ShardWriter, chunk_sizes, shard_list, shard_plan, to_example, write_empty_shard
+
+SHARDS, SAMPLES, LATE, CONCEPT_COUNTS = "shards", "samples", "late_rejections", "concept_counts"
+SOURCE_CHANGED = stages.reason("read", "source_changed")
+
+
+def records_of(reader: str, path: str, columns: Columns):
+    """A file's records as the first pass read them (``pipeline.readers.file_records.file_records``; the download's staging files)."""
+    if reader == staging.READER:
+        return staging.read_file(path, columns)
+    return file_records(reader, path, columns)
+
+
+def source_matches(row: LightRow, record) -> bool:
+    """Whether what the second pass read at the row's ordinal is the record the first pass judged."""
+    if not isinstance(record, Candidate) or record.image is None:
+        return False
+    if row.reader != staging.READER and record.key != row.key:
+        return False
+    return hashlib.sha256(record.image).hexdigest() == row.sha256
+
+
+class _SplitShards:
+    """One split's shards of one file: the shard each of its rows goes to, and the one open shard."""
+
+    def __init__(self, split: str, rows: List[LightRow], first: int, bound: int, count: int, output_dir: str, name: str):
+        self.split, self.first, self.count = split, first, count
+        self.output_dir, self.name = output_dir, name
+        self.shard_of_row: Dict[int, int] = {}
+        at = 0
+        sizes = chunk_sizes(len(rows), bound)
+        for offset, size in enumerate(sizes):
+            for row in rows[at : at + size]:
+                self.shard_of_row[id(row)] = first + offset
+            at += size
+        self.last = first + len(sizes) - 1
+        self.index: Optional[int] = None
+        self.writer: Optional[ShardWriter] = None
+
+    def write(self, row: LightRow, payload: bytes, concepts) -> List[tuple]:
+        closed = self._advance_to(self.shard_of_row[id(row)])
+        self.writer.write(payload, concepts)
+        return closed
+
+    def finish(self) -> List[tuple]:
+        """Closes the open shard; a shard whose every row was rejected in this pass is still written, empty."""
+        return self._advance_to(self.last) + self._close()
+
+    def _advance_to(self, index: int) -> List[tuple]:
+        closed = []
+        while self.index is None or self.index < index:
+            closed += self._close()
+            self.index = self.first if self.index is None else self.index + 1
+            path = FileSystems.join(self.output_dir, shard_filename(self.name, self.split, self.index, self.count))
+            self.writer = ShardWriter(path)
+        return closed
+
+    def _close(self) -> List[tuple]:
+        if self.writer is None:
+            return []
+        writer, self.writer = self.writer, None
+        return [(self.split, self.index, writer.close(), writer)]
+
+
+class _WriteFileShards(beam.DoFn):
+    """``(source file, its light rows)`` -> the file's shards: kept rows written, audit samples thumbnailed."""
+
+    def __init__(self, output_dir: str, name: str, preset, columns: Columns, carried: Sequence[str],
+                 ontology=None, labels_column: str = ""):
+        self.output_dir = output_dir
+        self.name = name
+        self.preset = preset
+        self.columns = columns
+        self.carried = tuple(carried)
+        self.ontology = ontology
+        self.labels_column = labels_column
+
+    def setup(self):
+        self.tagger = None
+        if self.ontology is not None:
+            from filters.concepts import Tagger
+
+            self.tagger = Tagger(self.ontology)
+
+    def process(self, element, firsts_per_file, totals):
+        source, file_rows = element
+        rows, samples = [], []
+        for row in file_rows:  # a kept record has no reason; an audit sample has its rejection's
+            (samples if row.reason else rows).append(row)
+        rows.sort(key=lambda r: (r.ordinal, r.key))
+        samples.sort(key=lambda r: (r.ordinal, r.key, r.reason))
+        firsts = firsts_per_file.get(source, {})
+        fraction = self.preset.validation_fraction
+        by_split: Dict[str, List[LightRow]] = {}
+        for row in rows:
+            by_split.setdefault(split_of(row.key, fraction), []).append(row)
+        splits = {split: _SplitShards(split, split_rows, firsts[split], self.preset.max_records_per_shard,
+                                      totals[split], self.output_dir, self.name)
+                  for split, split_rows in by_split.items()}
+        wanted: Dict[int, list] = {}
+        for row in rows:
+            wanted.setdefault(row.ordinal, []).append(("write", row))
+        for row in samples:
+            wanted.setdefault(row.ordinal, []).append(("sample", row))
+        last = max(wanted)
+        for ordinal, record in enumerate(records_of((rows or samples)[0].reader, source, self.columns)):
+            for kind, row in wanted.pop(ordinal, ()):
+                if kind == "sample":
+                    yield beam.pvalue.TaggedOutput(SAMPLES, _sample(row, record))
+                else:
+                    yield from self._write(row, record, splits[split_of(row.key, fraction)])
+            if ordinal >= last:
+                break
+        for entries in wanted.values():  # the file ends before the ordinal: it changed since the first pass
+            for kind, row in entries:
+                if kind == "sample":
+                    yield beam.pvalue.TaggedOutput(SAMPLES, _sample(row, None))
+                else:
+                    yield self._late(row, SOURCE_CHANGED)
+        for _, shards in sorted(splits.items()):
+            yield from self._shards(shards.finish())
+
+    def _late(self, row: LightRow, reason: str):
+        Metrics.counter(METRICS_NAMESPACE, reason).inc()
+        return beam.pvalue.TaggedOutput(LATE, rejected(row, reason))
+
+    def _write(self, row: LightRow, record, shards: _SplitShards):
+        if not source_matches(row, record):
+            yield self._late(row, SOURCE_CHANGED)
+            return
+        if row.stored_width:  # the first pass found it storable as it came: no header, no decode
+            stored = Stored(record.image, row.stored_width, row.stored_height)
+        else:
+            header, reason = read_header(record.image, self.preset)
+            stored, reason = stored_picture(record.image, header, self.preset) if header else (None, reason)
+            if reason:
+                yield self._late(row, reason)
+                return
+        carried = tuple(tuple(kv) for kv in json.loads(row.carried)) if row.carried else record.carried
+        concepts = None
+        if self.tagger is not None:
+            from pipeline.write.concept_tags import concepts_of
+
+            concepts = concepts_of(row.text, carried, self.tagger, self.labels_column)
+        written = Candidate(
+            key=row.key, url=row.url, alt_text="", image=stored.image, carried=carried, text=row.text,
+            format=row.format, width=row.width, height=row.height, stored_width=stored.width,
+            stored_height=stored.height, sha256=row.sha256, phash=row.phash, concepts=concepts)
+        Metrics.counter(METRICS_NAMESPACE, f"written/{shards.split}").inc()
+        yield from self._shards(shards.write(row, to_example(written, self.carried), concepts))
+
+    def _shards(self, closed):
+        for split, index, info, writer in closed:
+            if self.tagger is not None:  # the shard's class index beside it, and its share of stats/concepts.json
+                filename = writer.path.rstrip("/").rsplit("/", 1)[-1]
+                write_text(FileSystems.join(self.output_dir, CONCEPTS_DIR, filename + ".json"),
+                           json.dumps({"shard": filename, "records": info["records"], "offsets": writer.offsets},
+                                      sort_keys=True))
+                for name, count in concept_counts(writer).items():
+                    yield beam.pvalue.TaggedOutput(CONCEPT_COUNTS, ((split, name), count))
+            yield beam.pvalue.TaggedOutput(SHARDS, (split, index, info))
+
+
+def concept_counts(writer: ShardWriter) -> Dict[str, int]:
+    """A tagged shard's pairs, tagged pairs and pairs per class, as ``pipeline.write.concept_tags.concept_stats`` counts them."""
+    return {PAIRS: writer.records, TAGGED: writer.tagged, **{name: len(at) for name, at in writer.offsets.items()}}
+
+
+def _sample(row: LightRow, record) -> dict:
+    """An audit sample: the rejection as its light row has it, with the thumbnail and alt-text read again."""
+    image = getattr(record, "image", None)
+    alt_text = getattr(record, "alt_text", None) or row.text
+    return sample_row(row, image, alt_text)
+
+
+def _keyed_by_source(row: LightRow):
+    return row.source, row
+
+
+FILE_AND_ROW = Tuple[str, LightRow]
+
+
+class WriteShards(beam.PTransform):
+    """``(kept light rows, sampled rejections)`` -> ``{"shards", "samples", "rejected", "concepts"}``.
+
+    ``shards``: one ``(split, index, {"records", "bytes", "crc32c"})`` per
+    shard file; the list is also written to ``stats/_shards.json`` for the
+    launcher (``pipeline.write.shards.shard_list``). ``samples``: audit sample
+    rows with thumbnails. ``rejected``: records the pass could not write.
+    ``concepts``: ``((split, class), records)`` per shard with ``--concepts``.
+    """
+
+    def __init__(self, output_dir: str, name: str, preset, columns: Columns = Columns(), carried: Sequence[str] = (),
+                 ontology=None, labels_column: str = ""):
+        super().__init__()
+        self.output_dir = output_dir
+        self.name = name
+        self.preset = preset
+        self.columns = columns
+        self.carried = tuple(carried)
+        self.ontology = ontology
+        self.labels_column = labels_column
+
+    def expand(self, inputs):
+        rows, samples = inputs
+        fraction, bound = self.preset.validation_fraction, self.preset.max_records_per_shard
+        output_dir, name = self.output_dir, self.name
+        plan = (
+            rows
+            | "FileAndSplit" >> beam.Map(lambda r: ((r.source, split_of(r.key, fraction)), 1))
+            | "KeptPerFileAndSplit" >> beam.CombinePerKey(sum)
+            | "CollectCounts" >> beam.combiners.ToList()
+            | "ShardPlan" >> beam.Map(lambda counts: shard_plan([(f, s, n) for (f, s), n in counts], bound))
+        )
+        # One entry per input file: small beside the rows, read by every writer.
+        firsts = beam.pvalue.AsSingleton(plan | "FirstShards" >> beam.Map(lambda p: p[0]))
+        totals = beam.pvalue.AsSingleton(plan | "ShardsPerSplit" >> beam.Map(lambda p: p[1]))
+        to_read = samples | "SamplesToReadAgain" >> beam.Filter(lambda r: bool(r.source))
+        written = (
+            (rows | "ByFile" >> beam.Map(_keyed_by_source).with_output_types(FILE_AND_ROW),
+             to_read | "SamplesByFile" >> beam.Map(_keyed_by_source).with_output_types(FILE_AND_ROW))
+            | "RowsToReadAgain" >> beam.Flatten()
+            | "GroupByFile" >> beam.GroupByKey()
+            | "WriteFileShards" >> beam.ParDo(
+                _WriteFileShards(output_dir, name, self.preset, self.columns, self.carried, self.ontology,
+                                 self.labels_column), firsts, totals)
+            .with_outputs(SHARDS, SAMPLES, LATE, CONCEPT_COUNTS)
+        )
+        empty = plan | "EmptyCorpusShards" >> beam.FlatMap(
+            lambda p: [] if p[1] else [(split, 0, write_empty_shard(output_dir, name, split)) for split in SPLITS])
+        shards = (written[SHARDS], empty) | "AllShards" >> beam.Flatten()
+        unread = samples | "SamplesWithoutSource" >> beam.Filter(lambda r: not r.source) | "SampleRows" >> beam.Map(
+            _sample, None)
+        _ = (
+            shards
+            | "CollectShardList" >> beam.combiners.ToList()
+            | "WriteShardList" >> beam.Map(
+                lambda infos: write_text(FileSystems.join(output_dir, SHARDS_FILE),
+                                         json.dumps(shard_list(infos), sort_keys=True)))
+        )
+        return {
+            SHARDS: shards,
+            SAMPLES: (written[SAMPLES], unread) | "AllSamples" >> beam.Flatten(),
+            "rejected": holding_rows(written[LATE]),
+            "concepts": written[CONCEPT_COUNTS],
+        }

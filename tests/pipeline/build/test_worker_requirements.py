@@ -1,0 +1,41 @@
+"""pipeline.build.worker_requirements: the lock's pins of what Dataflow workers install, nothing else."""
+
+import os
+
+import pytest
+
+import repo_root
+from pipeline.build import worker_requirements as wr
+
+ROOT = repo_root.ROOT
+LOCK = os.path.join(ROOT, "requirements", "lock.txt")
+
+
+def names(lines):
+    return {wr.canonical(line.split("==")[0]) for line in lines}
+
+
+def test_base_workers_get_the_locked_versions_of_the_base_requirements_only():
+    lines = wr.worker_requirements(LOCK)
+    lock = set(wr.read_lock(LOCK).values())
+    assert lines == sorted(lines) and set(lines) <= lock
+    got = names(lines)
+    assert {"apache-beam", "pillow", "numpy", "pyarrow", "faiss-cpu", "imagehash"} <= got
+    assert not got & {"jax", "flax", "tensorflow", "tensorflow-datasets", "nudenet", "pytest", "alt-text-corpus"}
+    assert wr.read_lock(LOCK)["pillow"] in lines
+
+
+def test_an_extra_adds_its_closure():
+    base, train = names(wr.worker_requirements(LOCK)), names(wr.worker_requirements(LOCK, ["train"]))
+    assert base < train and {"jax", "jaxlib", "flax", "tensorflow-text"} <= train
+
+
+def test_a_needed_distribution_missing_from_the_lock_is_an_error(tmp_path, capsys):
+    lock = tmp_path / "lock.txt"
+    lock.write_text("".join(line + "\n" for line in wr.read_lock(LOCK).values() if not line.startswith("pillow==")))
+    with pytest.raises(ValueError, match="pillow"):
+        wr.worker_requirements(str(lock))
+    assert wr.main(["--lock", str(lock)]) == 1
+    assert wr.main(["--lock", LOCK]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("# pinned worker requirements") and out[1:] == wr.worker_requirements(LOCK)

@@ -68,7 +68,7 @@ from trainer.configs import check as check_config, check_layout
 from trainer.configs import (
     ConfigError, compute_dtype, cpu_fast_compile_options, frozen_towers, parse_flags, vocab_path,
 )
-from trainer.metric_log import MetricWriter, Progress
+from trainer.metric_log import MetricWriter, Progress, compiled_memory
 from trainer.preemption import EXIT_PREEMPTED, StopOnSigterm
 from trainer.shard_reader import damage_in
 
@@ -347,6 +347,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                     batches_consumed += 1
                 else:   # TOnICS object node: a minibatch of that class only
                     batch = input_pipeline.to_global_array(tonics.class_batch(node, step), mesh)
+                if step == start_step + 1:   # compiled ahead of the call, to say what a step holds
+                    train_step = train_step.lower(state, batch).compile()
+                    if memory := compiled_memory(train_step):
+                        writer.write(step, memory)
+                        _say(f"train step: {memory['memory/peak_bytes'] / 2**20:,.0f} MiB per device (XLA)")
                 state, metrics = train_step(state, batch)
                 pending.append((step, metrics))
                 if len(pending) > MAX_STEPS_IN_FLIGHT:

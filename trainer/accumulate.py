@@ -26,11 +26,17 @@ over the micro-batches' embeddings z_k. The step therefore
    its slice of the embedding gradient back to the parameters, and sums.
 
 Both loops are ``jax.lax.scan``, so one micro-batch's activations are alive
-at a time. The cost: a second forward pass of the towers (a step of
-forward F and backward ~2F becomes ~4F, ~4/3 of the plain step's compute)
-and the cached embeddings, 2 x batch x embed_dim floats. The result is the
-large batch's loss and gradient, not an approximation (tests/trainer check
-it on 8 devices against the one-pass step).
+at a time (an unrolled Python loop would let XLA merge the two forward
+passes and keep every micro-batch's activations). The cost: a second
+forward pass of the towers (a step of forward F and backward ~2F becomes
+~4F, ~4/3 of the plain step's compute) and the cached embeddings,
+2 x batch x embed_dim floats. The result is the large batch's loss and
+gradient, not an approximation (tests/trainer check it on 8 devices
+against the one-pass step). Two costs depend on the compiler: XLA:CPU runs
+a convolution's weight gradient inside a loop body far slower than outside
+one (benchmarks/RESULTS.md), and each micro-batch's recompute ends in the
+gradient's all-reduce over the mesh, K per step where XLA does not move it
+after the loop (XLA:CPU does not).
 
 Micro-batches on the mesh: micro-batch k is the k-th of K equal blocks of
 every device's rows, so it is spread over all devices (and all hosts) like

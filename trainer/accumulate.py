@@ -157,8 +157,7 @@ def loss_and_grads(model, contrastive_loss: Callable, *, steps: int = 1, shards:
                 lambda p: embed(p, batch_stats, batch, k, rng), params, has_aux=True)
             cotangent = tuple(micro_batch(g, k, steps, shards) for g in (dzimg, dztxt))
             (micro_grads,) = pullback(cotangent)
-            add = lambda a, b: a + b  # noqa: E731
-            return (jax.tree.map(add, grads, micro_grads), jax.tree.map(add, stats, new_stats)), None
+            return (jax.tree.map(jnp.add, grads, micro_grads), jax.tree.map(jnp.add, stats, new_stats)), None
 
         zero_stats = jax.tree.map(jnp.zeros_like, batch_stats)
         (grads, stats_sum), _ = jax.lax.scan(recompute, (grads, zero_stats), jnp.arange(steps))

@@ -374,12 +374,18 @@ class NsfwScoring:
 
     def judge(self, images: Sequence[bytes]) -> List[Optional[str]]:
         """The stage's reason for each image (``nsfw/pornographic``, ``nsfw/undecodable``) or None."""
+        return self.judge_with_scores(images)[0]
+
+    def judge_with_scores(self, images: Sequence[bytes]) -> Tuple[List[Optional[str]], List[Optional[float]]]:
+        """``judge``'s reasons and each image's score (None where nothing scored it: the stage is off, the
+        worker has no scorer, or the image did not decode), for the light row, the ledger and the audit."""
+        reasons: List[Optional[str]] = [None] * len(images)
+        found: List[Optional[float]] = [None] * len(images)
         if not self.enabled or not images:
-            return [None] * len(images)
+            return reasons, found
         if self.scorer is None:
             self._count(False, len(images))
-            return [None] * len(images)
-        reasons: List[Optional[str]] = [None] * len(images)
+            return reasons, found
         prepare = getattr(self.scorer, "prepare", decode_for_scoring)
         score = getattr(self.scorer, "score_prepared", self.scorer.score)
         decoded, rows = [], []
@@ -394,10 +400,11 @@ class NsfwScoring:
             if scores.shape != (len(decoded),):
                 raise ValueError(f"scorer {self.scorer.name!r} returned shape {scores.shape} for {len(decoded)} images")
             self._count(True, len(decoded))
-            for i, score in zip(rows, scores):
-                if is_pornographic(float(score), self.threshold):
+            for i, value in zip(rows, scores.tolist()):
+                found[i] = value
+                if is_pornographic(value, self.threshold):
                     reasons[i] = REJECT_REASON
-        return reasons
+        return reasons, found
 
     def take_outcomes(self) -> Dict[Tuple[bool, str], int]:
         outcomes, self.outcomes = self.outcomes, {}

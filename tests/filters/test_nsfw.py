@@ -233,6 +233,31 @@ def test_judge_with_scores_gives_each_scored_image_its_score_and_none_elsewhere(
     assert scoring(1.0, failing_factory).judge_with_scores([_png(150)]) == ([None], [None])
 
 
+class CountingScorer(WidthScorer):
+    def __init__(self):
+        self.scored = 0
+
+    def score(self, images):
+        self.scored += len(images)
+        return super().score(images)
+
+
+def test_an_image_repeated_on_many_rows_is_scored_once_but_counted_per_row(monkeypatch):
+    counting = CountingScorer()
+    stage = scoring(factory=lambda: (counting, "counting"))
+    placeholder, other = _png(160), _png(120)
+    assert stage.judge([placeholder] * 5 + [other]) == ["nsfw/pornographic"] * 5 + [None]
+    assert stage.judge([placeholder, b"broken", b"broken"]) == ["nsfw/pornographic", "nsfw/undecodable",
+                                                                "nsfw/undecodable"]
+    assert counting.scored == 2  # the placeholder and the other image, once each
+    assert stage.take_outcomes() == {(True, "width"): 7}
+    monkeypatch.setattr(nsfw, "SCORE_CACHE_SIZE", 2)
+    stage.judge([_png(130), _png(140)])  # the cache keeps the two most recent images
+    assert len(stage._scores) == 2 and counting.scored == 4
+    stage.judge([placeholder])
+    assert counting.scored == 5  # forgotten, so scored again
+
+
 def test_scoring_without_scorer_passes_everything_but_counts_it():
     stage = scoring(factory=absent_scorer_factory)
     assert stage.judge([_png(150 + i) for i in range(5)]) == [None] * 5

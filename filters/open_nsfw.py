@@ -32,6 +32,7 @@ process, and one copy of the 24 MB graph is enough.
 
 from __future__ import annotations
 
+import ctypes
 import io
 import logging
 import threading
@@ -159,10 +160,12 @@ def folded_graph(path: str) -> Tuple[bytes, int]:
         if chain is None:
             continue
         weights = numpy_helper.to_array(constants[conv.input[1]]).astype(np.float64)
+        # Per output channel, broadcast along the last (NHWC) axis: shape [C] or [1, 1, 1, C].
+        shapes = [tuple(constants[chain[i].input[1]].dims) for i in (2, 4, 5, 6)]
+        if not all(shape in ((weights.shape[0],), (1, 1, 1, weights.shape[0])) for shape in shapes):
+            continue
         bias, mean, scale, beta = (numpy_helper.to_array(constants[chain[i].input[1]]).astype(np.float64).reshape(-1)
                                    for i in (2, 4, 5, 6))
-        if not all(v.size == weights.shape[0] for v in (bias, mean, scale, beta)):
-            continue
         name = conv.name or conv.output[0]
         graph.initializer.append(numpy_helper.from_array(
             (weights * scale[:, None, None, None]).astype(np.float32), f"{name}/folded_weights"))
@@ -174,8 +177,18 @@ def folded_graph(path: str) -> Tuple[bytes, int]:
         dropped.update(id(node) for node in chain[1:])
         folded += 1
     kept = [node for node in graph.node if id(node) not in dropped]
+    outputs = {output.name for output in graph.output}
+    while True:  # what fed only the dropped nodes (the constants' Identity copies) goes too
+        used = outputs.union(*(node.input for node in kept))
+        alive = [node for node in kept if used.intersection(node.output)]
+        if len(alive) == len(kept):
+            break
+        kept = alive
     del graph.node[:]
     graph.node.extend(kept)
+    weights_kept = [t for t in graph.initializer if t.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(weights_kept)
     return model.SerializeToString(), folded
 
 
@@ -209,6 +222,15 @@ def _new_session(model, num_threads: int, optimization: str):
     return onnxruntime.InferenceSession(model, sess_options=options, providers=["CPUExecutionProvider"])
 
 
+def _return_freed_memory() -> None:
+    """Hands the heap that parsing and folding the graph freed back to the system (glibc's ``malloc_trim``):
+    ~55 MB that each worker process would otherwise keep for nothing. A no-op elsewhere."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def probe_batch() -> np.ndarray:
     """Two fixed inputs spanning the model's input range (a 0-255 picture minus the mean)."""
     pixels = np.random.default_rng(0).integers(0, 256, (2, CROP_SIDE, CROP_SIDE, 3)).astype(np.float32)
@@ -228,22 +250,30 @@ def session(path: str, num_threads: int = 1, optimization: str = "all", fold: bo
     key = (path, int(num_threads), optimization, bool(fold))
     with _LOCK:  # a second thread waits for the first copy, never makes its own
         if key not in _SESSIONS:
-            shipped = _new_session(path, num_threads, optimization)
-            chosen = shipped
-            if fold:
-                graph, folded = folded_graph(path)
-                candidate = _new_session(graph, num_threads, optimization)
-                probe = probe_batch()
-                name = shipped.get_inputs()[0].name
-                logs = [np.log(np.maximum(s.run(None, {name: probe})[0], 1e-30)) for s in (candidate, shipped)]
-                gap = float(np.abs(logs[0] - logs[1]).max())
-                if folded and gap <= FOLD_TOLERANCE:
-                    chosen = candidate
-                else:  # another export of the model: its own graph is right, if slower
-                    logging.warning("open_nsfw: running the shipped graph (folding %d chains moved the probe by %g)",
-                                    folded, gap)
-            _SESSIONS[key] = chosen
+            _SESSIONS[key] = _load(path, num_threads, optimization, fold)
         return _SESSIONS[key]
+
+
+def _load(path: str, num_threads: int, optimization: str, fold: bool):
+    graph, folded = folded_graph(path) if fold else (b"", 0)
+    shipped = _new_session(path, num_threads, optimization)
+    if not folded:
+        if fold:  # another export of the model: its own graph is right, if slower
+            logging.warning("open_nsfw: running the shipped graph (nothing in it folds)")
+        return shipped
+    # One session at a time: the shipped graph's answer to the probe, then the folded graph's.
+    name = shipped.get_inputs()[0].name
+    probe = probe_batch()
+    expected = np.log(np.maximum(shipped.run(None, {name: probe})[0], 1e-30))
+    del shipped
+    candidate = _new_session(graph, num_threads, optimization)
+    del graph
+    gap = float(np.abs(np.log(np.maximum(candidate.run(None, {name: probe})[0], 1e-30)) - expected).max())
+    _return_freed_memory()
+    if gap <= FOLD_TOLERANCE:
+        return candidate
+    logging.warning("open_nsfw: running the shipped graph (folding %d chains moved the probe by %g)", folded, gap)
+    return _new_session(path, num_threads, optimization)
 
 
 # ---------------------------------------------------------------------------
@@ -264,7 +294,9 @@ class OpenNsfwScorer:
 
     name = MODEL_NAME
 
-    def __init__(self, batch_size: int = 16, num_threads: int = 1, decode_side: int = 0,
+    # batch_size 4: on CPU the model's cost per image is the same from batches of 1 to 32, while the
+    # activations a process holds grow with the batch (~50 MB at 4, ~230 MB at 16: RESULTS.md, NSFW stage).
+    def __init__(self, batch_size: int = 4, num_threads: int = 1, decode_side: int = 0,
                  optimization: str = "all", fold: bool = True, model_file: Optional[str] = None):
         if batch_size < 1 or num_threads < 0 or decode_side < 0:
             raise ValueError("batch_size must be >= 1, num_threads and decode_side >= 0, "

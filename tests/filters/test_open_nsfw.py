@@ -174,12 +174,13 @@ def test_a_graph_that_does_not_fold_runs_as_shipped(tmp_path, caplog):
 def test_batches_give_the_scores_of_one_batch(photos, scorer):
     inputs = [scorer.prepare(d) for d in photos[:7]]
     small = open_nsfw.OpenNsfwScorer(batch_size=3)
+    assert scorer.batch_size == 4
     np.testing.assert_allclose(small.score_prepared(inputs), scorer.score_prepared(inputs), rtol=0, atol=1e-6)
     assert scorer.score_prepared([]).shape == (0,)
 
 
 def test_one_session_per_process_whatever_the_number_of_scorers(scorer):
-    other = open_nsfw.OpenNsfwScorer(batch_size=4)
+    other = open_nsfw.OpenNsfwScorer(batch_size=16)
     assert other._session is scorer._session
     assert open_nsfw.OpenNsfwScorer(num_threads=2)._session is not scorer._session
 

@@ -188,7 +188,8 @@ class RecordJudge:
         counted = self.preset.counting_base == "raw"  # as NSFW: a quality judgement, the row still counts
         while len(self.unscored) >= size or (final and self.unscored):
             batch, self.unscored = self.unscored[:size], self.unscored[size:]
-            scores = self.scorer.score([image for _, image, _ in batch], [text for _, _, text in batch])
+            scores = self.scorer.score([image for _, image, _ in batch], [text for _, _, text in batch],
+                                       [row.key for row, _, _ in batch])
             for (row, _, _), score in zip(batch, scores):
                 score = float(score)
                 if math.isnan(score):  # the model's decoder failed where the build's did not

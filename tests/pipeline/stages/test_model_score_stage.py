@@ -196,7 +196,6 @@ def test_cuts_without_a_model_and_bad_models_are_usage_errors(tmp_path):
          r"^--model_score checkpoint: model score checkpoint .*none: no such directory$"),
         (["--model_score", "checkpoint", "--model_score_arg", f"workdir={tmp_path}"],
          r"^--model_score checkpoint: model score checkpoint .*: no config.json, not a trainer.train workdir$"),
-        (["--model_score", MODEL, "--download"], r"^--model_score with --download: downloaded pairs are not scored"),
     ]
     for extra, message in cases:
         with pytest.raises(launcher.UsageError, match=message):

@@ -139,6 +139,9 @@ def test_the_report_shows_the_section(two_worker_build):
     html = open(audit.render_report(str(output))).read()
     section = html[html.index('<h2 id="model-score">'):]
     assert "Model score</h2>" in section and "colour words" in section
+    entry = json.loads((committed(output) / "stats" / "distributions.json").read_text())["model_score"]
+    threshold = score_cut.otsu_threshold(entry)
+    assert f"<code>--set model_score_threshold={threshold:g}</code> cuts there" in section
     assert section.count('<img src="data:image/png;base64,') >= 1  # the histogram with both cuts
     assert "What the score alone would have caught" in section and "<code>images_per_text</code>" in section
     cards = section[section.index("Rejected by the score"):section.index("Other stages")]

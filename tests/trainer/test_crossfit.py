@@ -136,3 +136,54 @@ def test_a_keyed_model_needs_the_keys_and_a_finished_workdir(tiny_trained, tmp_p
         unfinished.check()
     with pytest.raises(ValueError, match="needs workdir="):
         model_score.PairScorer("crossfit").check()
+
+
+@pytest.mark.slow
+def test_the_command_trains_the_folds_and_a_build_scores_with_them(tiny_corpus, tmp_path, jax_cache_dir):
+    """End to end: python -m trainer.crossfit (two real 2-step runs), then a build whose model-score stage is
+    cross-fitted: each recorded cosine is the one the pair's fold model gives."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import tensorflow as tf
+
+    from common.schema import make_key
+    from corpus_paths import committed
+    from pipeline.build import launcher
+    from trainer.input_pipeline import parse_fields
+
+    config = tmp_path / "tiny_test.py"
+    config.write_text("from trainer.configs import tiny\n\n\ndef get_config(arg=None):\n    return tiny.get_config()\n")
+    small = ["--config.total_steps=2", "--config.batch_size=8", "--config.image_size=32", "--config.resize_size=36",
+             "--config.max_text_len=16", "--config.eval_batch_size=8", "--config.evals.retrieval.every=0",
+             f"--config.compilation_cache_dir={jax_cache_dir}", "--config.xla_cpu_fast_compile=True"]
+    workdir = tmp_path / "x"
+    done = subprocess.run([sys.executable, "-m", "trainer.crossfit", "--config", str(config), "--data_dir",
+                           tiny_corpus, "--workdir", str(workdir), *small], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == f"crossfit: 2 models -> {workdir / crossfit.MANIFEST}"
+    assert all(crossfit.trained_to_end(crossfit.fold_dir(str(workdir), k)) for k in range(2))
+
+    records = []
+    for path in list_shards(tiny_corpus, "train")[:1]:
+        with open(path, "rb") as f:
+            records += [parse_fields(tf.constant(p), ("image", "texts")) for p in read_frames(f)]
+    urls = [f"https://example.com/{i}.jpg" for i in range(len(records))]
+    texts = [r["texts"].numpy().decode() for r in records]
+    images = [r["image"].numpy() for r in records]
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.table({"url": urls, "caption": texts, "jpg": images}), tmp_path / "in" / "part-0.parquet")
+    launcher.run(["--input", str(tmp_path / "in" / "*.parquet"), "--output", str(tmp_path / "out"),
+                  "--set", "min_shorter_side=0", "--set", "min_words=1", "--set", "vocab_size=0",
+                  "--set", "nsfw_threshold=1", "--model_score", "crossfit", "--model_score_arg", f"workdir={workdir}",
+                  "--set", "model_score_threshold=1.0"])
+    recorded = {}
+    for path in (committed(tmp_path / "out") / "stats" / "rejected").glob("*.jsonl"):
+        recorded.update((row["key"], row["model_score"]) for row in map(json.loads, path.read_text().splitlines()))
+    keys = [make_key(url, text) for url, text in zip(urls, texts)]
+    folds = [fold_of(key, 2) for key in keys]
+    assert set(folds) == {0, 1}
+    for fold in range(2):
+        own = model_score.PairScorer("checkpoint", workdir=crossfit.fold_dir(str(workdir), fold))
+        rows = [i for i, f in enumerate(folds) if f == fold]
+        want = own.score([images[i] for i in rows], [texts[i] for i in rows])
+        np.testing.assert_allclose([recorded[keys[i]] for i in rows], want, atol=2e-6)

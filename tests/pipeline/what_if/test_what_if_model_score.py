@@ -64,9 +64,9 @@ def test_the_scores_histogram_gives_back_the_built_funnel(scored):
 
 @pytest.mark.parametrize("assignments, claim", [
     (["model_score_threshold=0.5"], "exact"),     # on the grid's edges: exact
-    (["model_score_threshold=-1"], "exact"),      # off
+    pytest.param(["model_score_threshold=-1"], "exact", marks=pytest.mark.slow),  # off
     (["model_score_top_fraction=0.5"], "estimate"),  # the cut falls inside a bin of the scores
-    (["model_score_threshold=0.5", "model_score_top_fraction=0.3"], "estimate"),
+    pytest.param(["model_score_threshold=0.5", "model_score_top_fraction=0.3"], "estimate", marks=pytest.mark.slow),
 ])
 def test_the_score_what_if_equals_the_rebuild(scored, tmp_path, assignments, claim):
     root, output, funnel = scored

@@ -26,15 +26,18 @@ same command again. Steps, in order (``--only`` runs a subset):
    of that histogram, written down before the runs: ``docs/model-score.md``);
    then ``ms``: ``align`` with ``--model_score crossfit`` at that threshold
    (the third arm).
-5. ``train``: ``tiny`` at its full schedule (or ``--steps``) on ``none``,
-   ``align`` and ``ms``, one run per seed: ``align`` and ``ms`` seed by
-   seed first (the comparison that decides), then ``none``; each run
-   evaluated when it ends (``evaluate``):
-   retrieval over the held-out pairs, kNN and zero-shot over the pool's
-   labelled images.
+5. ``train``: ``tiny`` at its full schedule (or ``--steps``) on ``align``
+   and ``ms``, one run per seed, seed by seed; each run evaluated when it
+   ends (``evaluate``): retrieval over the held-out pairs, kNN and
+   zero-shot over the pool's labelled images.
 6. ``plain``: the non-cross-fitted comparison: ``align`` scored by the
    ``align`` run of the first seed (trained on every pair it scores),
-   with the same rule.
+   with the same rule (run as soon as that run ends).
+7. ``rescore``: the fold models again at the config's full schedule
+   (``crossfit_full``) and the same rule on their scores
+   (``scored_crossfit_full``): what a better scoring model removes (no arm
+   trains on it).
+8. ``baseline``: ``tiny`` on ``none`` per seed, evaluated alike.
 
 ``--summary`` (also printed at the end) reads what exists:
 ``benchmarks.model_score_figures``.
@@ -54,7 +57,7 @@ from benchmarks import record
 from common import cli
 
 REPO = record.REPO
-STEPS = ("pool", "builds", "crossfit", "score", "train", "plain")
+STEPS = ("pool", "builds", "crossfit", "score", "train", "plain", "rescore", "baseline")
 ARMS = ("none", "align", "ms")
 CONFIG = "trainer/configs/tiny.py"
 VOCAB_SIZE = 2000
@@ -176,11 +179,20 @@ class Harness:
 
     # -- training and evaluation ---------------------------------------------------------------------------
 
-    def step_train(self, seeds: List[int], steps: Optional[int], plain_seed: int) -> None:
+    def step_rescore(self, folds: int) -> None:
+        """The fold models at the config's full schedule, and the same rule on their scores (no arm trains on it)."""
+        if not os.path.exists(self.path("crossfit_full", "crossfit.json")):
+            self.run("crossfit_full", ["-m", "trainer.crossfit", "--config", CONFIG, "--data_dir",
+                                       self.corpus("align"), "--workdir", self.path("crossfit_full"),
+                                       "--folds", str(folds), *self.train_overrides(None)],
+                     self.path("crossfit_full.cost.json"))
+        self.score_and_cut("scored_crossfit_full",
+                           ["--model_score", "crossfit", "--model_score_arg", f"workdir={self.path('crossfit_full')}"])
+
+    def step_train(self, seeds: List[int], steps: Optional[int], plain_seed: int, arms=("align", "ms")) -> None:
         from trainer.crossfit import trained_to_end
 
-        order = [(arm, seed) for seed in seeds for arm in ("align", "ms")] + [("none", seed) for seed in seeds]
-        for arm, seed in order:
+        for arm, seed in [(arm, seed) for seed in seeds for arm in arms]:
             run = self.path("runs", f"{arm}_s{seed}")
             if not trained_to_end(run):
                 self.run(f"train {arm} seed {seed}",
@@ -240,7 +252,9 @@ def main(argv=None) -> int:
                  "crossfit": lambda: harness.step_crossfit(args.folds, args.crossfit_steps or args.steps),
                  "score": harness.step_score,
                  "train": lambda: harness.step_train(seeds, args.steps, seeds[0]),
-                 "plain": lambda: harness.step_plain(seeds[0])}
+                 "plain": lambda: harness.step_plain(seeds[0]),
+                 "rescore": lambda: harness.step_rescore(args.folds),
+                 "baseline": lambda: harness.step_train(seeds, args.steps, seeds[0], arms=("none",))}
         for step in STEPS:
             if step in only:
                 steps[step]()

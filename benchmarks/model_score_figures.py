@@ -1,7 +1,8 @@
 """The figures of ``benchmarks.model_score_evidence``, from whatever of it has finished.
 
 - ``filter``: per scoring build (``scored_crossfit``: cross-fitted scores;
-  ``scored_plain``: one model trained on every pair it scores), the
+  ``scored_plain``: one model trained on every pair it scores;
+  ``scored_crossfit_full``: cross-fitted, the models at the full schedule), the
   label-blind threshold and, from the pool's manifest, how many of the
   mismatched and clean pairs that reach the stage it removes, per kind;
   beside it, the label-dependent sweep over fixed thresholds (reported,
@@ -157,7 +158,8 @@ def summarize(work: str, seeds) -> dict:
                 m: _mean_sd([per_seed[str(s)][m] for s in both]) for m in METRICS}}
     return {
         "pool": _json(os.path.join(work, "pool", "pool_info.json")),
-        "filter": {name: filter_figures(work, name, rows) for name in ("scored_crossfit", "scored_plain")},
+        "filter": {name: filter_figures(work, name, rows)
+                   for name in ("scored_crossfit", "scored_plain", "scored_crossfit_full")},
         "corpora": {arm: written(work, arm, rows) for arm in ("none", "align", "ms")},
         "runs": runs, "arms": arms, "paired": paired,
     }

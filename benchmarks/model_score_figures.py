@@ -73,7 +73,8 @@ def _share(removed: int, reach: int) -> dict:
 
 
 def removal(rows: List[dict], scores: Dict[str, float], threshold: float) -> dict:
-    """Of the pairs that reached the stage (scored), how many of each pairing and kind ``cosine < threshold`` removes."""
+    """Of the pairs that reached the stage (scored): how many of each pairing and kind ``cosine < threshold``
+    removes."""
     out = {}
     for group, chosen in (("mismatched", lambda m: m["pairing"] == "mismatched"),
                           ("clean", lambda m: m["pairing"] == "clean")):

@@ -119,7 +119,8 @@ class CrossFitPairModel:
 
     def describe(self) -> str:
         steps = ", ".join(str(m.step) for m in self.models)
-        return f"crossfit {self.workdir}: {self.folds} models (steps {steps}), each pair by the one trained without its fold"
+        return (f"crossfit {self.workdir}: {self.folds} models (steps {steps}), each pair by the one trained "
+                "without its fold")
 
     def score_images(self, images: Sequence, texts: Sequence[str], keys: Sequence[str]) -> np.ndarray:
         from common.schema import fold_of

@@ -132,7 +132,7 @@ def test_a_keyed_model_needs_the_keys_and_a_finished_workdir(tiny_trained, tmp_p
     with pytest.raises(ValueError, match="scores by the pair's key: pass keys"):
         scorer.score([b""], ["text"])
     unfinished = model_score.PairScorer("crossfit", workdir=str(tmp_path))
-    with pytest.raises(ValueError, match=r"^model score crossfit .*: no crossfit.json, not a finished trainer.crossfit"):
+    with pytest.raises(ValueError, match=r"^model score crossfit .*: no crossfit.json, not a finished trainer"):
         unfinished.check()
     with pytest.raises(ValueError, match="needs workdir="):
         model_score.PairScorer("crossfit").check()

@@ -50,6 +50,10 @@ def test_a_stricter_cut_is_exact(builds):
     assert result.bound == 0, result.bound_parts
     assert counts == stage_counts(builds["strict"][1])
     assert counts["nsfw"] == 5 and counts != stage_counts(funnel)
+    ledger = [json.loads(line) for path in sorted((builds["strict"][0] / "stats" / "rejected").glob("*.jsonl"))
+              for line in path.read_text().splitlines()]
+    scores = [line["nsfw_score"] for line in ledger if line["reason"] == "nsfw/pornographic"]
+    assert len(scores) == 5 and all(0.036 <= s < 0.05 for s in scores)  # the ledger keeps each rejection's score
 
 
 def test_a_looser_cut_is_within_its_bound(builds):

@@ -269,10 +269,12 @@ BLUR_STATES = ("Array.from(document.querySelectorAll('label.reveal img')).map("
 
 
 def test_nsfw_thumbnails_are_blurred_until_clicked(tmp_path, profile_dir):
+    from tests.pipeline.audit.test_nsfw_section import make_nsfw_gallery
+
     fixtures = _fixtures()
     stats = fixtures.write_fixture_stats(tmp_path / "corpus", omit=fixtures.NO_PLOTS)
     with open(os.path.join(stats, "nsfw_gallery.jsonl"), "w") as handle:
-        handle.write("".join(json.dumps(row) + "\n" for row in fixtures.make_nsfw_gallery()))
+        handle.write("".join(json.dumps(row) + "\n" for row in make_nsfw_gallery()))
     report = audit.render_report(str(tmp_path / "corpus"))
     browser = Chromium(profile_dir)
     try:

@@ -25,6 +25,7 @@ from pipeline.audit.model_score_section import section_model_score
 from pipeline.audit.nsfw_section import section_nsfw
 from pipeline.audit.plots import DISTRIBUTION_CUTS, plot_cosines, plot_count_of_counts, plot_distribution, plot_funnel
 from pipeline.audit.read_stats import NEAR_DUPLICATES_FILE
+from pipeline.funnel.counts import NSFW_MEASURE
 from pipeline.funnel.table import FUNNEL_FILE, as_int, check_funnel, percent, stage_rejected
 
 MAX_NEAR_DUPLICATE_PAIRS = 200
@@ -165,8 +166,8 @@ def _section_distributions(distributions: Optional[dict], preset: dict) -> str:
     names = sorted(distributions, key=lambda n: (known.index(n) if n in known else len(known), n))
     for name in names:
         dist = distributions[name]
-        if name == "count_of_counts" or not isinstance(dist, dict):
-            continue
+        if name in ("count_of_counts", NSFW_MEASURE) or not isinstance(dist, dict):
+            continue  # the NSFW scores are drawn in their own section, beside the gallery
         try:
             uri = plot_distribution(name, dist, preset)
         except (ValueError, TypeError) as err:

@@ -40,6 +40,7 @@ def test_report_nsfw_section_shows_the_scores_cut_and_a_gallery_blurred_until_cl
     assert f"{sum(counts):,} records scored" in section and "<code>nsfw/pornographic</code> 21" in section
     assert "nudenet 3.4.2" in section  # the workers' note
     assert sum(1 for img in parse(section).imgs if img["src"].startswith("data:image/png")) == 1  # the histogram
+    assert f"{NSFW_MEASURE} histogram" not in [img.get("alt") for img in parse(text).imgs]  # drawn once, here
     shown = [row for row in gallery if row["thumbnail"]]
     assert section.count('<label class="reveal"') == len(shown)  # every thumbnail blurred until clicked
     assert section.count('class="noimg"') == 1

@@ -55,7 +55,7 @@ th { text-align: left; background: #fafafa; } td.num { text-align: right; font-v
   background: #f0f0f0; color: #888; font-size: 11px; }
 .alt { font-style: italic; word-break: break-word; } .meta { color: #666; word-break: break-all; }
 .pair td { text-align: center; }
-.reveal { display: block; cursor: pointer; } .reveal input { position: absolute; opacity: 0; }
+.reveal { display: block; cursor: pointer; overflow: hidden; } .reveal input { position: absolute; opacity: 0; }
 .reveal img { filter: blur(14px); } .reveal input:checked + img { filter: none; }
 .reveal input:focus-visible + img { outline: 2px solid #4c78a8; }
 """

@@ -43,8 +43,8 @@ def stage_notes(config: BuildConfig) -> dict:
     """What the funnel should say before the job: stages that run degraded or not at all, extra stages, the input.
 
     No environment is judged here: whether NSFW scored is the workers' word
-    (``ScorePornography``'s note replaces this one as soon as a record
-    reached the stage; ``nsfw/scorer_unavailable`` counts the unscored).
+    (``pipeline.stages.judge.NsfwNote``'s note replaces this one as soon as a
+    record reached the stage; ``nsfw/scorer_unavailable`` counts the unscored).
     """
     from filters import nsfw
 
@@ -53,7 +53,8 @@ def stage_notes(config: BuildConfig) -> dict:
     if not nsfw.stage_enabled(preset.nsfw_threshold):
         notes["nsfw"] = "disabled: nsfw_threshold >= 1.0"
     else:
-        notes["nsfw"] = f"no record reached the stage (rejected if score >= {preset.nsfw_threshold})"
+        notes["nsfw"] = (f"no record reached the stage ({preset.nsfw_model}, rejected if score >= "
+                         f"{preset.nsfw_threshold})")
     notes.update({e.name: f"extra stage {e.source}: {e.description}" for e in config.extras})
     for stage, note in input_notes(config.flags.input, config.flags.input_format, config.columns).items():
         notes[stage] = f"{notes[stage]}; {note}" if stage in notes else note

@@ -11,9 +11,10 @@ beside the code they configure (``pipeline.download.settings``,
 from __future__ import annotations
 
 import argparse
+import os
 from typing import List
 
-from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions, StandardOptions
+from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions, StandardOptions, TestOptions
 
 from common import cli
 from pipeline.download import settings as download_settings
@@ -198,8 +199,35 @@ def beam_options(beam_args: List[str]) -> PipelineOptions:
             create_runner(runner)  # an unknown name fails here, before the output is touched
         except ValueError:
             raise UsageError(f"--runner {runner}: unknown runner (e.g. FnApiRunner, DataflowRunner)") from None
-    options.view_as(SetupOptions).save_main_session = False
+    setup = options.view_as(SetupOptions)
+    setup.save_main_session = False
+    if setup.setup_file:  # Beam changes into its directory, which for a bare "setup.py" is "" (an error)
+        setup.setup_file = os.path.abspath(setup.setup_file)
+    test = options.view_as(TestOptions)
+    test.dry_run = dry_run_value(test.dry_run)
+    if test.dry_run and not is_dataflow(runner):
+        raise UsageError(f"--dry_run=true checks a Dataflow launch (pipeline.build.dry_run): add --runner DataflowRunner "
+                         f"--project PROJECT --region REGION --temp_location gs://BUCKET/tmp (runner: {runner})")
     return options
+
+
+#: Beam declares ``--dry_run`` as a string option, so its runner would take ``--dry_run=false`` for a yes.
+DRY_RUN_VALUES = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
+
+
+def dry_run_value(value) -> bool:
+    """``--dry_run``'s value as a yes or no; ``UsageError`` for anything else."""
+    if isinstance(value, bool):
+        return value
+    try:
+        return DRY_RUN_VALUES[str(value).strip().lower()]
+    except KeyError:
+        raise UsageError(f"--dry_run {value!r}: true or false") from None
+
+
+def is_dataflow(runner) -> bool:
+    name = runner if isinstance(runner, str) else type(runner).__name__
+    return name.rsplit(".", 1)[-1].lower() in ("dataflowrunner", "dataflow")
 
 
 

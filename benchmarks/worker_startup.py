@@ -2,7 +2,8 @@
 
     python -m pipeline.build.worker_requirements > worker-requirements.txt
     pip download --no-deps --prefer-binary -r worker-requirements.txt -d WHEELHOUSE
-    python -m benchmarks.worker_startup --requirements worker-requirements.txt --wheelhouse WHEELHOUSE [--json PATH]
+    pip download setuptools wheel -d TOOLS
+    python -m benchmarks.worker_startup --requirements worker-requirements.txt --wheelhouse WHEELHOUSE --tools TOOLS
 
 With ``--requirements_file`` and ``--setup_file``, every SDK container of
 every worker (Beam's Python container) starts with ``pip install -r
@@ -63,6 +64,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requirements", required=True, help="the workers' --requirements_file")
     parser.add_argument("--wheelhouse", required=True, help="pip download of it (what the launcher stages)")
+    parser.add_argument("--tools", default="", help="wheels of setuptools and wheel (in Beam's container already)")
     parser.add_argument("--json", default="")
     args = parser.parse_args(argv)
     run = record.Run()
@@ -74,8 +76,14 @@ def main(argv=None) -> None:
         venv = os.path.join(scratch, "worker")
         subprocess.run([sys.executable, "-m", "venv", venv], check=True)
         python = os.path.join(venv, "bin", "python")
+        quiet = ["-q", "--disable-pip-version-check", "--no-cache-dir", "--no-index"]
+        if args.tools:  # what Beam's container has already: setuptools and wheel, to build the pins without wheels
+            subprocess.run([python, "-m", "pip", "install", *quiet, "--find-links", args.tools, "setuptools", "wheel"],
+                           check=True, stdout=subprocess.DEVNULL)
         empty = directory_bytes(venv)
-        offline = ["--no-index", "--find-links", args.wheelhouse, "--disable-pip-version-check", "--no-cache-dir"]
+        # Offline from the staged files, as Beam's container installs them: nothing to fetch a build backend from.
+        offline = ["--no-index", "--no-build-isolation", "--find-links", args.wheelhouse, "--disable-pip-version-check",
+                   "--no-cache-dir"]
         figures["requirements"] = timed([python, "-m", "pip", "install", "-q", *offline, "-r", args.requirements])
         dist = os.path.join(scratch, "dist")
         subprocess.run([sys.executable, "setup.py", "-q", "sdist", "--dist-dir", dist], cwd=record.REPO, check=True,

@@ -78,7 +78,8 @@ def main(argv=None) -> None:
         python = os.path.join(venv, "bin", "python")
         quiet = ["-q", "--disable-pip-version-check", "--no-cache-dir", "--no-index"]
         if args.tools:  # what Beam's container has already: setuptools and wheel, to build the pins without wheels
-            subprocess.run([python, "-m", "pip", "install", *quiet, "--find-links", args.tools, "setuptools", "wheel"],
+            subprocess.run([python, "-m", "pip", "install", *quiet, "--find-links", args.tools, "--find-links",
+                            args.wheelhouse, "setuptools", "wheel"],
                            check=True, stdout=subprocess.DEVNULL)
         empty = directory_bytes(venv)
         # Offline from the staged files, as Beam's container installs them: nothing to fetch a build backend from.

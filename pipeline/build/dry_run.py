@@ -29,6 +29,7 @@ import collections
 import hashlib
 import os
 import tarfile
+import tempfile
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
 import apache_beam as beam
@@ -86,20 +87,29 @@ def build_job(config: BuildConfig, options, notes: dict, loaded=None) -> DryRun:
     eval_index = eval_index_at(loaded, config.version_dir) if loaded is not None else None
     p = beam.Pipeline(options=options)
     build_pipeline(p, config, notes, eval_index)
-    result = p.run()
-    job = result.job
-    proto = job.proto_pipeline
-    staged = _staged(proto)
+    # Beam's stager builds the sdist and copies the requirements into directories of its own that a
+    # submission uploads and a dry run would leave behind: here they are made in one that goes.
+    saved = tempfile.tempdir
+    with tempfile.TemporaryDirectory(prefix="dry_run_") as scratch:
+        tempfile.tempdir = scratch
+        try:
+            result = p.run()
+        finally:
+            tempfile.tempdir = saved
+        job = result.job
+        proto = job.proto_pipeline
+        staged = _staged(proto)
+        requirements = options.view_as(SetupOptions).requirements_file
+        pinned = _requirement_lines(requirements) if requirements else []
+        unpinned = _unpinned(staged, pinned)
     graph = proto.SerializeToString()
     cloud = job.google_cloud_options  # the runner's copy: it names the job and its staging location
     request = _request_json(job, job.options, graph, [s.name for s in staged])
-    requirements = options.view_as(SetupOptions).requirements_file
-    pinned = _requirement_lines(requirements) if requirements else []
     return DryRun(
         steps=sum(1 for t in proto.components.transforms.values() if not t.subtransforms),
         graph_bytes=len(graph), request_bytes=len(request),
         largest_payloads=_largest_payloads(proto), side_inputs=_side_inputs(proto), staged=staged,
-        pinned=pinned, unpinned=_unpinned(staged, pinned), container=_container(options),
+        pinned=pinned, unpinned=unpinned, container=_container(options),
         job_name=cloud.job_name, staging_location=cloud.staging_location, temp_location=cloud.temp_location,
         proto=proto,
     )
@@ -185,7 +195,8 @@ def _unpinned(staged: List[Staged], pinned: List[str]) -> List[str]:
             parts = member.name.split("/")
             if len(parts) == 2 and parts[1] == "PKG-INFO":
                 text = tar.extractfile(member).read().decode("utf-8", "replace")
-                wanted = [line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Requires-Dist:")]
+                wanted = [line.split(":", 1)[1].strip() for line in text.splitlines()
+                          if line.startswith("Requires-Dist:")]
     base = [Requirement(text) for text in wanted]
     return sorted(str(r) for r in base if r.marker is None and _canonical(r.name) not in names)
 
@@ -209,7 +220,8 @@ def summary(job: DryRun, config: BuildConfig, loaded=None) -> str:
     """The one block the launcher prints."""
     flags = config.flags
     lines = [
-        f"dry run: Dataflow job {job.job_name!r} built (Runner v2) and not submitted; nothing written to {config.output}",
+        f"dry run: Dataflow job {job.job_name!r} built (Runner v2) and not submitted; "
+        f"nothing written to {config.output}",
         f"  steps: {job.steps:,} (transforms before Dataflow fuses them)",
         f"  job graph: {_mb(job.graph_bytes)} of Dataflow's {_mb(GRAPH_LIMIT)}; CreateJob request "
         f"{_mb(job.request_bytes)} of {_mb(REQUEST_LIMIT)}; largest transform: "

@@ -113,6 +113,8 @@ class BuildOptions(PipelineOptions):
 EPILOG = """\
 Every other --flag goes to Apache Beam (--runner, --project, --region,
 --temp_location, --setup_file, --direct_running_mode, --direct_num_workers, ...).
+With --runner DataflowRunner, --dry_run=true builds the Dataflow job, prints what
+it would run, install and write, and submits nothing (docs/dataflow.md).
 
 Output contract: --output is a literal directory (glob characters are
 characters). It must not equal, contain or lie inside an input location. An

@@ -57,7 +57,8 @@ def inputs(tmp_path_factory):
     for i in range(2):
         (evals / f"{i}.jpg").write_bytes(jpeg(i))
     requirements = root / "worker-requirements.txt"
-    requirements.write_text("\n".join(worker_requirements.worker_requirements(os.path.join(repo_root.ROOT, "requirements", "lock.txt"))))
+    lock = os.path.join(repo_root.ROOT, "requirements", "lock.txt")
+    requirements.write_text("\n".join(worker_requirements.worker_requirements(lock)))
     return {"root": root, "eval": str(evals), "requirements": str(requirements),
             "few": url_lists(root / "few", 10), "many": url_lists(root / "many", 10_000)}
 

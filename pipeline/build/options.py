@@ -198,9 +198,10 @@ def beam_options(beam_args: List[str]) -> PipelineOptions:
         from apache_beam.runners.runner import create_runner
 
         try:
-            create_runner(runner)  # an unknown name fails here, before the output is touched
+            runner_object = create_runner(runner)  # an unknown name fails here, before the output is touched
         except ValueError:
             raise UsageError(f"--runner {runner}: unknown runner (e.g. FnApiRunner, DataflowRunner)") from None
+        check_for_runner(options, runner_object)
     setup = options.view_as(SetupOptions)
     setup.save_main_session = False
     if setup.setup_file:  # Beam changes into its directory, which for a bare "setup.py" is "" (an error)
@@ -211,6 +212,19 @@ def beam_options(beam_args: List[str]) -> PipelineOptions:
         raise UsageError(f"--dry_run=true checks a Dataflow launch (pipeline.build.dry_run): add --runner DataflowRunner "
                          f"--project PROJECT --region REGION --temp_location gs://BUCKET/tmp (runner: {runner})")
     return options
+
+
+def check_for_runner(options, runner) -> None:
+    """Beam's own checks of its options for ``runner`` (a Dataflow launch without ``--project``, ...), as one line.
+
+    ``beam.Pipeline`` makes them too, but only once the launcher has written
+    to the output, and its message puts the errors after a line break.
+    """
+    from apache_beam.options.pipeline_options_validator import PipelineOptionsValidator
+
+    errors = PipelineOptionsValidator(options, runner).validate()
+    if errors:
+        raise UsageError("; ".join(" ".join(error.split()) for error in errors))
 
 
 #: Beam declares ``--dry_run`` as a string option, so its runner would take ``--dry_run=false`` for a yes.

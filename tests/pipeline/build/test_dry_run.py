@@ -139,3 +139,7 @@ def test_dry_run_is_a_dataflow_check():
     with pytest.raises(UsageError, match="true or false"):
         beam_options(["--dry_run=maybe"])
     assert beam_options(["--dry_run=false", *DATAFLOW[:-1]]).view_as(pipeline_options.TestOptions).dry_run is False
+    # Beam's own checks of a Dataflow launch, in one line before the output is touched
+    without_project = [arg for arg in DATAFLOW if arg != "my-project" and arg != "--project"]
+    with pytest.raises(UsageError, match=r"^Missing required option: project\.$"):
+        beam_options(without_project)

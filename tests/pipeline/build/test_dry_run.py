@@ -15,7 +15,9 @@ instead of the two images' gives the same graph. Embedding 10^5 evaluation
 images would take minutes, so that run replaces the images' embedding
 (``dedup.index_sets.load_index_sets``) with random rows of the embedder's
 dimension; everything after it is the launcher's. Each dry run costs about
-three CPU-seconds (building the graph, and Beam translating it twice).
+three CPU-seconds (building the graph, and Beam translating it twice). The
+integration run repeats it with every path on ``gs://`` (the storage
+emulator).
 """
 
 import contextlib
@@ -143,3 +145,30 @@ def test_dry_run_is_a_dataflow_check():
     without_project = [arg for arg in DATAFLOW if arg != "my-project" and arg != "--project"]
     with pytest.raises(UsageError, match=r"^Missing required option: project\.$"):
         beam_options(without_project)
+
+
+@pytest.mark.integration
+def test_dry_run_of_the_docs_command_on_gcs(tmp_path, capsys):
+    """docs/dataflow.md's command with every path on ``gs://`` (the storage emulator): nothing written there.
+
+    The evaluation set is a folder on GCS, which is a prefix, not an object.
+    """
+    from apache_beam.io.filesystems import FileSystems
+
+    from tests.pipeline import gcs_emulator
+
+    def put(path, data: bytes):
+        with FileSystems.create(path) as handle:
+            handle.write(data)
+
+    with gcs_emulator.running(str(tmp_path / "emulator.log")) as bucket:
+        put(f"{bucket}/candidates/a.tsv", b"url\tcaption\nhttps://e.x/0.jpg\ta red picture\n")
+        put(f"{bucket}/eval/0.jpg", jpeg(0))
+        launcher.main(["--input", f"{bucket}/candidates/*.tsv", "--output", f"{bucket}/corpus", *ALIGN,
+                       "--eval_images", f"test={bucket}/eval", *DATAFLOW[:-3],
+                       "--temp_location", f"{bucket}/tmp", "--dry_run=true"])
+        out = capsys.readouterr().out
+        assert "dry run: Dataflow job" in out and "local path" not in out
+        # Nothing written to the output, and nothing staged (gs://BUCKET/** holds the two inputs only).
+        assert sorted(m.path for m in FileSystems.match([f"{bucket}/**"])[0].metadata_list) == [
+            f"{bucket}/candidates/a.tsv", f"{bucket}/eval/0.jpg"]

@@ -226,16 +226,20 @@ def summary(job: DryRun, config: BuildConfig, loaded=None) -> str:
         f"  job graph: {_mb(job.graph_bytes)} of Dataflow's {_mb(GRAPH_LIMIT)}; CreateJob request "
         f"{_mb(job.request_bytes)} of {_mb(REQUEST_LIMIT)}; largest transform: "
         + ", ".join(f"{_short(name)} {_mb(size)}" for size, name in job.largest_payloads[:1]),
-        f"  side inputs: {len(job.side_inputs)} (reader <- source; each is computed by the job, none is in the graph)",
+        f"  side inputs: {len(job.side_inputs)} (where read: how many <- computed by; none is data in the graph)",
     ]
-    grouped = collections.Counter((_short(s.consumer, 2), _short(s.source, 3), s.access) for s in job.side_inputs)
-    lines += [f"    {consumer} <- {source} ({access}{f', x{n}' if n > 1 else ''})"
-              for (consumer, source, access), n in sorted(grouped.items())]
+    readers = collections.defaultdict(list)
+    for side in job.side_inputs:
+        readers[_short(side.consumer, 2)].append(_short(side.source, 3).removesuffix("/..."))
+    lines += [f"    {consumer}: {len(sources)} <- {', '.join(sorted(set(sources)))}"
+              for consumer, sources in sorted(readers.items())]
     reads = [f"{len(config.input_files):,} input file(s) matching {flags.input}"]
     if loaded is not None:
         index = loaded[0]
-        reads.append(f"the evaluation index ({len(index):,} rows x {index.dim}, {_mb(4 * len(index) * index.dim)} of "
-                     f"vectors; the launcher writes it under the build's version)")
+        skipped = f", {len(index.skipped):,} skipped" if index.skipped else ""
+        reads.append(f"the evaluation index ({index.num_images:,} images{skipped}: {len(index):,} rows x {index.dim}, "
+                     f"{_mb(4 * len(index) * index.dim)} of vectors, which the launcher writes under the build's "
+                     f"version)")
     if config.scorer is not None:
         reads.append(f"the pair model {flags.model_score} {' '.join(flags.model_score_args)}".rstrip())
     lines.append("  workers read: " + "; ".join(reads))

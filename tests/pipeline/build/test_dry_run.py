@@ -23,10 +23,12 @@ emulator).
 import contextlib
 import io
 import os
+import re
 
 import numpy as np
 import pytest
 from apache_beam.options import pipeline_options
+from PIL import Image
 
 import repo_root
 from dedup import index_sets
@@ -34,7 +36,6 @@ from filters import nsfw
 from filters.presets import get_preset
 from pipeline.build import dry_run, launcher
 from pipeline.build import worker_requirements
-from tests.pipeline.readers.test_file_records import jpeg
 
 DATAFLOW = ["--runner", "DataflowRunner", "--project", "my-project", "--region", "us-central1",
             "--temp_location", "gs://my-bucket/tmp", "--dry_run=true"]
@@ -51,13 +52,20 @@ def url_lists(directory, files):
     return str(directory / "*.tsv")
 
 
+def noise_jpeg(seed: int) -> bytes:
+    """An image the evaluation index keeps (it skips featureless ones)."""
+    out = io.BytesIO()
+    Image.fromarray(np.random.default_rng(seed).integers(0, 256, (48, 64, 3), dtype=np.uint8)).save(out, "JPEG")
+    return out.getvalue()
+
+
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
     root = tmp_path_factory.mktemp("dry_run")
     evals = root / "eval"
     evals.mkdir()
     for i in range(2):
-        (evals / f"{i}.jpg").write_bytes(jpeg(i))
+        (evals / f"{i}.jpg").write_bytes(noise_jpeg(i))
     requirements = root / "worker-requirements.txt"
     lock = os.path.join(repo_root.ROOT, "requirements", "lock.txt")
     requirements.write_text("\n".join(worker_requirements.worker_requirements(lock)))
@@ -121,6 +129,7 @@ def test_dry_run_builds_the_dataflow_job_and_writes_nothing(inputs, dry_runs):
     assert f"pip installs {len(job.pinned)} pinned" in out and "workflow.tar.gz" in out
     assert f"writes: the build to {output}/versions/" in out and "downloaded images to" in out
     assert "local path(s) that Dataflow workers cannot reach" in out
+    assert re.search(r"the evaluation index \(2 images: [1-9][0-9]* rows x 143,", out)
 
 
 def test_the_job_does_not_grow_with_input_files_or_the_evaluation_index(dry_runs):
@@ -163,7 +172,7 @@ def test_dry_run_of_the_docs_command_on_gcs(tmp_path, capsys):
 
     with gcs_emulator.running(str(tmp_path / "emulator.log")) as bucket:
         put(f"{bucket}/candidates/a.tsv", b"url\tcaption\nhttps://e.x/0.jpg\ta red picture\n")
-        put(f"{bucket}/eval/0.jpg", jpeg(0))
+        put(f"{bucket}/eval/0.jpg", noise_jpeg(0))
         launcher.main(["--input", f"{bucket}/candidates/*.tsv", "--output", f"{bucket}/corpus", *ALIGN,
                        "--eval_images", f"test={bucket}/eval", *DATAFLOW[:-3],
                        "--temp_location", f"{bucket}/tmp", "--dry_run=true"])

@@ -62,14 +62,12 @@ def cpu_seconds() -> float:
 
 
 def one(scratch: str, pattern: str, rows: int, requirements: str) -> dict:
-    from filters.image import thumbnail_b64  # noqa: F401  (imports outside the timed part)
-
     evals = os.path.join(scratch, "eval")
     if not os.path.isdir(evals):
         os.makedirs(evals)
         from PIL import Image
 
-        Image.new("RGB", (32, 32), (200, 30, 30)).save(os.path.join(evals, "0.jpg"))
+        Image.new("RGB", (32, 32), (200, 30, 30)).save(os.path.join(evals, "0.jpg"))  # its rows are replaced
     jobs = []
     real = dry_run.build_job
 

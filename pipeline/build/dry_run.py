@@ -269,7 +269,7 @@ class JobRefused(Exception):
 def over_limit(job: DryRun) -> Optional[str]:
     """Why Dataflow would refuse the job, or None."""
     if job.graph_bytes > GRAPH_LIMIT:
-        return f"the job graph is {_mb(job.graph_bytes)}, over Dataflow's {_mb(GRAPH_LIMIT)}"
+        return f"the job graph is {job.graph_bytes:,} bytes, over Dataflow's limit of {GRAPH_LIMIT:,}"
     if job.request_bytes > REQUEST_LIMIT:
-        return f"the CreateJob request is {_mb(job.request_bytes)}, over Dataflow's {_mb(REQUEST_LIMIT)}"
+        return f"the CreateJob request is {job.request_bytes:,} bytes, over Dataflow's limit of {REQUEST_LIMIT:,}"
     return None

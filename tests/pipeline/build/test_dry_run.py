@@ -181,3 +181,15 @@ def test_dry_run_of_the_docs_command_on_gcs(tmp_path, capsys):
         # Nothing written to the output, and nothing staged (gs://BUCKET/** holds the two inputs only).
         assert sorted(m.path for m in FileSystems.match([f"{bucket}/**"])[0].metadata_list) == [
             f"{bucket}/candidates/a.tsv", f"{bucket}/eval/0.jpg"]
+
+
+def test_a_job_over_dataflows_limit_is_one_line_and_exit_1(inputs, dry_runs, monkeypatch, capsys):
+    job, _ = dry_runs["few"]
+    monkeypatch.setattr(dry_run, "build_job", lambda *args: job._replace(graph_bytes=dry_run.GRAPH_LIMIT + 1))
+    with pytest.raises(SystemExit) as exit:
+        launcher.main(["--input", inputs["few"], "--output", str(inputs["root"] / "corpus-over"), *DATAFLOW])
+    assert exit.value.code == launcher.EXIT_FAILED
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: the job graph is 10,485,761 bytes, over Dataflow's limit of 10,485,760: Dataflow would "
+                   "refuse this job (nothing was submitted)"]
+    assert not (inputs["root"] / "corpus-over").exists()

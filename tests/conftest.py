@@ -1,18 +1,13 @@
 """Shared fixtures: the embedded sample corpus, generated and built once per test run, and one JAX compilation cache.
 
-With pytest-xdist every worker process runs its own session, so a session
-fixture would generate the sample and build it once per worker. The
-expensive ones here are made once per run (``once_per_run``: the first worker
-to ask makes it under a lock, the others wait for it and read it), in the
-run's shared temporary directory.
+The sample is made once per run, in the background from the moment the
+tests are collected, and the test files that use it run after the others
+(``tests.sample_corpus``).
 """
 
-import contextlib
-import fcntl
 import json
 import os
 import pathlib
-import subprocess
 import sys
 
 import pytest
@@ -33,8 +28,12 @@ from common import beam_construction  # noqa: E402 (after the path)
 
 beam_construction.install()  # the jobs the tests build are built as the launcher builds them
 
-# Ordinary rows; the ~1,250 planted rows come on top (samplegen).
-SAMPLE_SIZE = int(os.environ.get("TEST_SAMPLE_SIZE", "400"))
+from tests import sample_corpus  # noqa: E402
+from tests.sample_corpus import build_args  # noqa: E402,F401 (the tests' way to build the sample again)
+
+#: The fixtures that need the sample: their tests run after the others (``pytest_collection_modifyitems``).
+SAMPLE_FIXTURES = {"sample_dir", "sample_build", "measured_sample_build"}
+_BACKGROUND = None  # the process making the sample, if this one started it
 
 
 def run_directory(config) -> pathlib.Path:
@@ -59,50 +58,15 @@ def jax_cache_dir(pytestconfig) -> str:
     return os.environ["JAX_COMPILATION_CACHE_DIR"]
 
 
-@contextlib.contextmanager
-def _locked(path: pathlib.Path):
-    with open(path, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def once_per_run(pytestconfig, name: str, make) -> pathlib.Path:
-    """``RUN_DIR/name``, made by ``make(directory)`` by the first process of the run that asks for it.
-
-    The others wait on the lock and get the same directory; ``make`` writes
-    what they need to read back into it.
-    """
-    root = run_directory(pytestconfig)
-    target, done = root / name, root / f"{name}.done"
-    with _locked(root / f"{name}.lock"):
-        if not done.exists():
-            target.mkdir(parents=True, exist_ok=True)
-            make(target)
-            done.touch()
-    return target
+    """``RUN_DIR/name``, made by ``make(directory)`` once per run (``tests.sample_corpus.once``)."""
+    return sample_corpus.once(run_directory(pytestconfig), name, make)
 
 
 @pytest.fixture(scope="session")
 def sample_dir(pytestconfig):
     """The embedded sample, small enough for the default test run."""
-    def generate(out):
-        subprocess.run([sys.executable, "-m", "samplegen", "--out", str(out), "--num_candidates", str(SAMPLE_SIZE),
-                        "--seed", "0"], check=True, cwd=ROOT)
-
-    return once_per_run(pytestconfig, "sample", generate)
-
-
-def build_args(sample_dir, output, *extra):
-    info = json.loads((sample_dir / "sample_info.json").read_text())
-    args = ["--input", str(sample_dir / "candidates" / "*.parquet"), "--output", str(output), "--preset", "align"]
-    for override in info.get("build_overrides", []):
-        args += ["--set", override]
-    name, path = info["eval_images"].split("=", 1)
-    args += ["--eval_images", f"{name}={sample_dir / path}"]
-    return args + list(extra)
+    return sample_corpus.sample(run_directory(pytestconfig))
 
 
 @pytest.fixture(scope="session")
@@ -112,17 +76,44 @@ def measured_sample_build(sample_dir, pytestconfig):
 
     Built once per run; tests read it and never change it (copy it first).
     """
-    from benchmarks.shuffle_bytes import Shuffles, measured_build
+    from benchmarks.shuffle_bytes import Shuffles
     from common.corpus_dir import resolve
 
-    def build(where):
-        funnel, shuffles = measured_build(build_args(sample_dir, where / "corpus"))
-        (where / "measured.json").write_text(json.dumps({"funnel": funnel, "shuffles": shuffles.to_json()}))
-
-    where = once_per_run(pytestconfig, "sample_build", build)
+    where = sample_corpus.sample_build(run_directory(pytestconfig))
     measured = json.loads((where / "measured.json").read_text())
     output = pathlib.Path(resolve(str(where / "corpus")))  # the committed version's directory
     return output, measured["funnel"], Shuffles.from_json(measured["shuffles"])
+
+
+def _uses_the_sample(item) -> bool:
+    return bool(SAMPLE_FIXTURES.intersection(getattr(item, "fixturenames", ())))
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Test files that use the sample run last, and the sample is made in the background from the start.
+
+    Generating and building the sample is the run's largest single piece of
+    work (a minute of CPU); made by the first test that asks, it held every
+    other worker that needed it idle. Started as a process of its own as soon
+    as the tests are collected, it runs beside the tests that do not need it,
+    which come first. Every worker collects the same items and sorts them the
+    same way (xdist requires one order).
+    """
+    files = {}
+    for item in items:
+        files.setdefault(item.nodeid.split("::")[0], []).append(item)
+    late = {name for name, its in files.items() if any(_uses_the_sample(i) for i in its)}
+    items[:] = [i for name, its in files.items() if name not in late for i in its] + \
+               [i for name, its in files.items() if name in late for i in its]
+    if late and not config.option.collectonly:
+        global _BACKGROUND
+        _BACKGROUND = sample_corpus.start_in_background(run_directory(config))
+
+
+def pytest_unconfigure(config):
+    if _BACKGROUND is not None and _BACKGROUND.poll() is None:  # the run ended (or was stopped) before it did
+        _BACKGROUND.kill()
+        _BACKGROUND.wait()
 
 
 @pytest.fixture(scope="session")

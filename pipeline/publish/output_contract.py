@@ -41,6 +41,7 @@ from typing import Iterable, List, Optional
 
 from apache_beam.io.filesystems import FileSystems
 
+from common import state_files as sf
 from common.corpus_dir import COMMIT, COMPLETED, MANIFEST, VERSION_ID, VERSIONS
 from common.files import escape_glob, is_remote
 
@@ -162,17 +163,15 @@ def _write_text(path: str, text: str) -> None:
 
 def corpus_name(output: str, files: List[str]) -> Optional[str]:
     """The dataset name of the corpus in ``output``, or None if it is not one this project built."""
-    if MARKER in files:
-        try:
-            return json.loads(read_text(FileSystems.join(output, MARKER)) or "")["name"]
-        except (ValueError, KeyError, TypeError):
-            return None
-    if COMPLETED in files and COMMIT in files:  # built before the marker existed
-        try:
-            return json.loads(read_text(FileSystems.join(output, "dataset_info.json")) or "")["name"]
-        except (ValueError, KeyError, TypeError):
-            return None
-    return None
+    name = MARKER if MARKER in files else COMMIT if COMPLETED in files and COMMIT in files else None
+    if name is None:  # (a corpus built before the marker existed has COMPLETED and its dataset_info.json)
+        return None
+    path = FileSystems.join(output, name)
+    try:
+        doc = sf.parse(read_text(path) or "", path, lambda d: sf.text(sf.field(sf.obj(d), "name"), "name"))
+    except sf.DamagedFile:
+        return None
+    return doc["name"]
 
 
 @dataclasses.dataclass

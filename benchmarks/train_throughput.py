@@ -78,9 +78,12 @@ def write_synthetic_corpus(data_dir: str, num_pairs: int, image_px: int) -> None
         lengths[split] = write_contiguous_shards(data_dir, "bench", split, examples, shards)
     write_tfds_metadata(data_dir, "bench", lengths, description="train_throughput benchmark")
     build_vocab(data_dir, 200)
+    open(os.path.join(data_dir, "COMPLETED"), "w").close()  # a finished build: the trainer refuses others
 
 
-def measure(config_name: str, batch: int, steps: int, data_dir: str) -> dict:
+def measure(config_name: str, batch: int, steps: int, data_dir: str, overrides: dict = None,
+            run_name: str = "") -> dict:
+    """One short run's step times and its compiled step's memory per device (``memory/*``, bytes)."""
     from trainer import train
 
     config = importlib.import_module(f"trainer.configs.{config_name}").get_config()
@@ -90,7 +93,8 @@ def measure(config_name: str, batch: int, steps: int, data_dir: str) -> dict:
     config.log_every = 1
     config.checkpoint_every = 10**9
     config.evals = {}
-    workdir = os.path.join(WORK, "runs", config_name)
+    config.update(overrides or {})
+    workdir = os.path.join(WORK, "runs", run_name or config_name)
     shutil.rmtree(workdir, ignore_errors=True)
 
     marks = []   # after_step runs once the previous step's metrics were fetched
@@ -103,7 +107,9 @@ def measure(config_name: str, batch: int, steps: int, data_dir: str) -> dict:
     total = time.perf_counter() - start
     wall = np.diff([m[0] for m in marks])[1:]     # drop the interval after compilation
     cpu = np.diff([m[1] for m in marks])[1:]
-    return {"config": config_name, "batch": batch, "image_size": config.image_size,
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        memory = {k: v for line in f for k, v in json.loads(line).items() if k.startswith("memory/")}
+    return {"config": config_name, "batch": batch, "image_size": config.image_size, **memory,
             "max_text_len": config.max_text_len, "timed_steps": len(wall),
             "median_step_s": float(np.median(wall)), "pairs_per_s": batch / float(np.median(wall)),
             "median_step_cpu_s": float(np.median(cpu)),
@@ -127,7 +133,7 @@ def main(argv=None):
         config = importlib.import_module(f"trainer.configs.{name}").get_config()
         image_px = int(round(config.image_size * 346 / 289)) + 8
         data_dir = os.path.join(WORK, f"corpus_{image_px}px")
-        if not os.path.exists(os.path.join(data_dir, "vocab.txt")):
+        if not os.path.exists(os.path.join(data_dir, "COMPLETED")):
             write_synthetic_corpus(data_dir, num_pairs=max(256, 2 * batches[name]), image_px=image_px)
         result = measure(name, batches[name], args.steps, data_dir)
         results.append(result)

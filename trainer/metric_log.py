@@ -44,6 +44,24 @@ class Progress:
                 f"lr {m['learning_rate']:.2e}")
 
 
+def compiled_memory(compiled) -> dict:
+    """Bytes one device holds while running a compiled program, from XLA's memory analysis.
+
+    ``memory/peak_bytes`` = arguments + outputs - donated (aliased) + temporaries:
+    the buffers XLA assigned (inputs, outputs, activations, gradients, the
+    collectives' buffers), the figure that decides whether a step fits. {}
+    where the backend gives no analysis.
+    """
+    stats = compiled.memory_analysis()
+    if stats is None:
+        return {}
+    figures = {"argument_bytes": stats.argument_size_in_bytes, "output_bytes": stats.output_size_in_bytes,
+               "alias_bytes": stats.alias_size_in_bytes, "temp_bytes": stats.temp_size_in_bytes}
+    figures["peak_bytes"] = (figures["argument_bytes"] + figures["output_bytes"] - figures["alias_bytes"]
+                             + figures["temp_bytes"])
+    return {f"memory/{key}": float(value) for key, value in figures.items()}
+
+
 def tensorboard_name(key: str) -> str:
     """A metric key as a valid TensorBoard tag (``[A-Za-z0-9_./-]``): ``R@1`` -> ``R_at_1``."""
     return re.sub(r"[^A-Za-z0-9_./-]", "_", key.replace("@", "_at_"))

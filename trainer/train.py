@@ -63,12 +63,12 @@ from ml_collections import config_flags
 
 from common import console
 from common.corpus_dir import DamagedFile, IncompleteCorpus, require_completed
-from trainer import checkpoint, loss, models, optim
-from trainer.configs import check as check_config
+from trainer import accumulate, checkpoint, loss, models, optim
+from trainer.configs import check as check_config, check_layout
 from trainer.configs import (
     ConfigError, compute_dtype, cpu_fast_compile_options, frozen_towers, parse_flags, vocab_path,
 )
-from trainer.metric_log import MetricWriter, Progress
+from trainer.metric_log import MetricWriter, Progress, compiled_memory
 from trainer.preemption import EXIT_PREEMPTED, StopOnSigterm
 from trainer.shard_reader import damage_in
 
@@ -146,10 +146,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     mesh = jax.make_mesh((jax.device_count(),), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
     replicated = NamedSharding(mesh, P())
     batch_sharded = NamedSharding(mesh, P("data"))
-    if config.batch_size % jax.device_count():
-        raise ValueError(f"batch_size {config.batch_size} not divisible by {jax.device_count()} devices")
+    check_layout(config, jax.device_count())
+    per_device, micro_steps = config.batch_size // jax.device_count(), config.get("accumulation_steps", 1)
     _say(f"{jax.process_count()} process(es), mesh {dict(mesh.shape)} ({jax.default_backend()}); "
-         f"global batch {config.batch_size} ({config.batch_size // jax.device_count()} per device)")
+         f"global batch {config.batch_size} ({per_device} per device"
+         f"{f', {micro_steps} micro-batches of {per_device // micro_steps}' if micro_steps > 1 else ''})")
 
     # ------------------------------------------------------------------
     # Data: this host's share of every global batch, laid out on the mesh.
@@ -242,25 +243,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     contrastive_loss = loss.get(config.loss.impl)
     if config.loss.impl == "shard_map":
         contrastive_loss = functools.partial(contrastive_loss, mesh=mesh)
+    # The global batch's loss and gradients: one pass, or accumulation_steps micro-batches
+    # of activations at a time from cached embeddings (the same gradients; trainer.accumulate).
+    loss_and_grads = accumulate.loss_and_grads(
+        model, contrastive_loss, steps=micro_steps, shards=mesh.shape["data"],
+        label_smoothing=config.loss.label_smoothing, directions=config.loss.get("directions", "both"))
 
     def train_step(state, batch):
         # Each step draws from (base key, step): a resumed run draws the same.
         rng = jax.random.fold_in(jax.random.wrap_key_data(state["rng"], impl=prng_impl),
                                  state["step"])
-
-        def loss_fn(params):
-            (zimg, ztxt, out), new_model_state = model.apply(
-                {"params": params, "batch_stats": state["batch_stats"]},
-                batch["image"], batch["text"], train=True, mutable=["batch_stats"],
-                rngs={"dropout": rng})
-            value, metrics = contrastive_loss(zimg, ztxt, out["temperature"],
-                                              label_smoothing=config.loss.label_smoothing)
-            if config.loss.get("directions", "both") == "image_retrieval":
-                value = metrics["loss_t2i"]   # TOnICS's L_IR: each text retrieves its image
-            return value, (new_model_state.get("batch_stats", {}), metrics, out["temperature"])
-
-        (value, (batch_stats, metrics, temperature)), grads = jax.value_and_grad(
-            loss_fn, has_aux=True)(state["params"])
+        (value, (batch_stats, metrics, temperature)), grads = loss_and_grads(
+            state["params"], state["batch_stats"], batch, rng)
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
         # A frozen tower (config.freeze) never moves: zero updates, old BatchNorm statistics.
         updates = {k: jax.tree.map(jnp.zeros_like, v) if k in frozen else v for k, v in updates.items()}
@@ -353,6 +347,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                     batches_consumed += 1
                 else:   # TOnICS object node: a minibatch of that class only
                     batch = input_pipeline.to_global_array(tonics.class_batch(node, step), mesh)
+                if step == start_step + 1:   # compiled ahead of the call, to say what a step holds
+                    train_step = train_step.lower(state, batch).compile()
+                    if memory := compiled_memory(train_step):
+                        writer.write(step, memory)
+                        _say(f"train step: {memory['memory/peak_bytes'] / 2**20:,.0f} MiB per device (XLA)")
                 state, metrics = train_step(state, batch)
                 pending.append((step, metrics))
                 if len(pending) > MAX_STEPS_IN_FLIGHT:

@@ -25,7 +25,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import StandardOptions
 
-from common import corpus_dir
+from common import beam_construction, corpus_dir
 from common.files import to_json, write_text
 from filters.presets import format_preset
 from pipeline.build.config import BuildConfig, resolve, resolve_preset
@@ -106,6 +106,7 @@ def run(argv: Optional[List[str]] = None) -> dict:
     if args.print_preset:
         print(format_preset(resolve_preset(args)))
         return {}
+    beam_construction.install()  # Beam re-derives the same DoFn and option facts per transform: remembered
     config, options = resolve(args, beam_args)
     output, directory = config.output, config.version_dir
     plan = output_contract.plan_output(output, config.flags.overwrite)

@@ -15,7 +15,8 @@ from PIL import Image
 from filters import nsfw
 from filters.presets import get_preset
 
-ALIGN_THRESHOLD = get_preset("align").nsfw_threshold
+#: The cut the preset's comment gives for nudenet's box confidences.
+NUDENET_THRESHOLD = 0.8
 
 
 def _has_nudenet():
@@ -156,7 +157,7 @@ def test_nudenet_scores_benign_images_low_and_matches_nudenet_detect(no_network)
     assert scorer is not None and status.startswith("nudenet ")
     scores = scorer.score(list(images.values()))
     assert scores.dtype == np.float32 and scores.shape == (len(images),)
-    assert np.all(scores >= 0.0) and np.all(scores < ALIGN_THRESHOLD), dict(zip(images, scores))
+    assert np.all(scores >= 0.0) and np.all(scores < NUDENET_THRESHOLD), dict(zip(images, scores))
 
     # Same number as NudeNet's own detect(): the best box among the counted
     # classes (RGBA input because NudeNet's reader converts RGBA -> BGR).
@@ -222,6 +223,41 @@ def test_scoring_splits_kept_and_rejected_at_the_threshold():
     assert stage.take_outcomes() == {(True, "width"): 7} and stage.outcomes == {}
 
 
+def test_judge_with_scores_gives_each_scored_image_its_score_and_none_elsewhere():
+    stage = scoring()
+    reasons, scores = stage.judge_with_scores([_png(120), b"not an image", _png(160)])
+    assert reasons == [None, "nsfw/undecodable", "nsfw/pornographic"]
+    assert scores[0] == pytest.approx(0.2) and scores[1] is None and scores[2] == pytest.approx(0.6)
+    assert all(isinstance(s, float) for s in (scores[0], scores[2]))
+    assert scoring(factory=absent_scorer_factory).judge_with_scores([_png(150)]) == ([None], [None])
+    assert scoring(1.0, failing_factory).judge_with_scores([_png(150)]) == ([None], [None])
+
+
+class CountingScorer(WidthScorer):
+    def __init__(self):
+        self.scored = 0
+
+    def score(self, images):
+        self.scored += len(images)
+        return super().score(images)
+
+
+def test_an_image_repeated_on_many_rows_is_scored_once_but_counted_per_row(monkeypatch):
+    counting = CountingScorer()
+    stage = scoring(factory=lambda: (counting, "counting"))
+    placeholder, other = _png(160), _png(120)
+    assert stage.judge([placeholder] * 5 + [other]) == ["nsfw/pornographic"] * 5 + [None]
+    assert stage.judge([placeholder, b"broken", b"broken"]) == ["nsfw/pornographic", "nsfw/undecodable",
+                                                                "nsfw/undecodable"]
+    assert counting.scored == 2  # the placeholder and the other image, once each
+    assert stage.take_outcomes() == {(True, "width"): 7}
+    monkeypatch.setattr(nsfw, "SCORE_CACHE_SIZE", 2)
+    stage.judge([_png(130), _png(140)])  # the cache keeps the two most recent images
+    assert len(stage._scores) == 2 and counting.scored == 4
+    stage.judge([placeholder])
+    assert counting.scored == 5  # forgotten, so scored again
+
+
 def test_scoring_without_scorer_passes_everything_but_counts_it():
     stage = scoring(factory=absent_scorer_factory)
     assert stage.judge([_png(150 + i) for i in range(5)]) == [None] * 5
@@ -257,10 +293,11 @@ def test_scoring_with_real_nudenet_keeps_benign_images():
         buf = io.BytesIO()
         img.save(buf, "JPEG", quality=90)
         images.append(buf.getvalue())
-    stage = nsfw.NsfwScoring(ALIGN_THRESHOLD)
+    stage = nsfw.NsfwScoring.from_preset(get_preset("align", ["nsfw_model=nudenet", f"nsfw_threshold={NUDENET_THRESHOLD}"]))
     stage.load()
+    assert stage.scorer.name == "nudenet"
     assert stage.judge(images) == [None] * len(images)
-    assert sum(stage.take_outcomes().values()) == len(images)
+    assert stage.take_outcomes() == {(True, "nudenet"): len(images)}
 
 
 def test_without_scorer_the_worker_fails_when_the_preset_says_fail():

@@ -7,7 +7,9 @@ import sys
 import pytest
 
 from trainer import train
-from trainer.configs import ConfigError, Range, b3_bert_mini, b7_bert_base, check, l2_bert_large, tiny
+from trainer.configs import (
+    ConfigError, Range, b3_bert_mini, b7_bert_base, check, check_layout, l2_bert_large, tiny,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -52,12 +54,28 @@ def test_the_shipped_configs_are_in_range(module):
     ({"compute_dtype": "float16"}, "--config.compute_dtype=float16: must be float32 or bfloat16"),
     ({"optim__name": "sgd"}, "--config.optim.name=sgd: must be lamb or adam"),
     ({"freeze": "images"}, "--config.freeze=images: must be image, text or image,text"),
+    ({"accumulation_steps": 0}, "--config.accumulation_steps=0: must be an integer >= 1"),
+    ({"accumulation_steps": 5}, "--config.accumulation_steps=5: must be a divisor of batch_size (64)"),
     ({"data_dir": ""}, "--config.data_dir is not set: the corpus to train on (e.g. --config.data_dir=out/corpus)"),
 ])
 def test_a_value_out_of_range_is_one_line_naming_the_field(fields, message):
     with pytest.raises(ConfigError) as error:
         check(configured(**fields))
     assert str(error.value) == message
+
+
+@pytest.mark.parametrize("fields, devices, message", [
+    ({"batch_size": 12}, 8, "--config.batch_size=12: must be a multiple of the device count (8)"),
+    ({"batch_size": 64, "accumulation_steps": 16}, 8,
+     "--config.accumulation_steps=16: must divide the batch per device (batch_size 64 / 8 devices = 8)"),
+])
+def test_the_batch_must_split_over_the_devices_and_each_device_rows_into_micro_batches(fields, devices, message):
+    config = configured(**fields)
+    check(config)   # in range on its own: the layout depends on the devices the run finds
+    with pytest.raises(ConfigError) as error:
+        check_layout(config, devices)
+    assert str(error.value) == message
+    check_layout(configured(batch_size=64, accumulation_steps=8), 8)   # one pair per device per micro-batch
 
 
 def test_ranges_admit_their_bounds_and_nothing_else():
@@ -79,6 +97,7 @@ def test_the_trainer_checks_before_it_builds_anything(tmp_path):
 @pytest.mark.parametrize("override, message", [
     ("--config.batch_size=-8", "error: --config.batch_size=-8: must be an integer >= 1\n"),
     ("--config.total_steps=0", "error: --config.total_steps=0: must be an integer >= 1\n"),
+    ("--config.accumulation_steps=3", "error: --config.accumulation_steps=3: must be a divisor of batch_size (64)\n"),
 ])
 def test_the_command_line_says_it_in_one_line_and_creates_nothing(override, message, tmp_path):
     workdir = tmp_path / "run"

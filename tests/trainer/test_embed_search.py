@@ -164,9 +164,8 @@ def _browser():
     return module
 
 
-@pytest.mark.skipif(not os.path.exists(os.environ.get("CHROMIUM", "/usr/bin/chromium")),
-                    reason="chromium absent: run scripts/install_chromium.sh")
-def test_search_command_writes_a_page_that_renders_in_chromium(exported, tiny_eval_folder, tmp_path, capsys):
+def write_search_pages(exported, tiny_eval_folder, tmp_path, capsys):
+    """The search command's pages for text, image and image+text queries: (text page, image+text page)."""
     page = tmp_path / "search.html"
     image_path = os.path.join(tiny_eval_folder, "test", "square", "000.png")
     code = search.main([exported[0], "--text", "a red circle", "--text", "a blue <square> & more",
@@ -183,11 +182,22 @@ def test_search_command_writes_a_page_that_renders_in_chromium(exported, tiny_ev
     assert "image -> texts: " in printed and "image+text -> images: " in printed
     html_text = page.read_text()
     assert "a blue &lt;square&gt; &amp; more" in html_text and "<script" not in html_text
+    return page, tmp_path / "it.html"
 
+
+def test_search_command_writes_its_pages(exported, tiny_eval_folder, tmp_path, capsys):
+    write_search_pages(exported, tiny_eval_folder, tmp_path, capsys)
+
+
+@pytest.mark.integration  # a real browser; the pages' commands and HTML are checked in the default run (above)
+@pytest.mark.skipif(not os.path.exists(os.environ.get("CHROMIUM", "/usr/bin/chromium")),
+                    reason="chromium absent: run scripts/install_chromium.sh")
+def test_search_pages_render_in_chromium(exported, tiny_eval_folder, tmp_path, capsys):
+    page, image_and_text = write_search_pages(exported, tiny_eval_folder, tmp_path, capsys)
     browser = _browser()
     profile = tmp_path / "profile"
     profile.mkdir()
-    for name, images_expected in ((page, 6), (tmp_path / "it.html", 4)):
+    for name, images_expected in ((page, 6), (image_and_text, 4)):
         shot = tmp_path / f"{os.path.basename(str(name))}.png"
         images, events, height = browser.open_page("file://" + str(name), str(profile), top_path=str(shot))
         assert len(images) == images_expected

@@ -103,7 +103,7 @@ def run_two_processes(reference, workdir, overrides, logs):
     other process could fill up and stall the job).
     """
     address = f"127.0.0.1:{free_port()}"
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+    env = {**os.environ, "XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2",
            "TF_CPP_MIN_LOG_LEVEL": "2", "JAX_PLATFORMS": "cpu"}
     os.makedirs(logs, exist_ok=True)
     paths = [(os.path.join(logs, f"process{i}.out"), os.path.join(logs, f"process{i}.err")) for i in range(2)]
@@ -155,6 +155,10 @@ def train_losses(workdir):
     return [(row["step"], row["train/loss"]) for row in rows if "train/loss" in row], rows
 
 
+# Two JAX processes with a coordinator: CI's integration run. Its light twins in the default run: each host's
+# share of the data (tests/trainer/test_input_pipeline.py, process_count=2) and one process's preemption and
+# bitwise resume (tests/trainer/test_train_resume.py).
+@pytest.mark.integration
 def test_two_processes_preempt_in_sync_checkpoint_evaluate_and_resume(tiny_corpus, tiny_eval_folder,
                                                                        tmp_path):
     overrides = dict(data_dir=tiny_corpus, eval_dir=tiny_eval_folder, total_steps=TOTAL_STEPS,

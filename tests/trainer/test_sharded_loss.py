@@ -18,7 +18,7 @@ DEVICES = 8
 
 
 def run_check(name: str) -> dict:
-    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={DEVICES}",
+    env = dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={DEVICES}",
                JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
     result = subprocess.run([sys.executable, os.path.abspath(__file__), name], env=env,
                             capture_output=True, text=True, cwd=ROOT, timeout=1200)

@@ -13,13 +13,19 @@ Fields:
   eval_dir       optional labelled image folder ``{train,test}/<class>/``
                  for the zero-shot and KNN evaluators (skipped when empty).
   batch_size     global batch (ALIGN: 16384); negatives span all of it.
+  accumulation_steps  K micro-batches per step (default 1): the loss and its
+                 gradients are the whole batch's, exactly, with one micro-batch
+                 of activations alive at a time, for ~one extra forward pass
+                 (``trainer.accumulate``). Must divide the batch per device.
   image_size     train/eval crop (ALIGN: 289 from a 346 resize).
   resize_size    resize before the crop; default image_size * 346 / 289.
   flip_lr        random horizontal flip in training (ALIGN: yes).
   colour_augment training-only colour ops after the crop, ``trainer.preprocess``
                  syntax (e.g. "random_hue(1.0)"); ALIGN: "" (none).
   max_text_len   tokens incl. [CLS]/[SEP] (ALIGN: 64).
-  compute_dtype  "float32" or "bfloat16" (params, optimizer and loss stay f32).
+  compute_dtype  "float32" or "bfloat16": the towers' activations and matmuls
+                 (params, optimizer state, gradients, BatchNorm and LayerNorm
+                 statistics, attention softmax, embeddings and loss stay f32).
   prng_impl      JAX PRNG ("threefry2x32" default; "rbg" compiles faster on CPU).
   model.*        ``trainer.models.two_tower.TwoTower`` fields: embed_dim,
                  image (EfficientNet: variant, norm, dropout, drop_path, width and
@@ -112,6 +118,7 @@ def base_config(*, image_variant: str, text_size: str, embed_dim: int, image_siz
     c.colour_augment = ""
     c.max_text_len = max_text_len
     c.batch_size = batch_size
+    c.accumulation_steps = 1
     c.total_steps = total_steps
     c.compute_dtype = compute_dtype
     c.prng_impl = "threefry2x32"
@@ -214,7 +221,8 @@ PROBABILITY = Range(False, 0, 1)
 
 #: Field path -> its range. A field a config does not have is not checked.
 RANGES = {
-    "seed": Range(True), "batch_size": POSITIVE_COUNT, "total_steps": POSITIVE_COUNT,
+    "seed": Range(True), "batch_size": POSITIVE_COUNT, "accumulation_steps": POSITIVE_COUNT,
+    "total_steps": POSITIVE_COUNT,
     "image_size": POSITIVE_COUNT, "resize_size": Range(True, 1, optional=True),
     "max_text_len": Range(True, 2),  # [CLS] and [SEP]
     "log_every": POSITIVE_COUNT, "checkpoint_every": POSITIVE_COUNT, "keep_checkpoints": POSITIVE_COUNT,
@@ -277,10 +285,28 @@ def check(config) -> None:
         found, every = _field(entry, "every")
         if found and not COUNT.admits(every):
             fail(f"evals.{name}.every", every, f"{COUNT} (steps; 0: at the end only)")
+    steps = config.get("accumulation_steps", 1)
+    if config.batch_size % steps:
+        fail("accumulation_steps", steps, f"a divisor of batch_size ({config.batch_size})")
     resize = config.get("resize_size")
     if resize is not None and resize < config.image_size:
         fail("resize_size", resize, f"at least image_size ({config.image_size}): the crop is cut from the resize")
     frozen_towers(config)
+
+
+def check_layout(config, devices: int) -> None:
+    """Raises ``ConfigError`` unless the batch splits over ``devices`` and each device's rows into K micro-batches.
+
+    A micro-batch is a block of every device's rows (``trainer.accumulate``),
+    so K must divide the batch per device, hence each host's batch too.
+    """
+    if config.batch_size % devices:
+        raise ConfigError(f"--config.batch_size={config.batch_size}: must be a multiple of the "
+                          f"device count ({devices})")
+    steps, per_device = config.get("accumulation_steps", 1), config.batch_size // devices
+    if per_device % steps:
+        raise ConfigError(f"--config.accumulation_steps={steps}: must divide the batch per device "
+                          f"(batch_size {config.batch_size} / {devices} devices = {per_device})")
 
 
 def parse_flags(argv):

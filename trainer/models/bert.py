@@ -40,6 +40,7 @@ class TransformerLayer(nn.Module):
         y = nn.MultiHeadDotProductAttention(
             num_heads=self.heads, qkv_features=self.hidden, kernel_init=_init,
             dropout_rate=self.dropout, deterministic=not train, dtype=self.dtype,
+            force_fp32_for_softmax=True,  # bf16 compute: softmax (and weights x values) in f32
             name="attention")(x, x, mask=attention_mask)
         y = nn.Dropout(self.dropout, deterministic=not train)(y)
         x = nn.LayerNorm(epsilon=1e-12, dtype=self.dtype, name="attention_norm")(x + y)
@@ -62,7 +63,8 @@ class Bert(nn.Module):
       pool: "cls" (ALIGN's: the [CLS] token's final state) or "mean" (the
         mean final state over the non-padding tokens: every word reaches the
         embedding from the first step, where [CLS] must first learn to attend).
-      dtype: computation dtype (params stay float32).
+      dtype: computation dtype (params, LayerNorm statistics and the attention
+        softmax stay float32).
     """
 
     vocab_size: int

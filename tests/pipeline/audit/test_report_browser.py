@@ -29,9 +29,10 @@ from pipeline.audit import auditor as audit
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 TIMEOUT_S = 90.0
 
-pytestmark = pytest.mark.skipif(
-    not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} absent: run scripts/install_chromium.sh"
-)
+# A real browser: CI's integration run. The light twin in the default run is tests/pipeline/audit/test_audit.py,
+# which checks the same page's HTML, its policy and every inlined image without rendering it.
+pytestmark = [pytest.mark.integration, pytest.mark.skipif(
+    not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} absent: run scripts/install_chromium.sh")]
 
 
 def _fixtures():

@@ -7,6 +7,7 @@ import json
 import os
 
 import numpy as np
+import pytest
 import pyarrow.parquet as pq
 import tensorflow as tf
 from PIL import Image, ImageOps
@@ -114,6 +115,10 @@ def _file_digests(directory):
     return out
 
 
+# The whole build on worker processes: CI's integration run. The light twins in the default run build with two
+# worker processes too, on smaller jobs: tests/filters/test_frequency_reference.py (the corpus stages) and
+# tests/pipeline/stages/test_model_score_stage.py (the first pass and a corpus-wide cut).
+@pytest.mark.integration
 def test_rebuild_with_worker_processes_is_byte_identical(sample_dir, tmp_path):
     """Same input, in-process vs two worker processes: identical shards and stats."""
     first_part = sorted(glob.glob(str(sample_dir / "candidates" / "*.parquet")))[0]

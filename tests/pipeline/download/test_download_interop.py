@@ -36,7 +36,10 @@ SAME_CAUSE = {
     "download/not_an_image": "image_header/undecodable",
 }
 
-pytestmark = pytest.mark.skipif(not os.path.exists(TOOL), reason=f"img2dataset not installed at {TOOL}")
+# img2dataset's own run beside ours: CI's integration run; the light twin in the default run is
+# tests/pipeline/download/test_download_stage.py (a --download build against the loopback server).
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(not os.path.exists(TOOL), reason=f"img2dataset not installed at {TOOL}")]
 
 
 @pytest.fixture(scope="module")

@@ -26,9 +26,12 @@ def test_commit_crash_and_resume_on_gcs(bucket, pattern):
     publish_cases.commit_and_resume(pattern, f"{bucket}/resume")
 
 
+# The local-file twins of these two run in the default run (test_publish.py); on the emulator, in CI's integration run.
+@pytest.mark.integration
 def test_failed_rebuild_leaves_the_previous_corpus_on_gcs(bucket, pattern, monkeypatch):
     publish_cases.failed_rebuild_keeps_the_corpus(pattern, f"{bucket}/failed", monkeypatch)
 
 
+@pytest.mark.integration
 def test_concurrent_builds_on_gcs(bucket, pattern):
     publish_cases.concurrent_builds(pattern, f"{bucket}/concurrent")

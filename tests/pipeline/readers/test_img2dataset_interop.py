@@ -31,9 +31,10 @@ TOOL = os.environ.get("IMG2DATASET") or os.path.join(ROOT, ".venv-img2dataset", 
 NAME = "interop_corpus"
 TIMEOUT_S = 2  # img2dataset --timeout; the slow case answers after loopback_images.SLOW_SECONDS
 
-pytestmark = pytest.mark.skipif(
-    not os.path.exists(TOOL), reason=f"img2dataset not installed at {TOOL} (scripts/setup_env.sh creates it)"
-)
+# Runs the real img2dataset (its own venv) against a loopback server: CI's integration run. The light twins in
+# the default run are the readers' tests of img2dataset's three output layouts (tests/pipeline/readers/test_readers.py).
+pytestmark = [pytest.mark.integration, pytest.mark.skipif(
+    not os.path.exists(TOOL), reason=f"img2dataset not installed at {TOOL} (scripts/setup_env.sh creates it)")]
 
 
 def write_url_list(directory, server):

@@ -71,7 +71,7 @@ def loads(raw: Union[bytes, str]):
         raw = raw.encode("utf-8", "surrogatepass")
     depth = json_depth(raw)  # bounds the nesting, so the parser's recursion cannot run out
     if depth > MAX_JSON_DEPTH:
-        raise TooDeep(f"JSON nested {depth} deep, more than {MAX_JSON_DEPTH}")
+        raise TooDeep(f"JSON nested {depth:,} deep, more than {MAX_JSON_DEPTH}")
     return json.loads(raw)
 
 
@@ -82,8 +82,6 @@ def loads(raw: Union[bytes, str]):
 
 def shown(value) -> str:
     """A value as a message quotes it: short, its type for a container."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
     text_ = json.dumps(value) if isinstance(value, (str, int, float, bool, type(None))) else type(value).__name__
     return text_ if len(text_) <= 40 else text_[:37] + "..."
 

@@ -187,6 +187,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except Exception as error:  # one line for the person, the traceback in the log
         from common.corpus_dir import DamagedFile
         from trainer.eval_data import EvalDataError
+        from trainer.checkpoint import DamagedCheckpoint  # loaded already, by the time a checkpoint was read
+
+        if isinstance(error, DamagedCheckpoint):  # one line naming the workdir and the step
+            parser.exit(2, f"error: {error}\n")
         from trainer.shard_reader import damage_in
 
         return console.failure(damage_in(error) or error, "evaluation", log,

@@ -23,8 +23,8 @@ trainer's TensorFlow's fast one).
 Batches: images and texts go through the towers ``batch_size`` at a time
 (default: the run's ``eval_batch_size``), the last batch padded, so each
 tower compiles once. A problem with the checkpoint (no such directory, not
-a training run, no checkpoint, a vocabulary or a model that does not match
-it) is a one-line ``ValueError``.
+a training run, no checkpoint, a damaged checkpoint, a vocabulary or a
+model that does not match it) is a one-line ``ValueError``.
 """
 
 from __future__ import annotations
@@ -205,6 +205,8 @@ def load_encoders(workdir: str, step: Optional[int] = None) -> checkpoint.Encode
             raise ValueError(f"{where}: no checkpoint in {os.path.join(workdir, checkpoint.CHECKPOINT_DIR)}")
     try:
         return checkpoint.Encoders(workdir, step)
+    except checkpoint.DamagedCheckpoint as error:  # it names the workdir and the step
+        raise ValueError(f"model score checkpoint {error}") from None
     except FileNotFoundError as error:
         raise ValueError(f"{where}: {error}") from None
     except (ValueError, KeyError, TypeError, AttributeError) as error:

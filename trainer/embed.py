@@ -318,9 +318,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
     parser.add_argument("--part_size", type=int, default=DEFAULT_PART_SIZE, help="rows per Parquet file")
     parser.add_argument("--batch_size", type=int, default=None, help="default: the run's eval_batch_size")
+    parser.add_argument("--allow_incomplete", action="store_true",
+                        help="with --shards: read a corpus whose build did not commit (its newest version)")
     args = parser.parse_args(argv)
 
     from common import console
+    from common.corpus_dir import IncompleteCorpus, require_completed
+
+    if args.shards:
+        try:
+            require_completed(args.shards, args.allow_incomplete, "--allow_incomplete")
+        except IncompleteCorpus as error:
+            parser.exit(2, f"error: {error}\n")
 
     log = console.route_library_output("embed") if argv is None else "the log"
     try:

@@ -65,6 +65,7 @@ class Published:
     replaced: Optional[str]  # the version id it replaced, "" for a plain-layout corpus, None for nothing
     deleted: int
     downloads_deleted: int = 0  # staging files of this build and older ones (``_downloads/``)
+    unlinked: List[str] = dataclasses.field(default_factory=list)  # symbolic links removed instead of their files
 
 
 def request_schema(doc) -> dict:
@@ -251,9 +252,11 @@ def publish(output: str, version: Optional[str] = None, replace: bool = False,
         else:
             files = output_lib.list_files(output)
         doomed = output_lib.replaced_files(files, request["name"], replaced)
-        output_lib.delete_files(output, doomed)
-        deleted = len(doomed)
-    return Published(version, directory, funnel, already, replaced, deleted, downloads_deleted)
+        unlinked = output_lib.delete_files(output, doomed)
+        deleted = sum(1 for f in doomed if not FileSystems.join(output, f).startswith(tuple(l + "/" for l in unlinked)))
+    else:
+        unlinked = []
+    return Published(version, directory, funnel, already, replaced, deleted, downloads_deleted, unlinked)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -278,6 +281,9 @@ def report_lines(result: Published) -> List[str]:
     if result.replaced is not None:
         what = f"versions/{result.replaced}" if result.replaced else "the plain-layout corpus"
         lines.append(f"replaced {what}: " + (f"{result.deleted:,} files deleted" if result.deleted else "kept"))
+    for link in result.unlinked:
+        lines.append(f"{link} is a symbolic link to a directory elsewhere: the link was removed, not the files "
+                     "it leads to")
     if result.downloads_deleted:
         lines.append(f"downloads: {result.downloads_deleted:,} staging files deleted (what they held is in the "
                      "shards or the rejection ledger)")

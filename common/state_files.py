@@ -25,8 +25,6 @@ import math
 import re
 from typing import Callable, Iterator, List, NamedTuple, Optional, Union
 
-from common import files
-
 #: JSON nested deeper is refused before it is parsed: Python's parser recurses, and how deep it
 #: can go depends on the caller's stack, so a fixed bound keeps a document's fate the same everywhere.
 MAX_JSON_DEPTH = 100
@@ -160,8 +158,17 @@ def mapping(value, where: str, check_value: Callable, max_len: Optional[int] = N
 # ---------------------------------------------------------------------------
 
 
+def _files():
+    # common.files loads Beam's file systems: the trainer imports this module (through common.corpus_dir)
+    # and reads its own state without paying for Beam until a file is read.
+    from common import files
+
+    return files
+
+
 def read_bounded(path: str, max_bytes: int) -> Optional[bytes]:
     """The file's bytes (None if it does not exist); ``DamagedFile`` past ``max_bytes``."""
+    files = _files()
     if not files.exists(path):
         return None
     with files.open_raw(path) as handle:
@@ -212,6 +219,7 @@ class Lines(NamedTuple):
 def jsonl_rows(handle, check_row: Optional[Callable] = None,
                max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[Union[dict, Problem]]:
     """Each non-blank line of a stream as its checked row (an object), or the ``Problem`` that skips it."""
+    files = _files()
     for number_, raw in enumerate(files.lines(handle, max_line_bytes), start=1):
         if isinstance(raw, files.TooLong):
             yield Problem(f"line {number_}: {raw.length:,} bytes, longer than {max_line_bytes:,}")
@@ -238,6 +246,7 @@ def read_jsonl(path: str, check_row: Optional[Callable] = None, max_line_bytes: 
     ``keep(rows, row)`` decides what is held of each good row (default: every
     row is appended), so a reader can bound what it keeps of a long file.
     """
+    files = _files()
     if not files.exists(path):
         return None
     rows: List[dict] = []

@@ -143,3 +143,18 @@ def test_resume_with_every_checkpoint_damaged_names_the_newest(two_checkpoints, 
     assert sorted(os.listdir(os.path.join(workdir, checkpoint.CHECKPOINT_DIR))) == ["1", "2"]  # nothing moved
     with open(os.path.join(workdir, "metrics.jsonl")) as handle:
         assert all(json.loads(line) for line in handle)
+
+
+@pytest.mark.parametrize("flags", [["--model_score", "checkpoint", "--model_score_arg"],
+                                   ["--embedder", "checkpoint", "--embedder_arg"]], ids=["model_score", "embedder"])
+def test_a_build_with_a_damaged_checkpoint_exits_2_naming_it(two_checkpoints, tmp_path, capsys, flags):
+    from pipeline.build import launcher
+    from tests.pipeline.build.test_build_safety import write_candidates
+
+    workdir = _damaged_copy(two_checkpoints, tmp_path, _truncate)
+    pattern = write_candidates(tmp_path / "in", rows=2)
+    with pytest.raises(SystemExit) as done:
+        launcher.main(["--input", str(pattern), "--output", str(tmp_path / "out"), *flags, f"workdir={workdir}"])
+    assert done.value.code == 2 and not (tmp_path / "out").exists()
+    first = capsys.readouterr().err.splitlines()[0]
+    assert f"{workdir}: the checkpoint of step 2 is damaged" in first and "Traceback" not in first, first

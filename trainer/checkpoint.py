@@ -25,7 +25,6 @@ says which it skipped and why.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -166,8 +165,12 @@ def save_config(config: ml_collections.ConfigDict, workdir: str) -> None:
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
-    with open(os.path.join(workdir, CONFIG_FILE)) as f:
-        return ml_collections.ConfigDict(json.load(f))
+    """The run's config; a damaged ``config.json`` is ``DamagedFile``, one line naming it."""
+    from common.state_files import obj, parse
+
+    path = os.path.join(workdir, CONFIG_FILE)
+    with open(path, "rb") as f:
+        return ml_collections.ConfigDict(parse(f.read(), path, obj, "restore it from the run's command"))
 
 
 def vocab_file(workdir: str, config) -> str:

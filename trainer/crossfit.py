@@ -75,8 +75,14 @@ def _records(path: str):
 def write_fold_data(corpus: str, out: str, fold: int, folds: int, name: str = "crossfit") -> int:
     """``out`` <- the corpus's train records outside ``fold``, and its validation records; the train count."""
     if os.path.exists(os.path.join(out, COMPLETED)):
-        with open(os.path.join(out, COMPLETED), encoding="utf-8") as f:
-            return int(json.load(f)["train_records"])
+        from common import state_files as sf
+
+        path = os.path.join(out, COMPLETED)
+        with open(path, "rb") as f:  # a damaged one is one line (DamagedFile) naming it
+            done = sf.parse(f.read(), path, lambda doc: sf.whole(sf.field(sf.obj(doc), "train_records"),
+                                                                 "train_records"),
+                            f"delete {out} to write the fold's data again")
+        return done["train_records"]
     os.makedirs(out, exist_ok=True)
     kept = [payload for path in _shards(corpus, "train") for payload in _records(path)
             if fold_of(_key(payload), folds) != fold]

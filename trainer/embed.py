@@ -252,8 +252,10 @@ def export(workdir: str, source: Source, out_dir: str, *, step: Optional[int] = 
     manifest_path = os.path.join(out_dir, MANIFEST)
     os.makedirs(out_dir, exist_ok=True)
     if os.path.exists(manifest_path):
-        with open(manifest_path) as f:
-            previous = json.load(f)
+        from common import state_files as sf
+
+        with open(manifest_path, "rb") as f:  # a damaged one is one line (DamagedFile) naming it
+            previous = sf.parse(f.read(), manifest_path, sf.obj, "choose another --out, or delete it")
         differs = [k for k in identity if previous.get(k) != identity[k]]
         if differs:
             raise ValueError(f"{out_dir} holds embeddings of another export (different "
@@ -297,8 +299,10 @@ def read_embeddings(out_dir: str):
     manifest_path = os.path.join(out_dir, MANIFEST)
     if not os.path.exists(manifest_path):
         raise EvalDataError(f"{out_dir}: no {MANIFEST} (not a trainer.embed output)")
-    with open(manifest_path) as f:
-        manifest = json.load(f)
+    from common import state_files as sf
+
+    with open(manifest_path, "rb") as f:  # a damaged one is one line (DamagedFile) naming it
+        manifest = sf.parse(f.read(), manifest_path, sf.obj, "run trainer.embed again")
     if not manifest.get("complete"):
         raise EvalDataError(f"{out_dir}: the export did not finish; run trainer.embed again to complete it")
     parts = [pq.read_table(os.path.join(out_dir, PART_PATTERN.format(i))) for i in range(manifest["num_parts"])]

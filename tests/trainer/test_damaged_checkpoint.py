@@ -158,3 +158,15 @@ def test_a_build_with_a_damaged_checkpoint_exits_2_naming_it(two_checkpoints, tm
     assert done.value.code == 2 and not (tmp_path / "out").exists()
     first = capsys.readouterr().err.splitlines()[0]
     assert f"{workdir}: the checkpoint of step 2 is damaged" in first and "Traceback" not in first, first
+
+
+def test_a_damaged_config_is_one_line_naming_it(two_checkpoints, tmp_path):
+    workdir = _damaged_copy(two_checkpoints, tmp_path, lambda step_dir: None)
+    path = os.path.join(workdir, checkpoint.CONFIG_FILE)
+    with open(path, "w") as handle:
+        handle.write('{"model": {"name": "two_tower", "image": [' + "[" * 100_000)
+    with pytest.raises(checkpoint.DamagedFile, match=f"^{path}: JSON nested 100,00[0-9] deep"):
+        checkpoint.load_model(workdir)
+    with pytest.raises(ValueError) as error:
+        model_score.PairScorer("checkpoint", workdir=workdir).check()
+    assert str(error.value).startswith(f"model score checkpoint {path}: JSON nested"), error.value

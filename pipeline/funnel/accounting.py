@@ -49,7 +49,8 @@ def loss_of(detail: Dict[str, object]) -> Tuple[int, int, int]:
 
 
 def _detail(row) -> Dict[str, object]:
-    # Only a reader's rejections carry an unread count; a download's detail (its HTTP status) is not parsed.
+    # Only a reader's markers carry an unread count, and every one is a read/ reason: the detail of the other
+    # stages' rows is not parsed.
     if not row.detail or not row.reason.startswith("read/"):
         return {}
     return json.loads(row.detail)

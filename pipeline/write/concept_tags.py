@@ -24,10 +24,10 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from common import state_files as sf
-from pipeline.funnel.stats_files import concepts_schema
 from common.files import write_text
 from common.ontology import Ontology
 from common.schema import SPLITS
+from pipeline.funnel.stats_files import concepts_schema
 
 STATS_FILE = "stats/concepts.json"
 PAIRS, TAGGED = "", "*"  # count keys beside the class names (not valid class names)

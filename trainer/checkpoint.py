@@ -127,6 +127,10 @@ class Checkpointer:
                 say(f"skipped the checkpoint of step {damaged.step}: {_first_sentence(damaged.__cause__)}; "
                     f"moved to {self._set_aside(damaged.step)}")
             if skipped:
+                if jax.process_count() > 1:  # every host lists the steps again only after process 0 moved them
+                    from jax.experimental import multihost_utils
+
+                    multihost_utils.sync_global_devices("damaged checkpoints set aside")
                 self.manager.reload()
             return step, state, meta
         if skipped:

@@ -18,7 +18,8 @@ from common import files
 from common import state_files as sf
 from pipeline.funnel.counts import funnel_schema
 from pipeline.funnel.stats_files import (
-    DISTRIBUTIONS_FILE, SAMPLES_FILE, concepts_schema, distributions_schema, pair_schema, sample_schema,
+    DISTRIBUTIONS_FILE, NSFW_GALLERY_FILE, SAMPLES_FILE, concepts_schema, distributions_schema, gallery_schema,
+    pair_schema, sample_schema,
 )
 from pipeline.funnel.table import FUNNEL_FILE
 from pipeline.what_if.rules import WHAT_IF_FILE
@@ -117,6 +118,14 @@ def load_stats(data_dir: str) -> dict:
                                         f"the first {KEPT_SAMPLES:,} not shown").strip()
         return lines.rows
 
+    def read_gallery():
+        # Only a build that ran the NSFW stage writes it: absent is not "missing".
+        lines = sf.read_jsonl(files.join(stats_dir, NSFW_GALLERY_FILE), gallery_schema)
+        if lines is None:
+            return []
+        note_skipped(NSFW_GALLERY_FILE, lines.skipped, lines.first_problem)
+        return lines.rows
+
     def read_pairs():
         # The build writes the pairs in files by key hash, each sorted on its own; merged into one sorted
         # list, the page does not depend on the sharding.
@@ -153,4 +162,5 @@ def load_stats(data_dir: str) -> dict:
     # Only a build with --concepts (TOnICS) writes it: absent is not "missing".
     loaded["concepts"] = read_json(CONCEPTS_FILE, concepts_schema, optional=True)
     loaded["what_if"] = read_json(WHAT_IF_FILE, what_if_schema, optional=True)  # a build before the what-if has none
+    loaded["nsfw_gallery"] = read_gallery()
     return loaded

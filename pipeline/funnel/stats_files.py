@@ -3,6 +3,7 @@
     stats/funnel.json             stage-ordered counts (``pipeline.funnel.counts.build_funnel``)
     stats/distributions.json      histograms of the record measures, and the corpus stages' stats
     stats/rejected_samples.jsonl  up to ``SAMPLES_PER_REASON`` rejections per reason, with thumbnails
+    stats/nsfw_gallery.jsonl      the highest NSFW scores kept and rejected, with thumbnails (``pipeline.write.nsfw_gallery``)
 
 The schemas a reader checks these files against (``common.state_files``)
 are here too, with those of the stats files other parts of the build write
@@ -33,11 +34,13 @@ from pipeline.funnel.table import FUNNEL_FILE
 
 DISTRIBUTIONS_FILE = "distributions.json"
 SAMPLES_FILE = "rejected_samples.jsonl"
+#: Written by ``pipeline.write.nsfw_gallery`` when the NSFW stage runs; read by the audit.
+NSFW_GALLERY_FILE = "nsfw_gallery.jsonl"
 
 
 def sample_row(row, image=None, alt_text=None) -> dict:
     """A rejected light row (``pipeline.stages.light_rows.LightRow``) as the audit shows it: reason, record fields, a thumbnail of ``image`` (read again),
-    and its ``model_score`` when the pair was scored (``--model_score``)."""
+    and its scores (``scored``)."""
     return {
         **scored(row),
         "reason": row.reason,
@@ -54,9 +57,10 @@ def sample_row(row, image=None, alt_text=None) -> dict:
 
 
 def scored(row) -> dict:
-    """``{"model_score": cosine}`` of a scored pair (rounded: a report, not a computation); ``{}`` otherwise."""
-    score = row.model_score
-    return {"model_score": round(float(score), 6)} if math.isfinite(score) else {}
+    """The row's scores, rounded (a report, not a computation): ``"nsfw_score"`` where the NSFW stage scored its
+    image, ``"model_score"`` (the cosine) where the pair model scored the pair; ``{}`` for neither."""
+    scores = {"nsfw_score": row.nsfw_score, "model_score": row.model_score}
+    return {name: round(float(score), 6) for name, score in scores.items() if math.isfinite(score)}
 
 
 class ChooseSamples(beam.PTransform):
@@ -229,6 +233,17 @@ def sample_schema(row: dict, where: str) -> None:
     for name in ("width", "height"):
         sf.optional(row, name, sf.whole, where)
     sf.optional(row, "model_score", lambda v, w: sf.number(v, w, -1.01, 1.01), where)
+    sf.optional(row, "nsfw_score", lambda v, w: sf.number(v, w, 0.0, 1.0), where)
+
+
+def gallery_schema(row: dict, where: str) -> None:
+    """One line of ``nsfw_gallery.jsonl`` (``pipeline.write.nsfw_gallery.entry``)."""
+    sf.text(sf.field(row, "side", where), f"{where}.side")
+    sf.number(sf.field(row, "nsfw_score", where), f"{where}.nsfw_score", 0.0, 1.0)
+    for name in ("reason", "key", "url", "alt_text", "format", "sha256", "thumbnail"):
+        sf.optional(row, name, sf.text, where)
+    for name in ("width", "height"):
+        sf.optional(row, name, sf.whole, where)
 
 
 def pair_schema(row: dict, where: str) -> None:

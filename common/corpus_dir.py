@@ -21,9 +21,10 @@ bad disk): the tools then stop with ``DamagedFile``, one line naming it.
 
 from __future__ import annotations
 
-import json
 import re
 from typing import List, Optional, Union
+
+from common.state_files import DamagedFile, parse  # noqa: F401  (DamagedFile: the corpus readers' name for it)
 
 COMPLETED = "COMPLETED"
 COMMIT = "dataset_info.json"
@@ -53,17 +54,19 @@ def _join(directory: str, *parts: str) -> str:
 def _read_json(path: str) -> Optional[dict]:
     try:
         with _fs().open(path) as handle:
-            return json.loads(handle.read())
+            return parse(handle.read(), path)
     except Exception:  # absent, unreadable or not JSON: the caller says what that means
         return None
 
 
-def committed_version(info: Optional[dict]) -> Optional[str]:
-    """The version a top-level ``dataset_info.json`` commits, or None for the plain layout."""
-    if not info:
+def committed_version(info) -> Optional[str]:
+    """The version a top-level ``dataset_info.json`` commits, or None for the plain layout (or a damaged one)."""
+    splits = info.get("splits") if isinstance(info, dict) else None
+    if not isinstance(splits, list):
         return None
-    found = {m["version"] for split in info.get("splits", [])
-             if (m := _TEMPLATE_VERSION.match(split.get("filepathTemplate", "")))}
+    found = {m["version"] for split in splits
+             if isinstance(split, dict) and isinstance(split.get("filepathTemplate"), str)
+             and (m := _TEMPLATE_VERSION.match(split["filepathTemplate"]))}
     return found.pop() if len(found) == 1 else None
 
 
@@ -97,7 +100,8 @@ def resolve(data_dir: str, allow_incomplete: bool = False, flag: str = "--allow_
     ``allow_incomplete`` an output with no commit yields its newest version.
     """
     data_dir = data_dir.rstrip("/") or "/"
-    info = _read_json(_join(data_dir, COMMIT))
+    commit = _join(data_dir, COMMIT)
+    info = _read_json(commit)
     version = committed_version(info)
     if version is not None:
         return version_dir(data_dir, version)
@@ -110,9 +114,10 @@ def resolve(data_dir: str, allow_incomplete: bool = False, flag: str = "--allow_
     if allow_incomplete:
         return version_dir(data_dir, versions[-1]) if versions else data_dir
     if versions:
+        why = (f"its {COMMIT} is damaged (not the JSON a publication writes)" if info is None and fs.exists(commit)
+               else "its build did not commit (killed, failed, or its job is still running)")
         raise IncompleteCorpus(
-            f"{data_dir} has no committed corpus: its build did not commit (killed, failed, or its job is still "
-            f"running); if the job finished, run 'python -m pipeline.publish {data_dir}'; or pass {flag} to "
+            f"{data_dir} has no committed corpus: {why}; if the job finished, run 'python -m pipeline.publish {data_dir}'; or pass {flag} to "
             f"read its newest version anyway")
     raise IncompleteCorpus(
         f"{data_dir} has no {COMPLETED}: the build that wrote it did not finish (killed or failed); "
@@ -124,16 +129,9 @@ def read_dir(data_dir: str) -> str:
     return resolve(data_dir, allow_incomplete=True)
 
 
-class DamagedFile(Exception):
-    """A corpus file is truncated or corrupt; the message names it and what to do, in one line."""
-
-
 def parse_json(data: Union[bytes, str], path: str, remedy: str = "rebuild the corpus"):
-    """``json.loads(data)``, or ``DamagedFile`` naming ``path`` (truncated JSON, binary garbage)."""
-    try:
-        return json.loads(data)
-    except ValueError as error:  # JSONDecodeError, UnicodeDecodeError
-        raise DamagedFile(f"{path}: not valid JSON ({error}): the file is truncated or corrupt; {remedy}") from None
+    """``data`` parsed within ``common.state_files``' bounds, or ``DamagedFile`` naming ``path``."""
+    return parse(data, path, remedy=remedy)
 
 
 def is_completed(data_dir: str) -> bool:

@@ -13,7 +13,7 @@ import glob
 import json
 import os
 import re
-from typing import List
+from typing import Iterator, List, NamedTuple, Union
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
@@ -41,8 +41,13 @@ def exists(path: str) -> bool:
     return FileSystems.exists(path)
 
 
+def open_raw(path: str):
+    """A read stream of the bytes as stored (``read(n)``, ``seek``), whatever the file's extension."""
+    return FileSystems.open(path, compression_type=RAW)
+
+
 def read_bytes(path: str) -> bytes:
-    with FileSystems.open(path, compression_type=RAW) as handle:
+    with open_raw(path) as handle:
         return handle.read()
 
 
@@ -108,3 +113,51 @@ def skip(handle, size: int) -> int:
             break
         done += len(chunk)
     return done
+
+
+class TooLong(NamedTuple):
+    """A line longer than its cap: only its length (its first ``head`` bytes) is kept."""
+
+    length: int
+    head: bytes
+
+
+def lines(handle, max_line_bytes: int) -> Iterator[Union[bytes, TooLong]]:
+    """The lines of a byte stream (with their newline), each at most ``max_line_bytes``.
+
+    Works on any ``read(n)`` stream, compressed ones included. A longer line
+    is one ``TooLong`` and reading goes on after its newline, so one line
+    costs at most its cap in memory. A last line without a newline is a line.
+    """
+    pending: List[bytes] = []  # the start of the current line, while it is within its cap
+    held = 0
+    too_long = None  # (length so far, head) of the current line once past its cap
+    while True:
+        chunk = handle.read(CHUNK_BYTES)
+        if not chunk:
+            break
+        pieces = chunk.split(b"\n")
+        for piece in pieces[:-1]:  # each ends a line
+            length = held + len(piece) + 1
+            if too_long is not None:
+                yield TooLong(too_long[0] + len(piece) + 1, too_long[1])
+            elif length > max_line_bytes:
+                yield TooLong(length, (b"".join(pending) + piece)[:200])
+            elif pending:
+                yield b"".join(pending) + piece + b"\n"
+            else:
+                yield piece + b"\n"
+            pending, held, too_long = [], 0, None
+        rest = pieces[-1]  # the start of a line that goes on in the next chunk
+        if too_long is not None:
+            too_long = (too_long[0] + len(rest), too_long[1])
+        elif held + len(rest) > max_line_bytes:
+            too_long = (held + len(rest), (b"".join(pending) + rest[:200])[:200])
+            pending, held = [], 0
+        elif rest:
+            pending.append(rest)
+            held += len(rest)
+    if too_long is not None:
+        yield TooLong(*too_long)
+    elif pending:
+        yield b"".join(pending)

@@ -21,7 +21,6 @@ pickled.
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Callable, Dict, Optional, Protocol, Sequence, Tuple, runtime_checkable
 
@@ -188,10 +187,19 @@ class ImageEmbedder:
 
 def read_calibrated_threshold(path: str, embedder_name: str) -> Optional[float]:
     """The recommended threshold from a ``dedup.calibrate`` report, if the file exists."""
-    if not files.exists(path):
+    from common import state_files as sf
+
+    def schema(doc):
+        sf.obj(sf.field(sf.obj(doc), "embedder"), "embedder")
+        sf.number(sf.field(doc, "recommended_threshold"), "recommended_threshold")
+
+    try:  # a damaged report is the embedder's one-line ValueError (the build's usage error)
+        report = sf.read_json(path, schema, f"run dedup.calibrate again (--out {path})")
+    except sf.DamagedFile as error:
+        raise ValueError(str(error)) from None
+    if report is None:
         return None
-    report = json.loads(files.read_text(path))
-    if report.get("embedder", {}).get("name") != embedder_name:
+    if report["embedder"].get("name") != embedder_name:
         raise ValueError(f"{path} calibrates embedder {report.get('embedder')!r}, not {embedder_name!r}")
     return float(report["recommended_threshold"])
 

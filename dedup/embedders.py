@@ -210,6 +210,18 @@ class CheckpointEmbedder(ImageEmbedder):
     def config(self) -> dict:
         return {"name": self.name, "workdir": self.workdir, "step": self.step, "center_crop": self.center_crop}
 
+    def check(self) -> None:
+        """Loads the tower once, at launch: a missing or damaged checkpoint is a one-line ``ValueError``
+        naming the workdir and the step, before any job starts."""
+        from trainer.checkpoint import DamagedCheckpoint  # lazy: pulls in JAX
+
+        try:
+            self._load()
+        except DamagedCheckpoint as error:
+            raise ValueError(f"checkpoint embedder {error}") from None
+        except FileNotFoundError as error:
+            raise ValueError(f"checkpoint embedder {self.workdir}: {error}") from None
+
     def _load(self) -> ImageEncoder:
         if self._encoder is None:
             from trainer.checkpoint import load_image_encoder  # lazy: pulls in JAX

@@ -14,30 +14,67 @@ Saving is asynchronous: ``save`` returns once the arrays are copied to host
 memory, and the files are written in the background (the train step may then
 reuse the device buffers). The run's config is in ``workdir/config.json``,
 written by the trainer, so ``load_image_encoder(workdir)`` needs nothing else.
+
+A checkpoint that does not restore (an array file truncated or missing, its
+metadata overwritten) is ``DamagedCheckpoint``, one line naming the workdir
+and the step. Resuming (``Checkpointer.restore_newest``) then restores the
+newest checkpoint that restores cleanly, moves each damaged newer one aside
+(``damaged_checkpoints/<step>``, so the run can save that step again) and
+says which it skipped and why.
 """
 
 from __future__ import annotations
 
-import json
 import os
-from typing import Any, Callable, Optional
+import re
+import shutil
+from typing import Any, Callable, List, Optional
 
 import jax
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
+from common.state_files import DamagedFile
 from trainer.configs import compute_dtype, cpu_fast_compile_options, vocab_path
 
 CONFIG_FILE = "config.json"
 VOCAB_FILE = "vocab.txt"
 CHECKPOINT_DIR = "checkpoints"
+#: Where resuming moves a checkpoint that does not restore (``workdir/damaged_checkpoints/<step>``).
+DAMAGED_DIR = "damaged_checkpoints"
+
+
+class DamagedCheckpoint(DamagedFile):
+    """A checkpoint that does not restore: the message names the workdir and the step, in one line."""
+
+    def __init__(self, workdir: str, step: int, error: BaseException):
+        self.workdir, self.step = workdir, int(step)
+        super().__init__(f"{workdir}: the checkpoint of step {step} is damaged ({_first_sentence(error)}): "
+                         f"restore it, or delete {os.path.join(workdir, CHECKPOINT_DIR, str(step))} to use the one "
+                         "before it")
+
+
+def _first_sentence(error: BaseException) -> str:
+    """TensorStore and orbax explain over many lines (whole specs); the start names what went wrong."""
+    text = " ".join(str(error).split()) or type(error).__name__
+    text = re.split(r"\. See full TensorStore details|\s\[tensorstore_spec", text)[0]
+    if isinstance(error, ValueError) and type(error) is not ValueError and not text.startswith(type(error).__name__):
+        text = f"{type(error).__name__}: {text}"  # e.g. JSONDecodeError: Expecting value
+    return text.split(". ")[0].rstrip(":.")[:200]
+
+
+def _is_mismatch(error: BaseException) -> bool:
+    """orbax's refusal of a checkpoint whose trees do not fit the model asked for (not damage)."""
+    text = str(error)
+    return isinstance(error, ValueError) and ("do not match" in text or "not compatible with the stored shape" in text)
 
 
 class Checkpointer:
     """A thin wrapper over ``ocp.CheckpointManager`` with the items above."""
 
     def __init__(self, workdir: str, *, every: int, keep: int, async_save: bool = True):
+        self.workdir = workdir
         options = ocp.CheckpointManagerOptions(
             save_interval_steps=every, max_to_keep=keep,
             enable_async_checkpointing=async_save, create=True)
@@ -56,13 +93,58 @@ class Checkpointer:
             meta=ocp.args.JsonSave(meta)), force=force)
 
     def restore(self, step: int, like_state: dict) -> tuple[dict, dict]:
-        """Restores onto the shapes, dtypes and shardings of ``like_state``."""
+        """Restores onto the shapes, dtypes and shardings of ``like_state``; ``DamagedCheckpoint`` if it cannot."""
         like_model, like_train = jax.tree.map(_abstract, split_state(like_state))
-        restored = self.manager.restore(step, args=ocp.args.Composite(
-            model=ocp.args.StandardRestore(like_model),
-            train=ocp.args.StandardRestore(like_train),
-            meta=ocp.args.JsonRestore()))
-        return {**restored.model, **restored.train}, dict(restored.meta)
+        try:
+            restored = self.manager.restore(step, args=ocp.args.Composite(
+                model=ocp.args.StandardRestore(like_model),
+                train=ocp.args.StandardRestore(like_train),
+                meta=ocp.args.JsonRestore()))
+            meta = dict(restored.meta)
+            if not isinstance(meta.get("batches_consumed"), int):
+                raise ValueError(f"meta: batches_consumed is {meta.get('batches_consumed')!r}, not a count")
+        except Exception as error:  # TensorStore's errors are plain Exceptions
+            if _is_mismatch(error):
+                raise
+            raise DamagedCheckpoint(self.workdir, step, error) from error
+        return {**restored.model, **restored.train}, meta
+
+    def restore_newest(self, like_state: dict, say: Callable[[str], None]) -> Optional[tuple[int, dict, dict]]:
+        """``(step, state, meta)`` of the newest checkpoint that restores (None without any checkpoint).
+
+        Each newer one that does not is said in one line and moved to
+        ``damaged_checkpoints/`` (by process 0), so that the run saves its
+        step afresh; if none restores, the newest one's ``DamagedCheckpoint``.
+        """
+        skipped: List[DamagedCheckpoint] = []
+        for step in sorted(self.manager.all_steps(), reverse=True):
+            try:
+                state, meta = self.restore(step, like_state)
+            except DamagedCheckpoint as damaged:
+                skipped.append(damaged)
+                continue
+            for damaged in skipped:
+                say(f"skipped the checkpoint of step {damaged.step}: {_first_sentence(damaged.__cause__)}; "
+                    f"moved to {self._set_aside(damaged.step)}")
+            if skipped:
+                if jax.process_count() > 1:  # every host lists the steps again only after process 0 moved them
+                    from jax.experimental import multihost_utils
+
+                    multihost_utils.sync_global_devices("damaged checkpoints set aside")
+                self.manager.reload()
+            return step, state, meta
+        if skipped:
+            raise skipped[0]
+        return None
+
+    def _set_aside(self, step: int) -> str:
+        target = os.path.join(self.workdir, DAMAGED_DIR, str(step))
+        if jax.process_index() == 0:
+            if os.path.exists(target):
+                shutil.rmtree(target)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            shutil.move(os.path.join(self.manager.directory, str(step)), target)
+        return target
 
     def wait(self):
         self.manager.wait_until_finished()
@@ -87,8 +169,12 @@ def save_config(config: ml_collections.ConfigDict, workdir: str) -> None:
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
-    with open(os.path.join(workdir, CONFIG_FILE)) as f:
-        return ml_collections.ConfigDict(json.load(f))
+    """The run's config; a damaged ``config.json`` is ``DamagedFile``, one line naming it."""
+    from common.state_files import obj, parse
+
+    path = os.path.join(workdir, CONFIG_FILE)
+    with open(path, "rb") as f:
+        return ml_collections.ConfigDict(parse(f.read(), path, obj, "restore it from the run's command"))
 
 
 def vocab_file(workdir: str, config) -> str:
@@ -101,7 +187,9 @@ def load_model(workdir: str, step: Optional[int] = None) -> tuple[Any, dict, ml_
     """(model, variables {"params", "batch_stats"}, config) of a run's checkpoint.
 
     ``step`` defaults to the latest checkpoint. Arrays are restored on the
-    first local device.
+    first local device. A checkpoint that does not restore is
+    ``DamagedCheckpoint`` (one line: workdir and step); one that does not fit
+    the model its config describes, orbax's ``ValueError``.
     """
     # Imported here so that this module (and orbax) stay cheap to import.
     from trainer import models, tokenizer as tokenizer_lib
@@ -127,8 +215,13 @@ def load_model(workdir: str, step: Optional[int] = None) -> tuple[Any, dict, ml_
         device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
         like = {"params": shapes["params"], "batch_stats": shapes.get("batch_stats", {})}
         like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), like)
-        variables = manager.restore(step, args=ocp.args.Composite(
-            model=ocp.args.StandardRestore(like))).model
+        try:
+            variables = manager.restore(step, args=ocp.args.Composite(
+                model=ocp.args.StandardRestore(like))).model
+        except Exception as error:  # TensorStore's errors are plain Exceptions
+            if _is_mismatch(error):
+                raise
+            raise DamagedCheckpoint(workdir, step, error) from error
     finally:
         manager.close()
     return model, variables, config

@@ -18,7 +18,6 @@ global batch of a class at a step:
 
 from __future__ import annotations
 
-import json
 import os
 import struct
 from typing import Callable, Dict, List, Optional
@@ -27,6 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from common import corpus_dir, schema
+from common import state_files as sf
 from trainer import input_pipeline, preprocess
 
 _HEADER = 12  # uint64 length + uint32 masked CRC of the length
@@ -49,8 +49,8 @@ class ConceptIndex:
             index_path = os.path.join(index_dir, os.path.basename(path) + ".json")
             if not tf.io.gfile.exists(index_path):
                 continue  # an empty shard has no index
-            with tf.io.gfile.GFile(index_path) as handle:
-                entry = json.load(handle)
+            with tf.io.gfile.GFile(index_path, "rb") as handle:
+                entry = sf.parse(handle.read(), index_path, _index_schema, REMEDY)
             for name, offsets in entry["offsets"].items():
                 rows = np.empty((len(offsets), 2), np.int64)
                 rows[:, 0], rows[:, 1] = file_id, offsets
@@ -70,8 +70,29 @@ def _class_order(data_dir: str) -> List[str]:
     path = os.path.join(corpus_dir.read_dir(data_dir), "stats", "concepts.json")
     if not tf.io.gfile.exists(path):
         return []
-    with tf.io.gfile.GFile(path) as handle:
-        return list(json.load(handle)["classes"])
+    with tf.io.gfile.GFile(path, "rb") as handle:
+        return list(sf.parse(handle.read(), path, _classes_schema, REMEDY)["classes"])
+
+
+#: What to do about a damaged class index or concepts.json (a damaged file is one line: ``common.state_files``).
+REMEDY = "rebuild the corpus with --concepts"
+
+
+def _index_schema(doc) -> dict:
+    """A shard's class index (``pipeline.write.concept_tags``): class -> the shard's offsets of its records."""
+    def offsets(value, where):
+        values = sf.array(value, where)
+        if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in values):
+            raise sf.Problem(f"{where}: not a list of byte offsets")
+
+    sf.mapping(sf.field(sf.obj(doc), "offsets"), "offsets", offsets)
+    return doc
+
+
+def _classes_schema(doc) -> dict:
+    for i, name in enumerate(sf.array(sf.field(sf.obj(doc), "classes"), "classes")):
+        sf.text(name, f"classes[{i}]")
+    return doc
 
 
 def read_record(handle, offset: int) -> bytes:

@@ -75,8 +75,14 @@ def _records(path: str):
 def write_fold_data(corpus: str, out: str, fold: int, folds: int, name: str = "crossfit") -> int:
     """``out`` <- the corpus's train records outside ``fold``, and its validation records; the train count."""
     if os.path.exists(os.path.join(out, COMPLETED)):
-        with open(os.path.join(out, COMPLETED), encoding="utf-8") as f:
-            return int(json.load(f)["train_records"])
+        from common import state_files as sf
+
+        path = os.path.join(out, COMPLETED)
+        with open(path, "rb") as f:  # a damaged one is one line (DamagedFile) naming it
+            done = sf.parse(f.read(), path, lambda doc: sf.whole(sf.field(sf.obj(doc), "train_records"),
+                                                                 "train_records"),
+                            f"delete {out} to write the fold's data again")
+        return done["train_records"]
     os.makedirs(out, exist_ok=True)
     kept = [payload for path in _shards(corpus, "train") for payload in _records(path)
             if fold_of(_key(payload), folds) != fold]
@@ -118,11 +124,13 @@ def trained_to_end(workdir: str) -> bool:
 
 
 def train_folds(config: str, corpus: str, workdir: str, folds: int, overrides: Sequence[str],
-                log=print) -> dict:
-    """Writes each fold's data, trains each model (skipping finished ones), then ``crossfit.json``."""
+                log=print, allow_incomplete: bool = False) -> dict:
+    """Writes each fold's data, trains each model (skipping finished ones), then ``crossfit.json``.
+
+    ``corpus`` must be committed, unless ``allow_incomplete`` (its newest version is read)."""
     from common.corpus_dir import require_completed
 
-    corpus = require_completed(corpus)
+    corpus = require_completed(corpus, allow_incomplete, "--allow_incomplete")
     if not _shards(corpus, "train"):
         raise CrossFitError(f"{corpus}: no train shards")
     overrides = list(overrides)
@@ -162,6 +170,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--data_dir", required=True, help="the corpus (a build's output)")
     parser.add_argument("--workdir", required=True, help="where the folds' data, models and crossfit.json go")
     parser.add_argument("--folds", type=int, default=2, help="K: models, each trained without one fold (>= 2)")
+    parser.add_argument("--allow_incomplete", action="store_true",
+                        help="read a corpus whose build did not commit (its newest version)")
     args, rest = parser.parse_known_args(argv)
     unknown = [a for a in rest if not a.startswith("--config.")]
     if unknown:
@@ -173,8 +183,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from common.corpus_dir import DamagedFile, IncompleteCorpus
 
     try:
-        manifest = train_folds(args.config, args.data_dir, args.workdir, args.folds, rest)
-    except (CrossFitError, IncompleteCorpus, DamagedFile, OSError, ValueError) as error:
+        manifest = train_folds(args.config, args.data_dir, args.workdir, args.folds, rest,
+                               allow_incomplete=args.allow_incomplete)
+    except IncompleteCorpus as error:  # refused as every reader of a corpus refuses it
+        parser.exit(2, f"error: {error}\n")
+    except (CrossFitError, DamagedFile, OSError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     print(f"crossfit: {manifest['folds']} models -> {os.path.join(args.workdir, MANIFEST)}")

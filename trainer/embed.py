@@ -252,8 +252,10 @@ def export(workdir: str, source: Source, out_dir: str, *, step: Optional[int] = 
     manifest_path = os.path.join(out_dir, MANIFEST)
     os.makedirs(out_dir, exist_ok=True)
     if os.path.exists(manifest_path):
-        with open(manifest_path) as f:
-            previous = json.load(f)
+        from common import state_files as sf
+
+        with open(manifest_path, "rb") as f:  # a damaged one is one line (DamagedFile) naming it
+            previous = sf.parse(f.read(), manifest_path, sf.obj, "choose another --out, or delete it")
         differs = [k for k in identity if previous.get(k) != identity[k]]
         if differs:
             raise ValueError(f"{out_dir} holds embeddings of another export (different "
@@ -297,8 +299,10 @@ def read_embeddings(out_dir: str):
     manifest_path = os.path.join(out_dir, MANIFEST)
     if not os.path.exists(manifest_path):
         raise EvalDataError(f"{out_dir}: no {MANIFEST} (not a trainer.embed output)")
-    with open(manifest_path) as f:
-        manifest = json.load(f)
+    from common import state_files as sf
+
+    with open(manifest_path, "rb") as f:  # a damaged one is one line (DamagedFile) naming it
+        manifest = sf.parse(f.read(), manifest_path, sf.obj, "run trainer.embed again")
     if not manifest.get("complete"):
         raise EvalDataError(f"{out_dir}: the export did not finish; run trainer.embed again to complete it")
     parts = [pq.read_table(os.path.join(out_dir, PART_PATTERN.format(i))) for i in range(manifest["num_parts"])]
@@ -318,9 +322,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
     parser.add_argument("--part_size", type=int, default=DEFAULT_PART_SIZE, help="rows per Parquet file")
     parser.add_argument("--batch_size", type=int, default=None, help="default: the run's eval_batch_size")
+    parser.add_argument("--allow_incomplete", action="store_true",
+                        help="with --shards: read a corpus whose build did not commit (its newest version)")
     args = parser.parse_args(argv)
 
     from common import console
+    from common.corpus_dir import IncompleteCorpus, require_completed
+
+    if args.shards:
+        try:
+            require_completed(args.shards, args.allow_incomplete, "--allow_incomplete")
+        except IncompleteCorpus as error:
+            parser.exit(2, f"error: {error}\n")
 
     log = console.route_library_output("embed") if argv is None else "the log"
     try:
@@ -334,6 +347,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except Exception as error:
         from common.corpus_dir import DamagedFile
         from trainer.eval_data import EvalDataError
+        from trainer.checkpoint import DamagedCheckpoint  # loaded already, by the time a checkpoint was read
+
+        if isinstance(error, DamagedCheckpoint):  # one line naming the workdir and the step
+            parser.exit(2, f"error: {error}\n")
         from trainer.shard_reader import damage_in
 
         return console.failure(damage_in(error) or error, "embedding export", log,

@@ -101,8 +101,12 @@ def evaluation_plan(config, specs: Sequence[str], data_dir: Optional[str], eval_
 def evaluate(workdir: str, *, step: Optional[int] = None, specs: Sequence[str] = (),
              data_dir: Optional[str] = None, eval_dir: Optional[str] = None,
              batch_size: Optional[int] = None, output: Optional[str] = None,
-             say=lambda line: None) -> dict:
-    """Runs the evaluations; writes and returns ``{"workdir", "step", "evals": {name: {...}}}``."""
+             say=lambda line: None, allow_incomplete: bool = False) -> dict:
+    """Runs the evaluations; writes and returns ``{"workdir", "step", "evals": {name: {...}}}``.
+
+    An evaluator that reads the corpus (``data_dir``) reads a committed one
+    only (``common.corpus_dir.require_completed``) unless ``allow_incomplete``.
+    """
     import tensorflow as tf
 
     from trainer import checkpoint, evaluators
@@ -114,6 +118,10 @@ def evaluate(workdir: str, *, step: Optional[int] = None, specs: Sequence[str] =
     data_dir = data_dir or config.get("data_dir")
     eval_dir = eval_dir or config.get("eval_dir") or None
     plan = evaluation_plan(config, specs, data_dir, eval_dir)
+    if data_dir and _reads_corpus(plan):
+        from common.corpus_dir import require_completed
+
+        require_completed(data_dir, allow_incomplete, "--allow_incomplete")
     encoders = checkpoint.Encoders(workdir, step)
     say(f"evaluating {workdir} at step {encoders.step} ({', '.join(plan) or 'nothing to run'})")
     batch_size = batch_size or int(config.get("eval_batch_size", 64))
@@ -139,6 +147,16 @@ def evaluate(workdir: str, *, step: Optional[int] = None, specs: Sequence[str] =
         f.write(json.dumps(results, indent=2, sort_keys=True) + "\n")
     results["output"] = output
     return results
+
+
+def _reads_corpus(plan: dict) -> bool:
+    """Whether an evaluator of the plan reads shards of the corpus (its constructor takes ``data_dir``)."""
+    import inspect
+
+    from trainer import evaluators
+
+    return any("data_dir" in inspect.signature(evaluators.get(entry.get("type", name)).__init__).parameters
+               for name, entry in plan.items())
 
 
 def format_table(results: dict) -> str:
@@ -170,9 +188,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--eval_dir", default=None, help="labelled folder {train,test}/<class>/ for them")
     parser.add_argument("--batch_size", type=int, default=None, help="default: the run's eval_batch_size")
     parser.add_argument("--output", default=None, help="result JSON (default <workdir>/eval/step_<N>.json)")
+    parser.add_argument("--allow_incomplete", action="store_true",
+                        help="read a corpus whose build did not commit (its newest version)")
     args = parser.parse_args(argv)
 
     from common import console
+    from common.corpus_dir import IncompleteCorpus
 
     if argv is None:  # the command line, not a test: library chatter goes to a log file
         log = console.route_library_output("evaluate")
@@ -181,12 +202,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         results = evaluate(args.workdir, step=args.step, specs=args.evals, data_dir=args.data_dir,
                            eval_dir=args.eval_dir, batch_size=args.batch_size, output=args.output,
-                           say=lambda line: print(line, flush=True))
-    except UsageError as error:
+                           say=lambda line: print(line, flush=True), allow_incomplete=args.allow_incomplete)
+    except (UsageError, IncompleteCorpus) as error:
         parser.exit(2, f"error: {error}\n")
     except Exception as error:  # one line for the person, the traceback in the log
         from common.corpus_dir import DamagedFile
         from trainer.eval_data import EvalDataError
+        from trainer.checkpoint import DamagedCheckpoint  # loaded already, by the time a checkpoint was read
+
+        if isinstance(error, DamagedCheckpoint):  # one line naming the workdir and the step
+            parser.exit(2, f"error: {error}\n")
         from trainer.shard_reader import damage_in
 
         return console.failure(damage_in(error) or error, "evaluation", log,

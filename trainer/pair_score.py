@@ -23,8 +23,8 @@ trainer's TensorFlow's fast one).
 Batches: images and texts go through the towers ``batch_size`` at a time
 (default: the run's ``eval_batch_size``), the last batch padded, so each
 tower compiles once. A problem with the checkpoint (no such directory, not
-a training run, no checkpoint, a vocabulary or a model that does not match
-it) is a one-line ``ValueError``.
+a training run, no checkpoint, a damaged checkpoint, a vocabulary or a
+model that does not match it) is a one-line ``ValueError``.
 """
 
 from __future__ import annotations
@@ -94,20 +94,25 @@ class CrossFitPairModel:
     keyed = True
 
     def __init__(self, workdir: str, batch_size: Optional[int] = None):
-        import json
-
         from trainer.crossfit import MANIFEST
 
         path = os.path.join(workdir, MANIFEST)
         if not os.path.isfile(path):
             raise ValueError(f"model score crossfit {workdir}: no {MANIFEST}, not a finished trainer.crossfit "
                              "workdir (run python -m trainer.crossfit, or name one run with --model_score checkpoint)")
+        from common import state_files as sf
+
+        def schema(doc):
+            sf.whole(sf.field(sf.obj(doc), "folds"), "folds")
+            for i, name in enumerate(sf.array(sf.field(doc, "models"), "models", max_len=1_000)):
+                sf.text(name, f"models[{i}]")
+
         try:
-            with open(path, encoding="utf-8") as f:
-                manifest = json.load(f)
-            self.folds, names = int(manifest["folds"]), list(manifest["models"])
-        except (ValueError, KeyError, TypeError) as error:
-            raise ValueError(f"model score crossfit {workdir}: {MANIFEST} does not parse ({error})") from None
+            with open(path, "rb") as f:
+                manifest = sf.parse(f.read(), path, schema, "run python -m trainer.crossfit again")
+        except sf.DamagedFile as error:  # it names the file and what is wrong
+            raise ValueError(f"model score crossfit {error}") from None
+        self.folds, names = manifest["folds"], list(manifest["models"])
         if self.folds < 2 or len(names) != self.folds:
             raise ValueError(f"model score crossfit {workdir}: {MANIFEST} names {len(names)} models for "
                              f"{self.folds} folds")
@@ -190,8 +195,8 @@ def load_encoders(workdir: str, step: Optional[int] = None) -> checkpoint.Encode
         raise ValueError(f"{where}: no {checkpoint.CONFIG_FILE}, not a trainer.train workdir")
     try:
         config = checkpoint.load_config(workdir)
-    except ValueError as error:  # json.JSONDecodeError is one
-        raise ValueError(f"{where}: {checkpoint.CONFIG_FILE} does not parse ({error})") from None
+    except checkpoint.DamagedFile as error:  # it names the file and what is wrong
+        raise ValueError(f"model score checkpoint {error}") from None
     model = config.get("model") or {}
     if model.get("name") != "two_tower" or "image" not in model or "text" not in model:
         raise ValueError(f"{where}: its config is not a two-tower image-text model "
@@ -205,6 +210,8 @@ def load_encoders(workdir: str, step: Optional[int] = None) -> checkpoint.Encode
             raise ValueError(f"{where}: no checkpoint in {os.path.join(workdir, checkpoint.CHECKPOINT_DIR)}")
     try:
         return checkpoint.Encoders(workdir, step)
+    except checkpoint.DamagedCheckpoint as error:  # it names the workdir and the step
+        raise ValueError(f"model score checkpoint {error}") from None
     except FileNotFoundError as error:
         raise ValueError(f"{where}: {error}") from None
     except (ValueError, KeyError, TypeError, AttributeError) as error:

@@ -285,9 +285,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         results = run(args.embeddings, queries, k=args.k, workdir=args.workdir, step=args.step,
                       html_path=args.html, ivf_threshold=args.ivf_threshold, nprobe=args.nprobe)
     except Exception as error:
+        from common.state_files import DamagedFile
+        from trainer.checkpoint import DamagedCheckpoint
         from trainer.eval_data import EvalDataError
 
-        return console.failure(error, "search", log, expected=(EvalDataError, FileNotFoundError, ValueError))
+        if isinstance(error, DamagedCheckpoint):  # one line naming the workdir and the step
+            parser.exit(2, f"error: {error}\n")
+        return console.failure(error, "search", log,
+                               expected=(EvalDataError, FileNotFoundError, ValueError, DamagedFile))
     print(format_results(results))
     print(f"page: {args.html}")
     return 0

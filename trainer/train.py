@@ -229,8 +229,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
 
         tonics = tonics_lib.Tonics(config, tokenizer, process_index=jax.process_index(),
                                    process_count=jax.process_count(), say=_say)
-    if (latest := ckpt.latest_step()) is not None:
-        state, meta = ckpt.restore(latest, state)
+    # The newest checkpoint that restores: a damaged newer one is said, set aside, and its steps trained again.
+    if (resumed := ckpt.restore_newest(state, _say)) is not None:
+        latest, state, meta = resumed
         batches_consumed = meta["batches_consumed"]
         if tonics is not None and "tonics" in meta:
             tonics.restore(meta["tonics"])

@@ -13,10 +13,13 @@ rejects of every reason with their alt-text, and the near-duplicate pairs.
 
 Exit status: 0 if the funnel checks pass, 1 if they fail (the report is
 still written, with the failure at the top), 2 if there is no readable funnel
-(missing, or truncated or corrupt: one line naming the file).
+(missing, or damaged: one line naming the file and what is wrong).
 
-Any stats file may be missing (its stage did not run) or damaged; the report
-says so, and counts the lines of a ``.jsonl`` file it could not read.
+Any stats file may be missing (its stage did not run) or damaged: each is
+read bounded and checked against its schema (``common.state_files``), and
+the report shows what the others hold and says what it could not show (a
+damaged file, a damaged distribution, the lines of a ``.jsonl`` file it
+could not read).
 Paths may be local or anything Beam's FileSystems reads (``gs://``).
 
 The funnel table and its checks are ``pipeline.funnel.table`` (the build
@@ -32,8 +35,8 @@ import sys
 from typing import Optional, Sequence
 
 from common import cli, files
-from common.corpus_dir import DamagedFile, parse_json
-from pipeline.audit.read_stats import REMEDY, REPORT_FILE, load_stats, stats_dir_of
+from common.state_files import DamagedFile
+from pipeline.audit.read_stats import REPORT_FILE, load_stats, read_funnel, stats_dir_of
 from pipeline.audit.report import build_html
 from pipeline.funnel.table import FUNNEL_FILE, check_funnel, format_funnel
 from pipeline.what_if import answer as what_if
@@ -67,14 +70,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.exit(2, f"error: {error}\n")
     if argv is None:  # the command line, not a test: library chatter goes to a log file
         console.route_library_output("audit")
-    funnel_path = files.join(stats_dir, FUNNEL_FILE)
-    funnel = None
     try:
-        if files.exists(funnel_path):
-            funnel = parse_json(files.read_bytes(funnel_path), funnel_path, REMEDY)
-            if not isinstance(funnel, dict):
-                raise DamagedFile(f"{funnel_path}: a JSON {type(funnel).__name__}, not a funnel: {REMEDY}")
-        else:
+        funnel = read_funnel(stats_dir)
+        if funnel is None:
             print(f"error: no {FUNNEL_FILE} in {stats_dir}: did the build finish?", file=sys.stderr)
     except DamagedFile as error:
         funnel = None

@@ -215,8 +215,9 @@ def plot_count_of_counts(coc: dict) -> str:
     return _finish(fig, ax, "n-gram count of counts")
 
 
-def plot_cosines(pairs: Sequence[dict], threshold: Optional[float]) -> str:
-    cosines = [float(p["cosine"]) for p in pairs if isinstance(p.get("cosine"), (int, float))]
+def plot_cosines(cosines: Sequence[float], threshold: Optional[float]) -> str:
+    """A histogram of the near-duplicate pairs' cosines."""
+    cosines = [float(c) for c in cosines]
     fig = _figure(6.0, 2.6)
     ax = fig.add_subplot()
     ax.hist(cosines, bins=min(40, max(5, len(cosines) // 2)), color=KEPT)

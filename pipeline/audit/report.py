@@ -26,7 +26,8 @@ from pipeline.audit.nsfw_section import section_nsfw
 from pipeline.audit.plots import DISTRIBUTION_CUTS, plot_cosines, plot_count_of_counts, plot_distribution, plot_funnel
 from pipeline.audit.read_stats import NEAR_DUPLICATES_FILE
 from pipeline.funnel.counts import NSFW_MEASURE
-from pipeline.funnel.table import FUNNEL_FILE, as_int, check_funnel, percent, stage_rejected
+from pipeline.funnel.table import FUNNEL_FILE, as_int, check_funnel, percent, reading_line, stage_rejected
+from pipeline.what_if.rules import WHAT_IF_FILE
 
 MAX_NEAR_DUPLICATE_PAIRS = 200
 MIN_PAIRS_FOR_HISTOGRAM = 10
@@ -135,10 +136,12 @@ def _section_funnel(funnel: Optional[dict]) -> str:
         )
     written = funnel.get("written") or {}
     written_html = ", ".join(f"{_e(k)} {as_int(v):,}" for k, v in written.items()) or "nothing"
+    reading = reading_line(funnel)
     return (
         '<h2 id="funnel">Funnel</h2>'
         f"<p>{total:,} input records; written: {written_html}; rejected: {as_int(funnel.get('rejected_total')):,}. "
         "Every record is counted once, at the first stage that rejects it.</p>"
+        + (f'<p class="banner fail">{_e(reading)}</p>' if reading else "") +
         "<table><tr><th>#</th><th>stage</th><th>in</th><th>rejected</th><th>out</th><th>% of input</th>"
         "<th>reasons</th></tr>" + "".join(rows) + "</table>"
         f'<figure><img src="{plot_funnel(funnel)}" alt="funnel bar chart"></figure>'
@@ -156,10 +159,12 @@ def _section_preset(funnel: Optional[dict]) -> str:
     )
 
 
-def _section_distributions(distributions: Optional[dict], preset: dict) -> str:
+def _section_distributions(distributions: Optional[dict], preset: dict, damaged: Optional[dict] = None) -> str:
     head = '<h2 id="distributions">Distributions</h2>'
+    head += "".join(f'<p class="muted">{_e(name)} is not shown: distributions.json is damaged there ({_e(why)}).</p>'
+                    for name, why in sorted((damaged or {}).items()))
     if not distributions:
-        return head + '<p class="muted">distributions.json is missing or empty.</p>'
+        return head + '<p class="muted">distributions.json is missing, empty or damaged (see above).</p>'
     figures = []
     # In the order the stages run; unknown distributions after the known ones.
     known = list(DISTRIBUTION_CUTS)
@@ -230,12 +235,16 @@ def _section_samples(samples: List[dict], funnel: Optional[dict]) -> str:
     return "".join(parts)
 
 
-def _section_near_duplicates(pairs: List[dict], missing: bool, preset: dict) -> str:
+def _section_near_duplicates(pairs: List[dict], missing: bool, preset: dict,
+                             cosines: Optional[List[float]] = None) -> str:
+    """``pairs``: the most similar ones (``pipeline.audit.read_stats`` keeps those whole); ``cosines``: every
+    pair's (default: those of ``pairs``)."""
     head = '<h2 id="near-duplicates">Near-duplicate pairs</h2>'
     if missing:
         return head + '<p class="muted">near_duplicates.jsonl is missing: near-duplicate removal did not run.</p>'
     if not pairs:
         return head + "<p>No near-duplicate pairs were found.</p>"
+    cosines = [p["cosine"] for p in pairs] if cosines is None else cosines
 
     def cosine(p):
         value = p.get("cosine")
@@ -254,12 +263,12 @@ def _section_near_duplicates(pairs: List[dict], missing: bool, preset: dict) -> 
             f'{_e(p.get("index_key"))}</div></td>'
             f'<td class="num"><b>{cosine(p):.4f}</b></td><td>{_e(p.get("variant", ""))}</td></tr>'
         )
-    more = f" (showing the {len(shown)} most similar)" if len(shown) < len(pairs) else ""
+    more = f" (showing the {len(shown)} most similar)" if len(shown) < len(cosines) else ""
     return (
-        head + f"<p>{len(pairs):,} pairs{more}. Left: the corpus image that was dropped; right: the image it "
+        head + f"<p>{len(cosines):,} pairs{more}. Left: the corpus image that was dropped; right: the image it "
         "duplicates (an evaluation set, or a kept corpus image).</p>"
-        + (f'<figure><img src="{plot_cosines(pairs, threshold)}" alt="cosine histogram"></figure>'
-           if len(pairs) >= MIN_PAIRS_FOR_HISTOGRAM else "")
+        + (f'<figure><img src="{plot_cosines(cosines, threshold)}" alt="cosine histogram"></figure>'
+           if len(cosines) >= MIN_PAIRS_FOR_HISTOGRAM else "")
         + "<table><tr><th>corpus image</th><th>duplicates</th><th>cosine</th><th>variant</th></tr>" + "".join(rows) + "</table>"
     )
 
@@ -308,11 +317,12 @@ def build_html(loaded: dict) -> str:
         banner,
         notice_html,
         _section_funnel(funnel),
-        _section_distributions(loaded.get("distributions"), preset),
-        what_if_section.section(loaded.get("what_if"), funnel),
+        _section_distributions(loaded.get("distributions"), preset, loaded.get("distribution_problems")),
+        what_if_section.section(loaded.get("what_if"), funnel, unreadable.get(WHAT_IF_FILE, "")),
         section_nsfw(loaded, revealed),
         _section_samples(loaded.get("samples") or [], funnel),
-        _section_near_duplicates(loaded.get("near_duplicates") or [], NEAR_DUPLICATES_FILE in loaded.get("missing", []), preset),
+        _section_near_duplicates(loaded.get("near_duplicates") or [], NEAR_DUPLICATES_FILE in loaded.get("missing", []),
+                                 preset, loaded.get("near_duplicate_cosines")),
         _section_preset(funnel),
     ]
     body[-1:-1] = [section for section in (_section_concepts(loaded.get("concepts")), section_model_score(loaded, _img)) if section]

@@ -133,10 +133,19 @@ def plot_curve(param: str, points, built, off: Optional[float]) -> str:
     return _finish(fig, ax, f"written vs {param}")
 
 
-def section(doc: Optional[dict], funnel: Optional[dict]) -> str:
-    """The report's explorer section (a note when the build wrote no what-if stats)."""
+def section(doc: Optional[dict], funnel: Optional[dict], problem: str = "") -> str:
+    """The report's explorer section (a note when the build wrote no what-if stats, or they are damaged).
+
+    ``doc`` has passed ``pipeline.what_if.collect.what_if_schema``; ``problem`` is what is wrong with a
+    damaged file.
+    """
     head = '<h2 id="thresholds">Threshold explorer</h2>'
-    if not doc or not funnel or doc.get("format_version") != wi.FORMAT_VERSION:
+    if problem:
+        return head + (f'<p class="muted">{wi.WHAT_IF_FILE} is damaged ({html.escape(problem)}): the explorer '
+                       "is not shown.</p>")
+    if not funnel:
+        return head + '<p class="muted">No funnel to draw the explorer against.</p>'
+    if not doc:
         return head + '<p class="muted">No stats/what_if.json: this build predates the what-if.</p>'
     figures = []
     for param in PARAMS:

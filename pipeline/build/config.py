@@ -141,7 +141,9 @@ def _embedder_args(args) -> Tuple[tuple, ...]:
         raise UsageError(f"--embedder {args.embedder!r}: known embedders are {', '.join(embedders.names())}")
     try:
         parsed = tuple(sorted(embedders.parse_args(args.embedder_args).items()))
-        embedders.get(args.embedder, **dict(parsed))  # e.g. checkpoint without workdir=
+        embedder = embedders.get(args.embedder, **dict(parsed))  # e.g. checkpoint without workdir=
+        if hasattr(embedder, "check"):  # a trained checkpoint: missing or damaged is refused before the job
+            embedder.check()
     except (TypeError, ValueError) as error:
         raise UsageError(f"--embedder {args.embedder}: {error}") from None
     return parsed

@@ -43,6 +43,7 @@ from filters.frequency import ApplyCorpusFilters, pool_row
 from filters.stages import REJECTED, SURVIVORS
 from pipeline.build.config import BuildConfig
 from pipeline.download.stage import NOTES, DownloadImages
+from pipeline.funnel.accounting import records_of
 from pipeline.funnel.counts import SumHistograms
 from pipeline.funnel.stats_files import ChooseSamples, WriteStats
 from pipeline.readers.input_files import MatchInputFiles
@@ -77,8 +78,12 @@ def build_pipeline(p: beam.Pipeline, config: BuildConfig, notes: dict,
 
 
 class FirstPass(beam.PTransform):
-    """``--input`` -> ``{"rows": one light row per input record, "input_count", "in_the_running",
-    "record_rejections", "embeddings", "measures", "pairs", "nsfw", "notes"}``."""
+    """``--input`` -> ``{"rows": one light row per input record, "input_count", "row_count", "in_the_running",
+    "record_rejections", "embeddings", "measures", "pairs", "nsfw", "notes"}``.
+
+    ``input_count`` is what the funnel counts (a reader's marker as the rows it stands for, so the input is
+    what the files state), ``row_count`` the rows themselves.
+    """
 
     def __init__(self, config: BuildConfig, judge: RecordJudge, ran: StagesRun):
         super().__init__()
@@ -100,7 +105,8 @@ class FirstPass(beam.PTransform):
         outputs = {tag: [part[tag] for part in parts] | f"All{tag.title()}" >> beam.Flatten() for tag in SIDE_OUTPUTS}
         return {
             "rows": rows,
-            "input_count": rows | "CountInput" >> beam.combiners.Count.Globally(),
+            "input_count": rows | "RecordsOfRow" >> beam.Map(records_of) | "CountInput" >> beam.CombineGlobally(sum),
+            "row_count": rows | "CountRows" >> beam.combiners.Count.Globally(),
             "in_the_running": rows | "PassedRecordStages" >> beam.Filter(lambda row: not row.reason),
             "record_rejections": rows | "RejectedByRecordStages" >> beam.Filter(lambda row: bool(row.reason)),
             "download_notes": notes | "DownloadNotes" >> beam.Flatten(pipeline=pbegin.pipeline),
@@ -196,7 +202,7 @@ class SecondPass(beam.PTransform):
             output, config.flags.name, config.preset, config.columns, config.columns.carry, config.ontology,
             labels_column)
         rejections = (inputs["decided_rejections"], written[REJECTED]) | "AllRejections" >> beam.Flatten()
-        _ = (rejections, inputs["input_count"]) | "WriteRejectionLedger" >> WriteRejectionLedger(output)
+        _ = (rejections, inputs["row_count"]) | "WriteRejectionLedger" >> WriteRejectionLedger(output)
         if self.eval_index is not None:
             _ = (inputs[judge_lib.PAIRS], rejections) | "WritePairsReport" >> WritePairsReport(
                 self.eval_index.directory, output)

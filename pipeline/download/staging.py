@@ -42,6 +42,8 @@ from typing import Iterator, List, Optional
 
 from apache_beam.io.filesystems import FileSystems
 
+from common import files
+from common import state_files as sf
 from common import tfrecord_io as tfrecord
 from common.schema import Candidate
 from pipeline.readers.rows import Columns
@@ -133,20 +135,32 @@ class StagingWriter:
         return entries
 
 
+def entry_schema(entry: dict, where: str) -> None:
+    """One line of a sidecar index (``StagingWriter``), as a later build's plan reads it (``common.state_files``)."""
+    for name in ("url", "final_url", "reason"):
+        sf.text(sf.field(entry, name, where), f"{where}.{name}")
+    for name in ("ordinal", "offset"):
+        sf.whole(sf.field(entry, name, where), f"{where}.{name}", low=-1)
+    sf.whole(sf.field(entry, "status", where), f"{where}.status", low=-1, high=999)
+
+
 def read_index(path: str) -> Optional[List[dict]]:
-    """A sidecar index's entries (each with ``path``: its bodies file), or None if it is incomplete."""
+    """A sidecar index's entries (each with ``path``: its bodies file), or None if it is incomplete or damaged
+    (a damaged index is as good as none: its URLs are fetched again)."""
     try:
-        with FileSystems.open(path) as handle:
-            text = handle.read().decode("utf-8")
-    except (OSError, UnicodeDecodeError):
+        with files.open_raw(path) as handle:
+            rows = list(sf.jsonl_rows(handle))
+    except OSError:
         return None
-    lines = text.splitlines()
+    if not rows or any(isinstance(row, sf.Problem) for row in rows):
+        return None
+    *entries, trailer = rows
+    if trailer.get("complete") != len(entries):
+        return None
     try:
-        trailer = json.loads(lines[-1]) if lines else {}
-        entries = [json.loads(line) for line in lines[:-1]]
-    except ValueError:
-        return None
-    if not isinstance(trailer, dict) or trailer.get("complete") != len(entries):
+        for number, entry in enumerate(entries, start=1):
+            entry_schema(entry, f"line {number}")
+    except sf.Problem:
         return None
     bodies = bodies_path(path)
     return [dict(entry, path=bodies) for entry in entries]

@@ -1,9 +1,19 @@
-"""Whether a job's counts add up: the funnel's conservation law, and its input against the files' metadata."""
+"""Whether a job's counts add up: the funnel's conservation law, and its input against the files' metadata.
+
+A reader's record for what it could not read (``pipeline.readers.losses``)
+carries how many input records it stands for in its ledger detail:
+``unread_records`` (rows the file states that were not read, or
+``"unknown"``) and ``unstated_records`` (rows read beyond what the file
+states). The funnel counts such a record as the rows it stands for
+(``records_of``): its input is what the files state, wherever they state it.
+"""
 
 from __future__ import annotations
 
-from typing import List, Optional
+import json
+from typing import Dict, List, Optional, Tuple
 
+from common import state_files as sf
 from pipeline.funnel import counts as stats_lib
 
 NS = stats_lib.METRICS_NAMESPACE
@@ -16,6 +26,46 @@ READ_NAMESPACE = "read"
 VERDICTS_NAMESPACE = "verdicts"
 
 
+UNREAD = "unread_records"
+UNSTATED = "unstated_records"
+UNKNOWN = "unknown"
+
+
+def stands_for(detail: Dict[str, object]) -> int:
+    """The input records a record with this ledger detail counts as: a marker its unread rows (one where
+    no count is stated), any other record one."""
+    unread = detail.get(UNREAD, 1)
+    return unread if isinstance(unread, int) and not isinstance(unread, bool) else 1
+
+
+def loss_of(detail: Dict[str, object]) -> Tuple[int, int, int]:
+    """``(unread, unknown, unstated)`` of a marker's ledger detail: what the funnel's ``reading`` sums."""
+    if UNREAD not in detail:
+        return 0, 0, 0
+    unread = detail[UNREAD]
+    unstated = detail.get(UNSTATED, 0)
+    unstated = unstated if isinstance(unstated, int) else 0
+    return (0, 1, unstated) if unread == UNKNOWN else (int(unread), 0, unstated)
+
+
+def _detail(row) -> Dict[str, object]:
+    # Only a reader's markers carry an unread count, and every one is a read/ reason: the detail of the other
+    # stages' rows is not parsed.
+    if not row.detail or not row.reason.startswith("read/"):
+        return {}
+    return json.loads(row.detail)
+
+
+def records_of(row) -> int:
+    """The input records a light row counts as in the funnel (``stands_for`` of its ledger detail)."""
+    return stands_for(_detail(row))
+
+
+def losses_of(row) -> Tuple[int, int, int]:
+    """``loss_of`` a light row (zeros for a row that is no marker)."""
+    return loss_of(_detail(row))
+
+
 class AccountingError(Exception):
     """The job ran but its counts do not add up; its version is not committed."""
 
@@ -24,9 +74,9 @@ def accounting_problems(funnel: dict, read_counts: Optional[dict]) -> List[str]:
     """Why the funnel cannot be trusted: conservation, and input vs what the files state.
 
     ``read_counts`` are the reader's counters (``pipeline.readers.file_records``): records
-    per file (``parquet_rows``, ``<format>_records``), one per unreadable
-    file, and what the files state against what was read and counted
-    unread (``read_accounting_problems``).
+    per file (``parquet_rows``, ``<format>_records``, a marker as the rows it
+    stands for), one per unreadable file, and what the files state against
+    what was read and counted unread (``read_accounting_problems``).
     """
     problems = []
     if not funnel.get("conserved", False):
@@ -71,6 +121,12 @@ def verdict_accounting_problems(counts: Optional[dict]) -> List[str]:
     shown = ", ".join(f"{stage} {n:,}" for stage, n in sorted(emitted.items()))
     return [f"the key stages emitted {sum(emitted.values()):,} verdicts ({shown}) but the join received "
             f"{received:,}: the runner lost data"]
+
+
+def counters_schema(doc) -> dict:
+    """``stats/read_counts.json`` and ``stats/verdict_counts.json`` (``pipeline.build.launcher.save_counters``):
+    counter name -> count."""
+    return sf.mapping(doc, "", sf.whole, max_len=100_000)
 
 
 def counters(result, namespace: str = NS) -> Optional[dict]:

@@ -20,6 +20,7 @@ from typing import Dict, Iterable, Optional
 
 import apache_beam as beam
 
+from common import state_files as sf
 from common.schema import key_fraction
 from filters import stages
 
@@ -76,11 +77,17 @@ def build_funnel(
     dataset: str = "",
     preset=None,
     extra_stages=(),
+    losses: Optional[Dict[str, int]] = None,
 ) -> dict:
     """Stage-ordered funnel; ``conserved`` is the law in == written + rejected.
 
     ``extra_stages`` (``filters.extra_stages.RecordStage``) are listed after
     the stage they follow, marked ``"extra"`` with where they came from.
+
+    ``rejected`` counts records, a reader's marker as the rows it stands
+    for (``pipeline.readers.losses``); ``losses`` are the markers' own sums
+    (``unread``, ``unknown``, ``unstated``), which make the funnel's
+    ``reading``: of the ``input`` the files state, how many were read.
     """
     from filters import extra_stages as extras_lib
 
@@ -114,6 +121,10 @@ def build_funnel(
         rows.append(row)
         remaining = out
     rejected_total = sum(rejected.values())
+    losses = dict(losses or {})
+    unread, unknown = losses.get("unread", 0), losses.get("unknown", 0)
+    reading = {"read": input_count - unread - unknown, "unread": unread, "unknown_losses": unknown,
+               "beyond_stated": losses.get("unstated", 0)}
     return {
         "dataset": dataset,
         "preset_name": getattr(preset, "name", ""),
@@ -126,7 +137,37 @@ def build_funnel(
         "written": dict(sorted(written.items())),
         "rejected_total": rejected_total,
         "conserved": input_count == sum(written.values()) + rejected_total,
+        "reading": reading,
     }
+
+
+def funnel_schema(doc) -> dict:
+    """What every reader of ``funnel.json`` relies on (``common.state_files``): ``Problem`` where it is not so.
+
+    Types and ranges only: whether the numbers add up is the funnel's own
+    check (``pipeline.funnel.table.check_funnel``).
+    """
+    sf.obj(doc)
+    sf.whole(sf.field(doc, "input"), "input")
+    for i, row in enumerate(sf.array(sf.field(doc, "stages"), "stages", max_len=10_000)):
+        where = f"stages[{i}]"
+        sf.obj(row, where)
+        sf.text(sf.field(row, "stage", where), f"{where}.stage")
+        for name in ("in", "out"):
+            sf.whole(sf.field(row, name, where), f"{where}.{name}")
+        sf.optional(row, "rejected", lambda v, w: sf.mapping(v, w, sf.whole), where)
+        sf.optional(row, "ran", sf.flag, where)
+        for name in ("description", "note", "extra"):
+            sf.optional(row, name, sf.text, where)
+    sf.mapping(sf.field(doc, "written"), "written", sf.whole)
+    sf.optional(doc, "rejected_total", sf.whole)
+    sf.optional(doc, "conserved", sf.flag)
+    for name in ("dataset", "preset_name"):
+        sf.optional(doc, name, sf.text)
+    for name in ("preset", "preset_overrides"):
+        sf.optional(doc, name, sf.obj)
+    sf.optional(doc, "reading", lambda v, w: sf.mapping(v, w, sf.whole))
+    return doc
 
 
 def sample_rank(key: str) -> float:

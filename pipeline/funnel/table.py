@@ -71,7 +71,32 @@ def check_funnel(funnel: dict) -> List[str]:
     order = [row.get("stage") for row in rows if row.get("stage") in stages.STAGE_INDEX]
     if order != sorted(order, key=stages.STAGE_INDEX.get):
         problems.append("stages are not in the order of filters/stages.py")
+    reading = funnel.get("reading") or {}
+    if reading:
+        accounted = sum(as_int(reading.get(name)) for name in ("read", "unread", "unknown_losses"))
+        if accounted != total_in:
+            problems.append(f"reading: {accounted:,} records read, unread or lost != input {total_in:,}")
     return problems
+
+
+def reading_line(funnel: dict) -> str:
+    """What the files state against what was read, when they differ ("" when every stated record was read).
+
+    A reader counts a row it could not read as input, rejected under its
+    marker's reason (``pipeline.readers.losses``), so the input is what the
+    files state; this line says how much of it was never read.
+    """
+    reading = funnel.get("reading") or {}
+    unread, unknown, beyond = (as_int(reading.get(n)) for n in ("unread", "unknown_losses", "beyond_stated"))
+    if not (unread or unknown or beyond):
+        return ""
+    total_in = as_int(funnel.get("input"))
+    parts = [f"{as_int(reading.get('read')):,} read", f"{unread:,} stated but unreadable (rejected under read/)"]
+    if unknown:
+        parts.append(f"{unknown:,} file(s) cut short after an unknown number of records (one read/ record each)")
+    if beyond:
+        parts.append(f"{beyond:,} read beyond what their files state")
+    return f"input: the files state {total_in - beyond:,} records; " + ", ".join(parts)
 
 
 def percent(part: int, whole: int) -> str:
@@ -125,7 +150,9 @@ def format_funnel(funnel: dict) -> str:
     overrides = funnel.get("preset_overrides") or {}
     if overrides:
         preset += " with " + ", ".join(f"{k}={_override(v)}" for k, v in overrides.items())
-    out = [f"funnel of {dataset!r} (preset {preset}): {total_in:,} input records", line(header)]
+    out = [f"funnel of {dataset!r} (preset {preset}): {total_in:,} input records"]
+    out += [reading_line(funnel)] if reading_line(funnel) else []
+    out.append(line(header))
     out.append("  ".join("-" * w for w in widths))
     out += [line(cells) for cells in table]
     notes = [(row.get("stage", "?"), row["note"]) for row in rows if row.get("note")]

@@ -124,6 +124,8 @@ def _write_local(output: str, data: bytes, expected: str) -> None:
             raise CommitConflict(_conflict(path))
         handle, temporary = tempfile.mkstemp(prefix=TEMPORARY_PREFIX, dir=output)
         try:
+            # mkstemp makes it 0600; the commit is read by whoever may read the other files (the umask's mode).
+            os.fchmod(handle, 0o666 & ~_umask())
             with os.fdopen(handle, "wb") as out:
                 out.write(data)
                 out.flush()
@@ -136,6 +138,12 @@ def _write_local(output: str, data: bytes, expected: str) -> None:
         os.fsync(directory)
     finally:
         os.close(directory)
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)  # reading the umask sets it: put it back at once
+    os.umask(mask)
+    return mask
 
 
 def _conflict(path: str) -> str:

@@ -41,6 +41,7 @@ from typing import Iterable, List, Optional
 
 from apache_beam.io.filesystems import FileSystems
 
+from common import state_files as sf
 from common.corpus_dir import COMMIT, COMPLETED, MANIFEST, VERSION_ID, VERSIONS
 from common.files import escape_glob, is_remote
 
@@ -162,17 +163,15 @@ def _write_text(path: str, text: str) -> None:
 
 def corpus_name(output: str, files: List[str]) -> Optional[str]:
     """The dataset name of the corpus in ``output``, or None if it is not one this project built."""
-    if MARKER in files:
-        try:
-            return json.loads(read_text(FileSystems.join(output, MARKER)) or "")["name"]
-        except (ValueError, KeyError, TypeError):
-            return None
-    if COMPLETED in files and COMMIT in files:  # built before the marker existed
-        try:
-            return json.loads(read_text(FileSystems.join(output, "dataset_info.json")) or "")["name"]
-        except (ValueError, KeyError, TypeError):
-            return None
-    return None
+    name = MARKER if MARKER in files else COMMIT if COMPLETED in files and COMMIT in files else None
+    if name is None:  # (a corpus built before the marker existed has COMPLETED and its dataset_info.json)
+        return None
+    path = FileSystems.join(output, name)
+    try:
+        doc = sf.parse(read_text(path) or "", path, lambda d: sf.text(sf.field(sf.obj(d), "name"), "name"))
+    except sf.DamagedFile:
+        return None
+    return doc["name"]
 
 
 @dataclasses.dataclass
@@ -221,7 +220,10 @@ def replaced_files(files: List[str], name: str, replaced: Optional[str]) -> List
         return []
     if replaced:
         prefix = f"{VERSIONS}/{replaced}/"
-        return [f for f in files if f.startswith(prefix) and owned_by_build(f, name)]
+        doomed = [f for f in files if f.startswith(prefix) and owned_by_build(f, name)]
+        # The manifest first: a deletion cut short leaves shards without a manifest, never a manifest
+        # that lists shards that are gone.
+        return sorted(doomed, key=lambda f: f != prefix + MANIFEST)
     return [f for f in files if f not in (MARKER, COMMIT, "features.json")
             and not f.startswith((VERSIONS + "/", DOWNLOADS + "/")) and owned_by_build(f, name)]
 
@@ -236,21 +238,44 @@ def consumed_downloads(files: List[str], version: str) -> List[str]:
     return sorted(f for kind, f in older if kind != "tfrecord") + sorted(f for kind, f in older if kind == "tfrecord")
 
 
-def delete_files(output: str, relatives: List[str], batch: int = 1000) -> None:
-    """Delete exactly these files (never a pattern or a tree), in batches on GCS."""
+def _linked_directory(output: str, relative: str) -> Optional[str]:
+    """The first directory on ``relative``'s way down from ``output`` that is a symbolic link, or None."""
+    parts = relative.split("/")[:-1]
+    for i in range(1, len(parts) + 1):
+        candidate = os.path.join(output, *parts[:i])
+        if os.path.islink(candidate):
+            return candidate
+    return None
+
+
+def delete_files(output: str, relatives: List[str], batch: int = 1000) -> List[str]:
+    """Delete exactly these files (never a pattern or a tree), in batches on GCS.
+
+    Locally, a file reached through a directory that is a symbolic link is
+    not deleted (it lives elsewhere): the link itself is removed instead.
+    Returns those links.
+    """
     paths = [FileSystems.join(output, relative) for relative in relatives]
     if not is_remote(output):
-        for path in paths:
+        links = set()
+        for relative, path in zip(relatives, paths):
+            link = _linked_directory(output, relative)
+            if link is not None:
+                links.add(link)
+                continue
             with contextlib.suppress(FileNotFoundError):
                 os.remove(path)
+        for link in sorted(links):
+            os.unlink(link)
         for root, dirs, _ in sorted(os.walk(output, topdown=False), reverse=True):  # emptied directories
             for d in dirs:
                 path = os.path.join(root, d)
-                if not os.listdir(path):
+                if not os.path.islink(path) and not os.listdir(path):
                     os.rmdir(path)
-        return
+        return sorted(links)
     for start in range(0, len(paths), batch):
         FileSystems.delete([escape_glob(path) for path in paths[start:start + batch]])
+    return []
 
 
 def new_version_id(run_id: str) -> str:

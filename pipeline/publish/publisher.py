@@ -33,12 +33,14 @@ import argparse
 import dataclasses
 import json
 import sys
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 from apache_beam.io.filesystems import FileSystems
 
 from common import cli, corpus_dir
-from pipeline.funnel.accounting import AccountingError, accounting_problems, verdict_accounting_problems
+from common import state_files as sf
+from pipeline.funnel.accounting import AccountingError, accounting_problems, counters_schema, verdict_accounting_problems
+from pipeline.funnel.counts import funnel_schema
 from pipeline.funnel.table import FUNNEL_FILE, as_int, format_funnel
 from pipeline.publish import commit as commit_lib
 from pipeline.publish import output_contract as output_lib
@@ -63,16 +65,36 @@ class Published:
     replaced: Optional[str]  # the version id it replaced, "" for a plain-layout corpus, None for nothing
     deleted: int
     downloads_deleted: int = 0  # staging files of this build and older ones (``_downloads/``)
+    unlinked: List[str] = dataclasses.field(default_factory=list)  # symbolic links removed instead of their files
 
 
-def _read_json(path: str):
+def request_schema(doc) -> dict:
+    """``_BUILD.json`` (``write_request``), as the publication reads it."""
+    sf.obj(doc)
+    for name in ("name", "dataset_version", "description", "expects"):
+        sf.text(sf.field(doc, name), name)
+    for name in ("started", "replaces", "version"):
+        sf.optional(doc, name, sf.text)
+    for name in ("keep_previous", "download", "keep_downloads", "concepts"):
+        sf.optional(doc, name, sf.flag)
+    for i, column in enumerate(sf.array(doc.get("carried", []), "carried", max_len=1_000)):
+        sf.text(column, f"carried[{i}]")
+    return doc
+
+
+def manifest_schema(doc) -> dict:
+    """A version's ``manifest.json`` (``_describe``), as a later publication reads it."""
+    sf.obj(doc)
+    sf.optional(doc, "replaces", sf.text)
+    return doc
+
+
+def _read_json(path: str, schema: Callable):
+    """A state file of the version, checked (None if absent); a damaged one is ``PublishError``, one line."""
     try:
-        with FileSystems.open(path) as handle:
-            return json.loads(handle.read())
-    except Exception:  # a missing file: FileNotFoundError here, google.api_core's NotFound on GCS
-        if not FileSystems.exists(path):
-            return None
-        raise
+        return sf.read_json(path, schema, "the build cannot be published as it is: run it again")
+    except sf.DamagedFile as error:
+        raise PublishError(str(error)) from None
 
 
 def _write(path: str, text: str) -> None:
@@ -91,9 +113,10 @@ def current(output: str):
     if committed.data is None:
         return committed, None
     try:
-        info = json.loads(committed.data)
-    except ValueError:
-        raise PublishError(f"{output}/{corpus_dir.COMMIT} is not JSON; it was not written by a build") from None
+        info = sf.parse(committed.data, f"{output}/{corpus_dir.COMMIT}", sf.obj)
+    except sf.DamagedFile:
+        raise PublishError(f"{output}/{corpus_dir.COMMIT} is not the JSON a publication writes: damaged, or not "
+                           "written by a build") from None
     version = corpus_dir.committed_version(info)
     return committed, ("" if version is None else version)
 
@@ -114,18 +137,18 @@ def choose_version(output: str, committed_version: Optional[str]) -> str:
 
 def _check(output: str, version: str, directory: str, request: dict):
     name = request["name"]
-    funnel = _read_json(FileSystems.join(directory, "stats", FUNNEL_FILE))
+    funnel = _read_json(FileSystems.join(directory, "stats", FUNNEL_FILE), funnel_schema)
     if funnel is None or not FileSystems.exists(FileSystems.join(directory, shard_report.SHARDS_FILE)):
         raise PublishError(
             f"{directory}: the job has not finished writing (no stats/funnel.json or {shard_report.SHARDS_FILE}); "
             f"wait for it to finish, or name another build with --build")
-    report = shard_report.read(directory, name)
     try:
+        report = shard_report.read(directory, name)
         shard_report.check_files(directory, name, report)
-    except shard_report.ShardsMissing as error:
+    except (shard_report.ShardsMissing, sf.DamagedFile) as error:
         raise PublishError(str(error)) from None
-    problems = accounting_problems(funnel, _read_json(FileSystems.join(directory, READ_COUNTS)))
-    problems += verdict_accounting_problems(_read_json(FileSystems.join(directory, VERDICT_COUNTS)))
+    problems = accounting_problems(funnel, _read_json(FileSystems.join(directory, READ_COUNTS), counters_schema))
+    problems += verdict_accounting_problems(_read_json(FileSystems.join(directory, VERDICT_COUNTS), counters_schema))
     for split, entry in report.items():
         if sum(entry["records"]) != as_int((funnel.get("written") or {}).get(split)):
             problems.append(f"split {split!r}: the shards hold {sum(entry['records']):,} records, "
@@ -187,14 +210,14 @@ def publish(output: str, version: Optional[str] = None, replace: bool = False,
     if not corpus_dir.VERSION_ID.match(version):
         raise PublishError(f"--build {version!r} is not a build's id (e.g. 20250101T120000Z-0123abcd)")
     directory = corpus_dir.version_dir(output, version)
-    request = _read_json(FileSystems.join(directory, output_lib.REQUEST))
+    request = _read_json(FileSystems.join(directory, output_lib.REQUEST), request_schema)
     if request is None:
         raise PublishError(f"{directory} is not a build of pipeline.build (no {output_lib.REQUEST})")
     keep = request.get("keep_previous", False) if keep_previous is None else keep_previous
     if now == version:
         _write_top_features(output, directory)
-        manifest = _read_json(FileSystems.join(directory, corpus_dir.MANIFEST)) or {}
-        funnel = _read_json(FileSystems.join(directory, "stats", FUNNEL_FILE)) or {}
+        manifest = _read_json(FileSystems.join(directory, corpus_dir.MANIFEST), manifest_schema) or {}
+        funnel = _read_json(FileSystems.join(directory, "stats", FUNNEL_FILE), funnel_schema) or {}
         replaced, already = manifest.get("replaces"), True
     else:
         funnel, report = _check(output, version, directory, request)
@@ -229,9 +252,11 @@ def publish(output: str, version: Optional[str] = None, replace: bool = False,
         else:
             files = output_lib.list_files(output)
         doomed = output_lib.replaced_files(files, request["name"], replaced)
-        output_lib.delete_files(output, doomed)
-        deleted = len(doomed)
-    return Published(version, directory, funnel, already, replaced, deleted, downloads_deleted)
+        unlinked = output_lib.delete_files(output, doomed)
+        deleted = sum(1 for f in doomed if not FileSystems.join(output, f).startswith(tuple(l + "/" for l in unlinked)))
+    else:
+        unlinked = []
+    return Published(version, directory, funnel, already, replaced, deleted, downloads_deleted, unlinked)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -256,6 +281,9 @@ def report_lines(result: Published) -> List[str]:
     if result.replaced is not None:
         what = f"versions/{result.replaced}" if result.replaced else "the plain-layout corpus"
         lines.append(f"replaced {what}: " + (f"{result.deleted:,} files deleted" if result.deleted else "kept"))
+    for link in result.unlinked:
+        lines.append(f"{link} is a symbolic link to a directory elsewhere: the link was removed, not the files "
+                     "it leads to")
     if result.downloads_deleted:
         lines.append(f"downloads: {result.downloads_deleted:,} staging files deleted (what they held is in the "
                      "shards or the rejection ledger)")

@@ -12,11 +12,12 @@ stops the publication.
 
 from __future__ import annotations
 
-import json
+import re
 from typing import Dict, List
 
 from apache_beam.io.filesystems import FileSystems
 
+from common import state_files as sf
 from common.corpus_dir import SHARDS_FILE
 from common.schema import shard_filename
 from pipeline.publish import tfds_metadata
@@ -26,10 +27,31 @@ class ShardsMissing(Exception):
     """The report names shards that are not in the directory, or of another size."""
 
 
+#: Shards per split a report may list (a TFDS shard index has 5 digits at least; a million is far beyond any build).
+MAX_SHARDS = 1_000_000
+
+
+def report_schema(doc) -> dict:
+    """``stats/_shards.json``: per split, equal-length lists of records, bytes and crc32c (``common.state_files``)."""
+    def split(entry, where):
+        sf.obj(entry, where)
+        for name in ("records", "bytes"):
+            for i, value in enumerate(sf.array(sf.field(entry, name, where), f"{where}.{name}", MAX_SHARDS)):
+                sf.whole(value, f"{where}.{name}[{i}]")
+        for i, value in enumerate(sf.array(sf.field(entry, "crc32c", where), f"{where}.crc32c", MAX_SHARDS)):
+            if not (isinstance(value, str) and re.fullmatch(r"[0-9a-f]{8}", value)):
+                raise sf.Problem(f"{where}.crc32c[{i}]: {sf.shown(value)}, not 8 hex digits")
+
+    return sf.mapping(doc, "", split, max_len=100)
+
+
 def read(directory: str, name: str) -> Dict[str, Dict[str, list]]:
-    """The report of the job that wrote ``directory``, as ``{split: {"records", "bytes", "crc32c"}}``."""
-    with FileSystems.open(FileSystems.join(directory, SHARDS_FILE)) as handle:
-        report = json.loads(handle.read())
+    """The report of the job that wrote ``directory``, as ``{split: {"records", "bytes", "crc32c"}}``;
+    ``common.state_files.DamagedFile`` if it is damaged."""
+    path = FileSystems.join(directory, SHARDS_FILE)
+    report = sf.read_json(path, report_schema)
+    if report is None:
+        raise FileNotFoundError(path)
     return report
 
 

@@ -12,7 +12,8 @@ reconciled with it (``reconcile``): a count they do not explain adds one
 ``read/inconsistent_metadata`` record, never a failed job. The ``read``
 Metrics counters let the launcher reconcile the funnel's input with the
 files' metadata: ``parquet_rows`` and ``<format>_records`` (records read,
-markers included) plus ``unreadable_files`` equal the input; over the files
+a marker as the rows it stands for) plus ``unreadable_files`` equal the
+input, which is what the files state wherever they state it; over the files
 that state a count, ``stated + unstated == stated_read + stated_unread``
 (``pipeline.funnel.accounting.read_accounting_problems``); ``unknown_loss_files`` counts markers whose
 loss no count can tell, and ``skipped_files`` the files that are not data.
@@ -94,10 +95,12 @@ class FileTally:
 
     def __init__(self):
         self.records = self.markers = self.unread = self.unstated = self.unknown = self.unreadable = 0
+        self.counted = 0  # the input records the funnel counts: a marker as the rows it stands for
         self.stated: Optional[int] = None  # the count the file states, once read
 
     def add(self, record) -> None:
         self.records += 1
+        self.counted += losses.records_of(record)
         if not isinstance(record, Rejection):
             return
         self.unreadable += record.reason == "read/unreadable_file"
@@ -184,7 +187,7 @@ class FileRecords:
     the order ``file_records`` gives them (a record's position in that
     sequence is its ordinal: the second pass reads the file again the same
     way and picks records by it), and counts them: ``funnel/input`` per
-    record, the ``read`` counters per file (``parquet_rows`` /
+    record (a marker as the rows it stands for), the ``read`` counters per file (``parquet_rows`` /
     ``<format>_records``, ``unreadable_files``, ``skipped_files``, and the
     stated counts of ``STATED_COUNTERS``).
     """
@@ -212,12 +215,12 @@ class FileRecords:
         else:
             records = file_records(fmt, path, self.columns, tally)
         for element in records:
-            self.input_records.inc()
+            self.input_records.inc(losses.records_of(element))
             yield fmt or "", path, element
         # rows + unreadable files == input records (pipeline.funnel.accounting.accounting_problems checks it)
         self.unreadable_files.inc(tally.unreadable)
         name = "parquet_rows" if fmt == "parquet" else f"{fmt or 'unknown_format'}_records"
-        Metrics.counter(READ_NAMESPACE, name).inc(tally.records - tally.unreadable)
+        Metrics.counter(READ_NAMESPACE, name).inc(tally.counted - tally.unreadable)
         self.unknown_losses.inc(tally.unknown)
         if tally.stated is not None:
             for counter, value in zip(STATED_COUNTERS, (tally.stated, tally.read, tally.unread, tally.unstated)):
@@ -231,7 +234,7 @@ class _ReadFile(beam.DoFn):
     def process(self, path: str):
         for _, _, element in self.records.read(path):
             if isinstance(element, Rejection):
-                Metrics.counter(METRICS_NAMESPACE, element.reason).inc()
+                Metrics.counter(METRICS_NAMESPACE, element.reason).inc(losses.records_of(element))
                 yield beam.pvalue.TaggedOutput(REJECTED, element)
             else:
                 yield element

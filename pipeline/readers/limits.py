@@ -12,15 +12,12 @@ few records at a time whatever a file claims.
 
 from __future__ import annotations
 
-import json
-import re
-from typing import Iterator, List, NamedTuple, Union
+from typing import NamedTuple
 
-from common.files import CHUNK_BYTES
-
-#: JSON nested deeper is refused before it is parsed: Python's parser recurses, and how deep it
-#: can go depends on the caller's stack, so a fixed bound keeps a line's fate the same in every pass.
-MAX_JSON_DEPTH = 100
+# The stream's lines within a cap, and JSON within a depth: the same bounds as the project's own state files.
+from common.files import TooLong, lines  # noqa: F401  (the readers' names for them)
+from common.state_files import MAX_JSON_DEPTH, TooDeep, json_depth  # noqa: F401
+from common.state_files import loads as load_json  # noqa: F401
 
 
 class ReadLimits(NamedTuple):
@@ -36,82 +33,6 @@ class ReadLimits(NamedTuple):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"--read_{name} {value}: must be a whole number >= 1")
         return self
-
-
-class TooLong(NamedTuple):
-    """A line longer than its cap: only its length (its first ``head`` bytes) is kept."""
-
-    length: int
-    head: bytes
-
-
-def lines(handle, max_line_bytes: int) -> Iterator[Union[bytes, TooLong]]:
-    """The lines of a byte stream (with their newline), each at most ``max_line_bytes``.
-
-    Works on any ``read(n)`` stream, compressed ones included. A longer line
-    is one ``TooLong`` and reading goes on after its newline, so one line
-    costs at most its cap in memory. A last line without a newline is a line.
-    """
-    pending: List[bytes] = []  # the start of the current line, while it is within its cap
-    held = 0
-    too_long = None  # (length so far, head) of the current line once past its cap
-    while True:
-        chunk = handle.read(CHUNK_BYTES)
-        if not chunk:
-            break
-        pieces = chunk.split(b"\n")
-        for piece in pieces[:-1]:  # each ends a line
-            length = held + len(piece) + 1
-            if too_long is not None:
-                yield TooLong(too_long[0] + len(piece) + 1, too_long[1])
-            elif length > max_line_bytes:
-                yield TooLong(length, (b"".join(pending) + piece)[:200])
-            elif pending:
-                yield b"".join(pending) + piece + b"\n"
-            else:
-                yield piece + b"\n"
-            pending, held, too_long = [], 0, None
-        rest = pieces[-1]  # the start of a line that goes on in the next chunk
-        if too_long is not None:
-            too_long = (too_long[0] + len(rest), too_long[1])
-        elif held + len(rest) > max_line_bytes:
-            too_long = (held + len(rest), (b"".join(pending) + rest[:200])[:200])
-            pending, held = [], 0
-        elif rest:
-            pending.append(rest)
-            held += len(rest)
-    if too_long is not None:
-        yield TooLong(*too_long)
-    elif pending:
-        yield b"".join(pending)
-
-
-_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
-
-
-def json_depth(raw: bytes) -> int:
-    """How deeply ``raw``'s arrays and objects nest (brackets inside strings do not count)."""
-    if raw.count(b"[") + raw.count(b"{") <= MAX_JSON_DEPTH:
-        return raw.count(b"[") + raw.count(b"{")  # an upper bound, and within the limit
-    import numpy as np
-
-    codes = np.frombuffer(_JSON_STRING.sub(b'""', raw), dtype=np.uint8)
-    steps = (np.isin(codes, (ord("["), ord("{")))).astype(np.int64) - np.isin(codes, (ord("]"), ord("}")))
-    return int(np.cumsum(steps).max(initial=0))
-
-
-class TooDeep(ValueError):
-    """JSON nested past ``MAX_JSON_DEPTH``."""
-
-
-def load_json(raw: bytes):
-    """``json.loads`` of one line or member; ``ValueError`` for bad JSON or nesting past ``MAX_JSON_DEPTH``."""
-    if isinstance(raw, str):
-        raw = raw.encode("utf-8", "surrogatepass")
-    depth = json_depth(raw)  # bounds the nesting, so the parser's recursion cannot run out
-    if depth > MAX_JSON_DEPTH:
-        raise TooDeep(f"JSON nested {depth} deep, more than {MAX_JSON_DEPTH}")
-    return json.loads(raw)
 
 
 _FLAGS = (

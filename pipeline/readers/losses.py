@@ -11,7 +11,9 @@ count is then reconciled as::
     stated + unstated == records read (markers excluded) + unread
 
 never by making up one record per claimed row: a footer that claims 2^40
-rows costs one record, not 2^40.
+rows costs one record, not 2^40. The funnel counts that record as the rows
+it stands for (``pipeline.funnel.accounting.stands_for``), so its input is
+what the files state.
 """
 
 from __future__ import annotations
@@ -20,11 +22,8 @@ from typing import Optional, Union
 
 from common.schema import make_key
 from filters import stages
+from pipeline.funnel.accounting import UNKNOWN, UNREAD, UNSTATED, stands_for
 from pipeline.readers.rows import Rejection
-
-UNREAD = "unread_records"
-UNSTATED = "unstated_records"
-UNKNOWN = "unknown"
 
 
 def marker(where: str, detail: str, note: str, unread: Optional[int] = None, unstated: int = 0) -> Rejection:
@@ -46,6 +45,11 @@ def unread_of(record) -> Union[int, str]:
 
 def unstated_of(record) -> int:
     return int(dict(record.detail).get(UNSTATED, 0))
+
+
+def records_of(record) -> int:
+    """The input records a reader's record counts as: a marker its unread rows, any other record one."""
+    return stands_for(dict(record.detail)) if isinstance(record, Rejection) and record.detail else 1
 
 
 def too_large(position: str, what: str, size: Union[int, str], cap: int, flag: str, url: str = "", key: str = "") -> Rejection:

@@ -45,6 +45,7 @@ from dedup import preset_options as dedup_options
 from filters import nsfw, score_cut
 from filters.image import thumbnail_b64
 from filters.record import Judgement, judge_record
+from pipeline.funnel.accounting import records_of
 from pipeline.funnel.counts import HISTOGRAM_EDGES, METRICS_NAMESPACE, NSFW_MEASURE
 from pipeline.readers.file_records import FileRecords, input_patterns
 from pipeline.readers.rows import Columns, Rejection
@@ -109,12 +110,13 @@ class Histograms:
 
 
 def _rows_out(rows) -> List[Tuple[str, object]]:
-    """Finished light rows as ``(ROWS, row)`` outputs, each rejection counted under its reason."""
+    """Finished light rows as ``(ROWS, row)`` outputs, each rejection counted under its reason (a reader's
+    marker as the rows it stands for)."""
     outputs = []
     for row in rows:
         if row is not None:
             if row.reason:
-                Metrics.counter(METRICS_NAMESPACE, row.reason).inc()
+                Metrics.counter(METRICS_NAMESPACE, row.reason).inc(records_of(row))
             outputs.append((ROWS, row))
     return outputs
 

@@ -34,11 +34,13 @@ import sys
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from common import files
-from common.corpus_dir import DamagedFile, parse_json
+from common import state_files as sf
+from common.state_files import DamagedFile
 from filters import presets
 from filters.presets import PresetError
 from pipeline.what_if import bins, rules
-from pipeline.what_if.rules import ABOVE_REACH, FORMAT_VERSION, WHAT_IF_FILE
+from pipeline.what_if.collect import what_if_schema
+from pipeline.what_if.rules import ABOVE_REACH, WHAT_IF_FILE
 
 REMEDY = "rebuild the corpus with this version of pipeline.build to get the what-if's stats"
 
@@ -48,34 +50,13 @@ class WhatIfError(ValueError):
 
 
 def load(stats_dir: str) -> dict:
+    """The build's what-if stats, checked (``pipeline.what_if.collect.what_if_schema``): a damaged file is
+    ``DamagedFile``, one line."""
     path = files.join(stats_dir, WHAT_IF_FILE)
-    if not files.exists(path):
+    doc = sf.read_json(path, what_if_schema, REMEDY)
+    if doc is None:
         raise WhatIfError(f"no {WHAT_IF_FILE} in {stats_dir}: {REMEDY}")
-    doc = parse_json(files.read_bytes(path), path, REMEDY)
-    if not isinstance(doc, dict) or doc.get("format_version") != FORMAT_VERSION:
-        raise DamagedFile(f"{path}: not a what-if file of format {FORMAT_VERSION}: {REMEDY}")
-    try:
-        _check(doc)
-    except (KeyError, TypeError, ValueError, AttributeError) as error:
-        raise DamagedFile(f"{path}: {error}: {REMEDY}") from None
     return doc
-
-
-def _check(doc: dict) -> None:
-    """Every part the what-if reads, of the types it reads them as (a damaged file is one line, not a traceback)."""
-    order = doc["order"]
-    if not isinstance(order, list) or not isinstance(doc["built"], dict) or not isinstance(doc["caps"], dict):
-        raise ValueError("order, built or caps is damaged")
-    for stage, classes in doc["rules"].items():
-        if stage not in rules.RULES_BY_STAGE:
-            raise ValueError(f"unknown rule {stage!r}")
-        for cls, pairs in classes.items():
-            if cls != rules.WRITTEN and cls.removeprefix(rules.UNKNOWN) not in order:
-                raise ValueError(f"unknown class {cls!r} of {stage}")
-            bins.from_json(pairs)
-    facts = doc.get("rare_ngrams")
-    if facts is not None:
-        int(facts["reach"]), int(facts["ngrams_at_or_above_reach"]), bins.from_json(facts["count_of_counts"])
 
 
 def parse_assignments(texts: Sequence[str], built: Mapping) -> Dict[str, object]:
@@ -234,7 +215,7 @@ def what_if(doc: dict, funnel: dict, changes: Mapping[str, object]) -> WhatIf:
                 if source == target:
                     continue
                 moved += changing
-                counts[source] -= changing
+                counts[source] = counts.get(source, 0) - changing
                 if target.startswith(rules.UNKNOWN):
                     unknown[target[len(rules.UNKNOWN):]] = unknown.get(target[len(rules.UNKNOWN):], 0) + changing
                 else:

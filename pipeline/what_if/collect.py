@@ -35,7 +35,8 @@ from typing import Dict, Iterable, Mapping, Sequence
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from filters import stages
+from common import state_files as sf
+from filters import presets, stages
 from filters.frequency import image_identity, pool_row, stages_run, what_if_cap
 from filters.ngram_vocab import vocabulary_enabled
 from filters.text import text_identity
@@ -197,6 +198,74 @@ def what_if_document(histograms, vocabulary, preset, order: Sequence[str], shari
             "ngrams_at_or_above_reach": sum(n for c, n in coc.items() if c >= reach),
             "count_of_counts": [[c, n] for c, n in sorted(coc.items()) if c < reach],
         }
+    return doc
+
+
+def _bin(stage: str, b, where: str) -> int:
+    """A bin of the rule's grid (``pipeline.what_if.bins``): -1 up to the bin above the last edge."""
+    if stage == "rare_ngrams" and b == ABOVE_REACH:
+        return b
+    return sf.whole(b, where, bins.UNDER, 2 * len(rules.RULES_BY_STAGE[stage].grid.edges) - 1)
+
+
+def _histogram(stage: str, pairs, where: str) -> None:
+    for i, pair in enumerate(sf.array(pairs, where, max_len=1 << 20)):
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise sf.Problem(f"{where}[{i}]: {sf.shown(pair)}, not a [bin, count] pair")
+        _bin(stage, pair[0], f"{where}[{i}] bin")
+        sf.whole(pair[1], f"{where}[{i}] count")
+
+
+def what_if_schema(doc) -> dict:
+    """Every part of ``stats/what_if.json`` the what-if reads, of the types and ranges it reads them in.
+
+    Bins must lie on their rule's grid, counts be whole numbers, the built
+    thresholds be values of their parameters (``filters.presets``), the
+    caps within what the build counts exactly: a damaged file is one line
+    (``common.state_files``), never a wrong answer or a traceback.
+    """
+    sf.obj(doc)
+    if doc.get("format_version") != FORMAT_VERSION:
+        raise sf.Problem(f"format_version: {sf.shown(doc.get('format_version'))}, not {FORMAT_VERSION} "
+                         "(not a what-if file of this version)")
+    order = sf.array(sf.field(doc, "order"), "order", max_len=1_000)
+    for i, name in enumerate(order):
+        sf.text(name, f"order[{i}]")
+    missing = [rule.stage for rule in rules.RULES if rule.stage not in order]
+    if missing:
+        raise sf.Problem(f"order: no {', '.join(missing)}")
+    built = sf.obj(sf.field(doc, "built"), "built")
+    for param in rules.RULE_OF_PARAM:
+        try:
+            presets.check_value(presets.PARAMS_BY_NAME[param], sf.field(built, param, "built"))
+        except presets.PresetError as error:
+            raise sf.Problem(f"built.{error}") from None
+    sf.mapping(sf.field(doc, "caps"), "caps", lambda v, w: sf.whole(v, w, 1, rules.GROUP_COUNTS.edges[-1]))
+    unknown = sorted(set(doc["caps"]) - set(rules.SHARING_RULES))
+    if unknown:
+        raise sf.Problem(f"caps: unknown rule {unknown[0]!r}")
+    sf.optional(doc, "counting_base", sf.text)
+    sf.optional(doc, "dedup_in_corpus", sf.flag)
+    for stage, classes in sf.obj(sf.field(doc, "rules"), "rules").items():
+        if stage not in rules.RULES_BY_STAGE:
+            raise sf.Problem(f"rules: unknown rule {stage[:40]!r}")
+        for cls, pairs in sf.obj(classes, f"rules.{stage}").items():
+            if cls != rules.WRITTEN and cls.removeprefix(rules.UNKNOWN) not in order:
+                raise sf.Problem(f"rules.{stage}: unknown class {cls[:40]!r}")
+            _histogram(stage, pairs, f"rules.{stage}.{cls}")
+    facts = doc.get("rare_ngrams")
+    if facts is not None:
+        sf.obj(facts, "rare_ngrams")
+        reach = sf.whole(sf.field(facts, "reach", "rare_ngrams"), "rare_ngrams.reach", 1, 1 << 50)
+        sf.whole(sf.field(facts, "ngrams_at_or_above_reach", "rare_ngrams"), "rare_ngrams.ngrams_at_or_above_reach")
+        sf.optional(facts, "cut", sf.whole, "rare_ngrams")
+        table = sf.array(sf.field(facts, "count_of_counts", "rare_ngrams"), "rare_ngrams.count_of_counts", 1 << 20)
+        for i, pair in enumerate(table):
+            where = f"rare_ngrams.count_of_counts[{i}]"
+            if not isinstance(pair, list) or len(pair) != 2:
+                raise sf.Problem(f"{where}: {sf.shown(pair)}, not a [count, n-grams] pair")
+            sf.whole(pair[0], where, 1, reach - 1)
+            sf.whole(pair[1], where)
     return doc
 
 

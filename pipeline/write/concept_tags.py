@@ -23,9 +23,11 @@ from typing import Optional
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
+from common import state_files as sf
 from common.files import write_text
 from common.ontology import Ontology
 from common.schema import SPLITS
+from pipeline.funnel.stats_files import concepts_schema
 
 STATS_FILE = "stats/concepts.json"
 PAIRS, TAGGED = "", "*"  # count keys beside the class names (not valid class names)
@@ -88,11 +90,13 @@ class WriteConceptStats(beam.PTransform):
 def summary_line(output_dir: str, top: int = 5) -> Optional[str]:
     """One console line about ``stats/concepts.json`` (None if the build did not tag)."""
     path = FileSystems.join(output_dir, STATS_FILE)
-    if not FileSystems.exists(path):
+    try:
+        stats = sf.read_json(path, concepts_schema)
+    except sf.DamagedFile as error:
+        return f"concepts: {error}"
+    if stats is None:
         return None
-    with FileSystems.open(path) as handle:
-        stats = json.loads(handle.read())
-    train = stats["splits"]["train"]
+    train = stats["splits"].get("train", {"pairs": 0, "tagged": 0, "per_class": {}})
     ranked = sorted(train["per_class"].items(), key=lambda kv: (-kv[1], kv[0]))
     empty = sum(1 for _, n in ranked if n == 0)
     shown = ", ".join(f"{name} {n:,}" for name, n in ranked[:top] if n)

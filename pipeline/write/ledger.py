@@ -43,8 +43,10 @@ class WriteRejectionLedger(beam.PTransform):
     rejection has one), the ``model_score`` of a pair the model-score stage scored.
 
     The per-record ledger behind the funnel: with the shards it accounts for
-    every input record. Files are keyed and sorted by key hash, so runs
-    agree byte for byte; about ``LEDGER_LINES_PER_FILE`` lines per file.
+    every input record (a reader's line with ``unread_records`` for the rows
+    it stands for). Files are keyed and sorted by key hash, so runs agree
+    byte for byte; about ``LEDGER_LINES_PER_FILE`` lines per file (of the
+    ``row_count`` rows: a line each, whatever it stands for).
     """
 
     LEDGER_LINES_PER_FILE = 500_000
@@ -54,9 +56,9 @@ class WriteRejectionLedger(beam.PTransform):
         self.output_dir = output_dir
 
     def expand(self, inputs):
-        rejections, input_count = inputs
+        rejections, row_count = inputs
         per_file = self.LEDGER_LINES_PER_FILE
-        num_files = input_count | "LedgerFiles" >> beam.Map(lambda n: max(1, math.ceil(n / per_file)))
+        num_files = row_count | "LedgerFiles" >> beam.Map(lambda n: max(1, math.ceil(n / per_file)))
         return (
             rejections
             | "LedgerLine" >> beam.Map(

@@ -177,6 +177,12 @@ def test_checkpoint_adapter_needs_a_threshold_or_a_calibration_file(tmp_path):
     (tmp_path / "near_duplicate_calibration.json").write_text(json.dumps(dict(report, embedder={"name": "dct"})))
     with pytest.raises(ValueError, match="calibrates embedder"):
         embedders.get("checkpoint", workdir=str(tmp_path), encoder=(tower, 16))
+    for damaged, what in (("{\"embedder\": {\"name\": \"checkpoint\"}, \"recomm", "not valid JSON"),
+                          (json.dumps(dict(report, recommended_threshold="high")), "recommended_threshold: \"high\"")):
+        (tmp_path / "near_duplicate_calibration.json").write_text(damaged)
+        with pytest.raises(ValueError) as error:  # one line naming the file, not a traceback
+            embedders.get("checkpoint", workdir=str(tmp_path), encoder=(tower, 16))
+        assert str(error.value).startswith(str(tmp_path / "near_duplicate_calibration.json")) and what in str(error.value)
 
 
 def test_checkpoint_adapter_loads_the_trainer_lazily(tmp_path):

@@ -86,9 +86,12 @@ def test_build_over_hostile_files_completes_conserves_and_writes_every_good_reco
 
     output = committed(output)
     assert funnel["conserved"]
-    assert funnel["input"] == 4 + (6 + 1) + 4 + (1 + 4) + 3
+    # The input is what the files state: the lying footer's 100,000 rows (6 read, one marker for the rest).
+    assert funnel["input"] == 4 + 100_000 + 4 + (1 + 4) + 3
+    assert funnel["reading"] == {"read": funnel["input"] - (100_000 - 6) - 1, "unread": 100_000 - 6,
+                                 "unknown_losses": 1, "beyond_stated": 0}
     assert funnel["stages"][0]["rejected"] == {
-        "read/inconsistent_metadata": 1,  # the footer's 100,000 rows over 6: one record
+        "read/inconsistent_metadata": 100_000 - 6,  # the footer's 100,000 rows over 6: one record standing for the rest
         "read/malformed_record": 2,  # the Example with an odd float list; the sample with too deep a .json
         "read/truncated_file": 1,  # the 2^40-byte frame length
         "read/download_failed/http_404": 1,

@@ -127,7 +127,7 @@ def check(outcome, name):
 def test_deep_and_large_json_members_reject_their_sample_and_the_rest_is_read(outcome):
     records = check(outcome, "nested.tar")
     assert [r[1] for r in records if r[0] == "written"] == [good("nested", i)[0] for i in (0, 2, 4)]
-    assert "nested 30000 deep" in records[1][3]
+    assert "nested 30,000 deep" in records[1][3]
     assert records[3][1].endswith("nested.tar#4")  # no url: its .json was not read
 
 

@@ -77,7 +77,7 @@ def check(outcome, name):
 
 def test_deeply_nested_json_line_is_one_malformed_line(outcome):
     records = check(outcome, "deep.jsonl")
-    assert "nested 30000 deep" in records[1][3]
+    assert "nested 30,000 deep" in records[1][3]
 
 
 def test_non_finite_and_huge_source_sizes_reject_their_line(outcome):

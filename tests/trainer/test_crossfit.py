@@ -136,6 +136,9 @@ def test_a_keyed_model_needs_the_keys_and_a_finished_workdir(tiny_trained, tmp_p
         unfinished.check()
     with pytest.raises(ValueError, match="needs workdir="):
         model_score.PairScorer("crossfit").check()
+    (tmp_path / "crossfit.json").write_text('{"folds": 2.5, "models": []}')  # damaged: one line naming it
+    with pytest.raises(ValueError, match=r"^model score crossfit .*crossfit.json: folds: 2.5, not a whole number"):
+        model_score.PairScorer("crossfit", workdir=str(tmp_path)).check()
 
 
 @pytest.mark.slow

@@ -200,6 +200,28 @@ def test_corpus_without_index_is_refused_clearly(tiny_corpus):
         ConceptIndex(tiny_corpus)
 
 
+@pytest.mark.parametrize("name,text,what", [
+    ("concepts/*.json", '{"offsets": {"circle": [12, -3]}}', "offsets.circle: not a list of byte offsets"),
+    ("concepts/*.json", "[" * 100_000, "nested 100,000 deep"),
+    ("stats/concepts.json", '{"classes": [1, 2]}', "classes[0]: 1, not a string"),
+])
+def test_a_damaged_class_index_is_one_line_naming_it(tagged_corpus, tmp_path, name, text, what):
+    import glob
+    import shutil
+
+    from common.state_files import DamagedFile
+
+    corpus = tmp_path / "corpus"
+    shutil.copytree(tagged_corpus, corpus)
+    path = sorted(glob.glob(str(corpus / name)))[0]
+    with open(path, "w") as handle:
+        handle.write(text)
+    with pytest.raises(DamagedFile) as error:
+        ConceptIndex(str(corpus))
+    message = str(error.value)
+    assert "\n" not in message and message.startswith(f"{path}: ") and what in message, message
+
+
 # ---------------------------------------------------------------------------
 # The train loop: refresh, metrics, exact resume
 # ---------------------------------------------------------------------------

@@ -163,18 +163,29 @@ def test_strict_preset_writes_nothing_and_says_so(built, tmp_path):
     assert committed(tmp_path / "out").is_dir()
 
 
-def test_every_row_of_every_readable_file_is_accounted_for(tmp_path):
+def test_every_row_of_every_readable_file_is_accounted_for(tmp_path, capsys):
+    """The funnel's input is the rows the files state: the unreadable row group's 20 rows are input, rejected."""
+    from pipeline.audit import auditor
+
     expected = make_input_tree(tmp_path / "in")
+    stated = dict(expected, **{"read/unreadable_row_group": 20})  # its one marker record stands for 20 rows
     funnel = launcher.run(["--input", str(tmp_path / "in" / "*.parquet"), "--output", str(tmp_path / "out"), *QUICK,
                         "--set", "min_shorter_side=0", "--set", "min_words=1"])
-    assert funnel["conserved"] and funnel["input"] == sum(expected.values())
+    footers = sum(pq.ParquetFile(path).metadata.num_rows for path in (tmp_path / "in").rglob("*.parquet")
+                  if path.is_file() and path.name != "d.parquet" and "_temporary" not in path.parts)
+    assert funnel["conserved"] and funnel["input"] == sum(stated.values()) == footers + 1  # + the unreadable file
+    assert funnel["reading"] == {"read": funnel["input"] - 20, "unread": 20, "unknown_losses": 0, "beyond_stated": 0}
     read = next(row for row in funnel["stages"] if row["stage"] == "read")["rejected"]
-    assert read == {k: v for k, v in expected.items() if k != "written"}
+    assert read == {k: v for k, v in stated.items() if k != "written"}
     corpus = committed(tmp_path / "out")
     ledger = [json.loads(line) for f in output.list_files(str(corpus)) if f.startswith("stats/rejected/")
               for line in (corpus / f).read_text().splitlines()]
-    assert len(ledger) == funnel["rejected_total"]
+    assert sum(row.get("unread_records", 1) for row in ledger) == funnel["rejected_total"]
     assert any(row["url"].endswith("d.parquet") and row["reason"] == "read/unreadable_file" for row in ledger)
+    # The console and the report say how much of the stated input was never read.
+    line = f"input: the files state {funnel['input']:,} records; {funnel['input'] - 20:,} read, 20 stated but unreadable"
+    assert line in capsys.readouterr().out
+    assert line in open(auditor.render_report(str(tmp_path / "out")), encoding="utf-8").read()
 
 
 def test_accounting_against_the_footers():

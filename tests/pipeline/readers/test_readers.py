@@ -82,9 +82,10 @@ def test_headerless_tsv_cc12m_and_cc3m_orders(tmp_path, order):
 def test_lines_within_their_cap_are_the_lines_of_the_stream(monkeypatch, chunk):
     import random
 
+    from common import files
     from pipeline.readers import limits
 
-    monkeypatch.setattr(limits, "CHUNK_BYTES", chunk)
+    monkeypatch.setattr(files, "CHUNK_BYTES", chunk)  # the readers' lines are common.files.lines
     rng = random.Random(chunk)
     for _ in range(100):
         data = b"".join(rng.choice([b"\n", b"a", b"bb", b"x" * rng.randrange(50)]) for _ in range(rng.randrange(100)))

@@ -135,3 +135,13 @@ def test_detector_labels_from_a_carried_column_confirm_text_classes():
     assert tag_record(record, tagger).concepts == ("circle", "star")             # text only
     assert tag_record(record, tagger, "labels").concepts == ("star",)            # text and image
     assert tag_record(record.replace(carried=()), tagger, "labels").concepts == ()  # no labels: nothing seen
+
+
+def test_the_console_line_of_a_damaged_concepts_file_names_it(tmp_path):
+    from pipeline.write import concept_tags
+
+    (tmp_path / "stats").mkdir()
+    path = tmp_path / "stats" / "concepts.json"
+    path.write_text('{"classes": ["dog"], "splits": {"train": {"pairs": -1, "tagged": 0, "per_class": {}}}}')
+    line = concept_tags.summary_line(str(tmp_path))
+    assert line.startswith(f"concepts: {path}: splits.train.pairs: -1, not a whole number") and "\n" not in line

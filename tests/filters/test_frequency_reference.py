@@ -170,6 +170,9 @@ def test_survivors_counting_base_agrees_with_reference(small_corpus, tmp_path):
     assert_planted(small_corpus, rejected, preset)
 
 
+# CI's integration run (each worker process starts Beam); the default run's agreement tests check the same
+# output in process, against the same reference.
+@pytest.mark.integration
 def test_two_worker_processes_give_identical_output(small_corpus, tmp_path):
     preset = presets_for(small_corpus)["cc12m_sharing"]
     one, one_stats = assert_agrees(small_corpus, preset, str(tmp_path / "one"))

@@ -91,19 +91,23 @@ def ledger(output):
     return rows
 
 
-@pytest.fixture(scope="module")
-def two_worker_build(tmp_path_factory):
-    """The pairs built on 2 worker processes with both cuts: (pairs, output, funnel)."""
+# In the default run the job runs in this process; CI's integration run repeats the same checks on 2 worker
+# processes (each pair scored on whichever worker reads it; each process starts Beam, Pillow and the model).
+RUNNERS = {"in_process": [], "two_workers": ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]}
+
+
+@pytest.fixture(scope="module", params=["in_process", pytest.param("two_workers", marks=pytest.mark.integration)])
+def two_worker_build(request, tmp_path_factory):
+    """The pairs built with both cuts, in process or on 2 worker processes: (pairs, output, funnel)."""
     root = tmp_path_factory.mktemp("scored")
     pairs = write_pairs(root / "in")
     os.environ["PYTHONPATH"] = ROOT  # the worker processes import the model's module
     funnel = launcher.run(["--input", str(root / "in" / "*.parquet"), "--output", str(root / "out"), *QUICK,
-                           "--model_score", MODEL, "--set", "model_score_top_fraction=0.6",
-                           "--direct_running_mode=multi_processing", "--direct_num_workers=2"])
+                           "--model_score", MODEL, "--set", "model_score_top_fraction=0.6", *RUNNERS[request.param]])
     return pairs, root / "out", funnel
 
 
-def test_the_cuts_keep_the_stated_fraction_on_two_workers(two_worker_build):
+def test_the_cuts_keep_the_stated_fraction_on_every_worker(two_worker_build):
     pairs, output, funnel = two_worker_build
     want, scores = expected_verdicts(pairs, -1.0, 0.6)
     stage = next(row for row in funnel["stages"] if row["stage"] == "model_score")

@@ -190,7 +190,7 @@ def test_build_graph_carries_the_index_path_not_its_data(tmp_path):
     with_big = graph_size(tmp_path, index_files.EvalIndex(str(tmp_path / "big"), 0.9, ""), overrides)
     with_small = graph_size(tmp_path, index_files.EvalIndex(str(tmp_path / "sml"), 0.9, ""), overrides)
     assert abs(with_big - with_small) < 1000, (with_big, with_small)
-    assert with_big < data_bytes / 10
+    assert with_big < data_bytes / 2  # the graph could not hold the index's data (it holds ~0.9 MB of transforms)
 
 
 def test_preset_search_parameters_reach_the_search_options():

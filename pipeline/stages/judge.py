@@ -198,10 +198,12 @@ class RecordJudge:
         return done
 
     def _score_nsfw(self, rows, passing):
-        reasons = self.nsfw.judge([c.image for _, c in passing])
+        reasons, scores = self.nsfw.judge_with_scores([c.image for _, c in passing])
         kept = []
         counted = self.preset.counting_base == "raw"  # NSFW is a quality threshold: the row still counts
-        for (i, candidate), reason in zip(passing, reasons):
+        for (i, candidate), reason, score in zip(passing, reasons, scores):
+            if score is not None:
+                rows[i] = rows[i]._replace(nsfw_score=float(score))
             if reason:
                 rows[i] = rows[i]._replace(reason=reason, counted=counted)
             else:

@@ -3,10 +3,13 @@
     python -m benchmarks.bootstrap_loop --sample S --before C1 --after C2 \\
         --train_before W1 --train_after W2 [--json PATH]
 
-The loop (the commands are in ``docs/model-score.md``): ``samplegen`` makes
-S; C1 is S built with the ALIGN preset; W1 is ``trainer.train`` on C1; C2 is
-S built again with ``--model_score checkpoint --model_score_arg workdir=W1``
-and a cut; W2 is ``trainer.train`` on C2 with W1's config and budget.
+The loop on the demo's sample, one model that scores the pairs it trained
+on (the commands are in ``benchmarks/RESULTS.md``, "Bootstrap loop"; the
+cross-fitted loop on a noisy pool is ``benchmarks.model_score_evidence``):
+``samplegen`` makes S; C1 is S built with the ALIGN preset; W1 is
+``trainer.train`` on C1; C2 is S built again with ``--model_score
+checkpoint --model_score_arg workdir=W1`` and a cut; W2 is
+``trainer.train`` on C2 with W1's config and budget.
 
 Figures, from S's manifest (``samplegen``: each row's ``pairing`` and
 ``expected`` fate) and C2's rejection ledger:
@@ -27,13 +30,13 @@ Figures, from S's manifest (``samplegen``: each row's ``pairing`` and
 
 from __future__ import annotations
 
-import argparse
 import collections
 import glob
 import json
 import os
 
 from benchmarks import record
+from common import cli
 
 STAGE = "model_score"
 
@@ -119,7 +122,7 @@ def evaluations(workdir: str, sample: str, before: str, after: str) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = cli.ArgumentParser(prog="python -m benchmarks.bootstrap_loop", description=__doc__.split("\n\n")[0])
     parser.add_argument("--sample", required=True, help="samplegen's output (manifest.jsonl, eval/)")
     parser.add_argument("--before", required=True, help="the build without the model-score stage")
     parser.add_argument("--after", required=True, help="the build with it (the model trained on --before)")

@@ -43,6 +43,12 @@ def split_of(key: str, validation_fraction: float) -> str:
     return "validation" if key_fraction(key, salt="split") < validation_fraction else "train"
 
 
+def fold_of(key: str, folds: int) -> int:
+    """A key's cross-fitting fold among ``folds`` (by a hash apart from the split's and the shards'): the
+    model that scores a pair was trained on the other folds (``trainer.crossfit``)."""
+    return min(folds - 1, int(key_fraction(key, salt="fold") * folds))
+
+
 def shard_of(key: str, num_shards: int) -> int:
     """A key's file among ``num_shards`` hash-sharded files (the ledger, the pairs report)."""
     return min(num_shards - 1, int(key_fraction(key, salt="shard") * num_shards))

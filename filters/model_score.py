@@ -10,8 +10,11 @@ model's name and arguments)::
 
     scorer = PairScorer("checkpoint", **parse_args(["workdir=out/train"]))  # KEY=VALUE, as typed
     scorer.check()                          # the launcher: load now; a bad checkpoint is a ValueError
-    scores = scorer.score(image_bytes_list, texts)    # float32 [N]; NaN: the image did not decode
-    scores = scorer.score_decoded(rgb_images, texts)  # images already decoded (upright RGB)
+    scores = scorer.score(image_bytes_list, texts, keys)    # float32 [N]; NaN: the image did not decode
+    scores = scorer.score_decoded(rgb_images, texts, keys)  # images already decoded (upright RGB)
+
+``keys`` (the pairs' pipeline keys) matter only to a keyed model, which
+scores a pair by its key's fold; others ignore them (they may be omitted).
 
 ``score`` decodes each image as the build sees it (upright by its EXIF
 orientation, transparency on white, 16-bit scaled: ``filters.image.to_rgb``),
@@ -29,11 +32,16 @@ through the graph).
 A model (what ``register`` adds; ``get`` builds one) has ``name``,
 ``decode_size`` (the shorter side it needs; 0: full size), ``batch_size``,
 ``describe()`` (one line for the funnel's note) and
-``score_images(images, texts) -> float32 [N]`` over upright RGB PIL images.
-Built in: ``checkpoint`` (``workdir=``, ``step=``, ``batch_size=``), a
-``trainer.train`` run's two towers (``trainer.pair_score``, imported only
-when this model is used: the trainer and JAX load on the workers that
-score). A user's model::
+``score_images(images, texts) -> float32 [N]`` over upright RGB PIL images
+(a model with ``keyed = True`` gets the pairs' keys as a third argument).
+Built in, both ``trainer.pair_score`` (imported only when used: the trainer
+and JAX load on the workers that score): ``checkpoint`` (``workdir=``,
+``step=``, ``batch_size=``), a ``trainer.train`` run's two towers; and
+``crossfit`` (``workdir=``, ``batch_size=``), the K models of a
+``trainer.crossfit`` workdir, each pair scored by the model that was
+trained without the pair's fold, so that no pair is judged by a model that
+saw it (a model scores its own training pairs higher, mismatched ones
+too). A user's model::
 
     from filters import model_score
 
@@ -140,6 +148,15 @@ def _checkpoint(workdir: str = "", step: Optional[int] = None, batch_size: Optio
     return CheckpointPairModel(workdir, step=step, batch_size=batch_size)
 
 
+@register("crossfit")
+def _crossfit(workdir: str = "", batch_size: Optional[int] = None) -> PairModel:
+    if not workdir:
+        raise ValueError("the crossfit pair model needs workdir=... (a trainer.crossfit workdir)")
+    from trainer.pair_score import CrossFitPairModel  # lazy: JAX and TensorFlow load only here
+
+    return CrossFitPairModel(workdir, batch_size=batch_size)
+
+
 # ---------------------------------------------------------------------------
 # One model per process
 # ---------------------------------------------------------------------------
@@ -195,10 +212,11 @@ class PairScorer:
         """Loads the model in this process (a bad checkpoint raises ``ValueError``); its description."""
         return self.model.describe()
 
-    def score(self, images: Sequence[bytes], texts: Sequence[str]) -> np.ndarray:
+    def score(self, images: Sequence[bytes], texts: Sequence[str], keys: Optional[Sequence[str]] = None) -> np.ndarray:
         """float32 [N] cosines; NaN where the image does not decode."""
         if len(images) != len(texts):
             raise ValueError(f"{len(images)} images but {len(texts)} texts")
+        keys = self._keys(keys, len(images))
         model = self.model
         scores = np.full((len(images),), np.nan, np.float32)
         decoded: List[Image.Image] = []
@@ -210,17 +228,33 @@ class PairScorer:
             except Exception:  # any decoder failure: NaN for this pair only
                 continue
         if rows:
-            scores[rows] = self.score_decoded(decoded, [texts[r] for r in rows])
+            scores[rows] = self.score_decoded(decoded, [texts[r] for r in rows],
+                                              None if keys is None else [keys[r] for r in rows])
         return scores
 
-    def score_decoded(self, images: Sequence[Image.Image], texts: Sequence[str]) -> np.ndarray:
+    def score_decoded(self, images: Sequence[Image.Image], texts: Sequence[str],
+                      keys: Optional[Sequence[str]] = None) -> np.ndarray:
         """float32 [N] cosines of upright RGB images (decoded at ``model.decode_size`` or more)."""
         model = self.model
+        keys = self._keys(keys, len(images))
         out = np.empty((len(images),), np.float32)
         for start in range(0, len(images), model.batch_size):
             stop = start + model.batch_size
-            out[start:stop] = model.score_images(images[start:stop], texts[start:stop])
+            if keys is None:
+                out[start:stop] = model.score_images(images[start:stop], texts[start:stop])
+            else:
+                out[start:stop] = model.score_images(images[start:stop], texts[start:stop], keys[start:stop])
         return out
+
+    def _keys(self, keys: Optional[Sequence[str]], count: int) -> Optional[List[str]]:
+        """The keys a keyed model needs (None for any other model)."""
+        if not getattr(self.model, "keyed", False):
+            return None
+        if keys is None:
+            raise ValueError(f"pair model {self.name!r} scores by the pair's key: pass keys")
+        if len(keys) != count:
+            raise ValueError(f"{count} pairs but {len(keys)} keys")
+        return list(keys)
 
     def __repr__(self):
         return f"PairScorer({self.name!r}, {self.kwargs})"

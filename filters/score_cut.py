@@ -167,3 +167,43 @@ def cut_values(preset) -> Tuple[Optional[float], Optional[float]]:
     threshold = values["model_score_threshold"] if rule_enabled("model_score_threshold", values) else None
     fraction = values["model_score_top_fraction"] if rule_enabled("model_score_top_fraction", values) else None
     return threshold, fraction
+
+
+def otsu_threshold(histogram: dict) -> float:
+    """The label-blind threshold of a score histogram: Otsu's cut, at a bin edge.
+
+    ``histogram`` is ``{"edges": lower edges, "counts": counts}`` (the stage's
+    ``stats/distributions.json`` entry, bins of 0.05). Each inner edge splits
+    the pairs in two; the threshold is the edge at which the between-class
+    variance ``w0 * w1 * (mean0 - mean1) ** 2`` of the bin centres is
+    largest (Otsu, 1979): the point that best separates a low mode of
+    mismatched pairs from a high mode of matching ones, read without a
+    single label. Where several edges tie (empty bins between the two
+    modes), the middle one (the lower of two). Keeping
+    ``cosine >= threshold`` then keeps the upper class.
+    """
+    edges, counts = list(histogram["edges"]), [float(c) for c in histogram["counts"]]
+    if len(edges) != len(counts) or len(edges) < 2:
+        raise ValueError("a histogram needs as many edges as counts, two at least")
+    widths = [b - a for a, b in zip(edges, edges[1:])]
+    centres = [a + w / 2 for a, w in zip(edges, widths)] + [edges[-1] + widths[-1] / 2]
+    total = sum(counts)
+    if total <= 0:
+        raise ValueError("an empty histogram has no threshold")
+    mean = sum(c * x for c, x in zip(counts, centres)) / total
+    best, chosen, below, below_sum = -1.0, [], 0.0, 0.0
+    for index in range(1, len(edges)):
+        below += counts[index - 1]
+        below_sum += counts[index - 1] * centres[index - 1]
+        if below <= 0 or below >= total:
+            continue
+        mean0 = below_sum / below
+        mean1 = (mean * total - below_sum) / (total - below)
+        variance = below * (total - below) * (mean0 - mean1) ** 2
+        if variance > best * (1 + 1e-9):
+            best, chosen = variance, [index]
+        elif variance >= best * (1 - 1e-9):
+            chosen.append(index)
+    if not chosen:
+        raise ValueError("every pair is in one bin: no threshold splits them")
+    return float(round(edges[chosen[(len(chosen) - 1) // 2]], 6))

@@ -5,6 +5,7 @@ is added) and tries the hyphenated spelling of each of its options.
 """
 
 import importlib
+import json
 import os
 import re
 import subprocess
@@ -69,21 +70,45 @@ def test_every_option_of_every_command_is_spelled_with_underscores(module, capsy
     assert sorted(o for o in options if "-" in o[2:]) == []
 
 
+#: Runs absl's own ``app.run`` of a command for each given argument in one process (a process per
+#: option would start TensorFlow and JAX once per option): ``[[exit status, stderr], ...]`` as JSON.
+ABSL_REFUSALS = """
+import contextlib, importlib, io, json, sys
+from absl import app
+module = importlib.import_module(sys.argv[1])
+found = []
+for argument in sys.argv[2:]:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            app.run(module.main, argv=[sys.argv[1], argument])
+            status = 0
+        except SystemExit as stop:
+            status = stop.code
+    found.append([status, err.getvalue()])
+print(json.dumps(found))
+"""
+
+
 @pytest.mark.parametrize("module", sorted(COMMANDS))
 def test_the_hyphenated_spelling_is_refused_in_one_line_naming_the_right_one(module, capsys):
     # config overrides (--config.a.b=...) are field paths, spelled as the config's fields are
     spelled = sorted(o for o in options_in(help_text(module, capsys)) if "_" in o and not o.startswith("--config."))
     if not spelled:
         pytest.skip(f"{module} has no option with an underscore")
-    for right in spelled:
-        wrong = "--" + right[2:].replace("_", "-")
-        status, _, err = run(module, [f"{wrong}=1"], capsys)
-        if COMMANDS[module] == "absl":  # absl's refusal: the error with its suggestion, then a pointer to --helpshort
+    wrongs = ["--" + right[2:].replace("_", "-") for right in spelled]
+    if COMMANDS[module] == "absl":  # absl's refusal: the error with its suggestion, then a pointer to --helpshort
+        done = subprocess.run([sys.executable, "-c", ABSL_REFUSALS, module, *[f"{w}=1" for w in wrongs]],
+                              cwd=ROOT, capture_output=True, text=True, env=ENV)
+        assert done.returncode == 0, done.stderr[-2000:]
+        for right, wrong, (status, err) in zip(spelled, wrongs, json.loads(done.stdout.splitlines()[-1])):
             lines = err.strip().splitlines()
             assert status != 0 and len(lines) <= 2 and right[2:] in lines[0], (wrong, err)
-        else:
-            assert status == 2 and err.count("\n") == 1, (wrong, err)
-            assert err.startswith(f"error: {wrong}:") and right in err, (wrong, err)
+        return
+    for right, wrong in zip(spelled, wrongs):
+        status, _, err = run(module, [f"{wrong}=1"], capsys)
+        assert status == 2 and err.count("\n") == 1, (wrong, err)
+        assert err.startswith(f"error: {wrong}:") and right in err, (wrong, err)
 
 
 @pytest.mark.parametrize("argv,wrong,right", [

@@ -2,6 +2,8 @@
 
     model = CheckpointPairModel(workdir)              # the latest step; or step=S
     scores = model.score_images(images, texts)        # float32 [N], each in [-1, 1]
+    model = CrossFitPairModel(workdir)                # a trainer.crossfit workdir: K models
+    scores = model.score_images(images, texts, keys)  # each pair by the model that never saw its fold
 
 ``images`` are upright RGB PIL images (any size), ``texts`` the alt-texts
 (as the corpus writes them: normalised). Each image takes the trainer's
@@ -79,6 +81,59 @@ class CheckpointPairModel:
         tokens = encoders.tokenizer.tokenize_numpy([str(t) for t in texts])
         text_vectors = encode_in_batches(encoders.encode_texts, chunks(tokens, size), size)
         return np.einsum("nd,nd->n", image_vectors, text_vectors).astype(np.float32)
+
+
+class CrossFitPairModel:
+    """The K models of a ``trainer.crossfit`` workdir: a pair of fold k is scored by model k, the one trained
+    without fold k (``common.schema.fold_of`` of the pair's key), so no pair is judged by a model that saw it.
+
+    ``keyed``: its ``score_images`` takes the pairs' keys too (``filters.model_score.PairScorer`` passes them).
+    """
+
+    name = "crossfit"
+    keyed = True
+
+    def __init__(self, workdir: str, batch_size: Optional[int] = None):
+        import json
+
+        from trainer.crossfit import MANIFEST
+
+        path = os.path.join(workdir, MANIFEST)
+        if not os.path.isfile(path):
+            raise ValueError(f"model score crossfit {workdir}: no {MANIFEST}, not a finished trainer.crossfit "
+                             "workdir (run python -m trainer.crossfit, or name one run with --model_score checkpoint)")
+        try:
+            with open(path, encoding="utf-8") as f:
+                manifest = json.load(f)
+            self.folds, names = int(manifest["folds"]), list(manifest["models"])
+        except (ValueError, KeyError, TypeError) as error:
+            raise ValueError(f"model score crossfit {workdir}: {MANIFEST} does not parse ({error})") from None
+        if self.folds < 2 or len(names) != self.folds:
+            raise ValueError(f"model score crossfit {workdir}: {MANIFEST} names {len(names)} models for "
+                             f"{self.folds} folds")
+        self.workdir = workdir
+        self.models = [CheckpointPairModel(os.path.join(workdir, name), batch_size=batch_size) for name in names]
+        if len({(m.image_size, m.decode_size) for m in self.models}) != 1:
+            raise ValueError(f"model score crossfit {workdir}: its models see images at different sizes")
+        self.decode_size, self.batch_size = self.models[0].decode_size, self.models[0].batch_size
+
+    def describe(self) -> str:
+        steps = ", ".join(str(m.step) for m in self.models)
+        return (f"crossfit {self.workdir}: {self.folds} models (steps {steps}), each pair by the one trained "
+                "without its fold")
+
+    def score_images(self, images: Sequence, texts: Sequence[str], keys: Sequence[str]) -> np.ndarray:
+        from common.schema import fold_of
+
+        if not len(images) == len(texts) == len(keys):
+            raise ValueError(f"{len(images)} images, {len(texts)} texts and {len(keys)} keys")
+        folds = np.array([fold_of(key, self.folds) for key in keys], np.int64)
+        out = np.empty((len(images),), np.float32)
+        for fold, model in enumerate(self.models):
+            rows = np.flatnonzero(folds == fold)
+            if rows.size:
+                out[rows] = model.score_images([images[r] for r in rows], [texts[r] for r in rows])
+        return out
 
 
 #: Pixels of one padded group of images handed to the eval view at once (uint8: 3 bytes each).

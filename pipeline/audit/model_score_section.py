@@ -7,7 +7,8 @@ the funnel and the sampled rejects (each sample of a scored pair carries its
 
 - the cosine of every scored pair, bars coloured by the stage's cut, the
   threshold and the top fraction's cut, and the scores of the pairs other
-  stages rejected;
+  stages rejected; the label-blind threshold read off that histogram
+  (Otsu's, ``filters.score_cut.otsu_threshold``);
 - per other stage: its rejected pairs that were scored and how many of them
   the score's cut rejects too (what the score alone would have caught), and
   the score's rejections no other stage made;
@@ -77,6 +78,19 @@ def _overlap_table(entry: dict, own: dict) -> str:
         "so what those rules reject has no score.</p>")
 
 
+def _label_blind(entry: dict) -> str:
+    """The threshold read off the histogram without a label (``filters.score_cut.otsu_threshold``)."""
+    from filters.score_cut import otsu_threshold
+
+    try:
+        threshold = otsu_threshold({"edges": entry["edges"], "counts": entry["counts"]})
+    except (KeyError, TypeError, ValueError) as error:
+        return f'<p class="muted">No label-blind threshold: {_e(error)}.</p>'
+    return (f"<p>Label-blind threshold of this histogram (Otsu's: the bin edge that best separates a low and a "
+            f"high group of scores): <b>{threshold:g}</b>; "
+            f"<code>--set model_score_threshold={threshold:g}</code> cuts there.</p>")
+
+
 def section_model_score(loaded: dict, image_html) -> str:
     """The section's HTML, or "" when the build did not score (no ``model_score`` distribution).
 
@@ -104,6 +118,7 @@ def section_model_score(loaded: dict, image_html) -> str:
         f"({percent(kept, scored)}); rejected: {reasons}. Kept: "
         f"{' and '.join(cuts) if cuts else 'every pair (no cut set: the scores are recorded only)'}.</p>",
     ]
+    parts.append(_label_blind(entry))
     try:
         parts.append(f'<figure><img src="{plot_model_scores(entry)}" alt="model score histogram"></figure>')
     except (ValueError, TypeError) as error:

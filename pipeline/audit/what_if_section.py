@@ -11,14 +11,17 @@ PNGs in the report (no script, no server), like its other plots.
 from __future__ import annotations
 
 import html
+import math
 from typing import List, Optional, Sequence, Tuple
 
 from filters import presets
 from pipeline.audit.plots import KEPT, _figure, _finish
 from pipeline.what_if import answer as wi
+from pipeline.what_if import rules
 
 #: The thresholds the explorer draws, in stage order.
 PARAMS = ("min_shorter_side", "max_aspect_ratio", "min_words", "max_words", "max_word_repetition",
+          "model_score_threshold", "model_score_top_fraction",
           "max_texts_per_image", "max_images_per_text", "vocab_size", "min_ngram_count")
 POINTS = 40
 
@@ -46,6 +49,8 @@ def thresholds(param: str, doc: dict) -> Sequence[float]:
         return _integers(max(built["min_words"], 1), max(100, built[param]), log=False)
     if param == "max_word_repetition":
         return [k / 20 for k in range(21)]
+    if param.startswith("model_score_"):
+        return _score_thresholds(param, doc)
     if param in ("max_texts_per_image", "max_images_per_text"):
         cap = doc.get("caps", {}).get(param[len("max_"):])
         return _integers(1, cap, log=True) if cap else []
@@ -56,6 +61,20 @@ def thresholds(param: str, doc: dict) -> Sequence[float]:
         return _integers(0, facts["reach"], log=False)
     total = facts["ngrams_at_or_above_reach"] + sum(n for _, n in facts["count_of_counts"])
     return _integers(facts["ngrams_at_or_above_reach"] + 1, max(total, 2), log=True)
+
+
+def _score_thresholds(param: str, doc: dict) -> Sequence[float]:
+    """The top fraction from 0 to 1; the threshold over the scores' range, on the grid's 0.001 edges (exact)."""
+    scored = doc["rules"].get("model_score")
+    if not scored:
+        return []  # the build ran no model
+    if param == "model_score_top_fraction":
+        return [k / POINTS for k in range(POINTS + 1)]
+    grid = rules.COSINES
+    occupied = [b for pairs in scored.values() for b, _ in pairs]
+    low, high = grid.ends(min(occupied))[0], grid.ends(max(occupied))[1]
+    low, high = math.floor(low * 1000) / 1000, math.ceil(high * 1000) / 1000
+    return sorted({round(low + (high - low) * k / POINTS, 3) for k in range(POINTS + 1)})
 
 
 def curve(param: str, doc: dict, funnel: dict) -> List[Tuple[float, int, int]]:

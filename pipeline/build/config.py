@@ -154,10 +154,6 @@ def _pair_scorer(args, preset):
         scorer = model_score.PairScorer(args.model_score, **model_score.parse_args(args.model_score_args))
     except (TypeError, ValueError) as error:
         raise UsageError(f"--model_score {args.model_score}: {error}") from None
-    if args.download:
-        # The crawl judges a fetched image once for all its rows, outside the file judge that scores pairs.
-        raise UsageError("--model_score with --download: downloaded pairs are not scored; build the downloaded "
-                         "corpus first, then rebuild from its shards with --model_score")
     try:
         scorer.check()
     except (TypeError, ValueError) as error:  # a checkpoint's problems are one-line ValueErrors (trainer.pair_score)

@@ -8,7 +8,8 @@ facts by side input, so no step holds one URL's rows in one list. Each row
 then meets the row part of the per-record rules (``filters.record.judge_row``)
 with its image's facts, and the image's NSFW verdict, embedding and
 evaluation match apply to it where the row passes every per-record rule,
-as in the file path (``pipeline.stages.judge``). The light row is the one a
+as in the file path (``pipeline.stages.judge``), and so does the pair
+model's score (``--model_score``). The light row is the one a
 record read from a file gets: from a staging file (reader ``staging``, its
 path and ordinal), with the URL-list row's carried columns plus the HTTP
 status and final URL (``LightRow.carried``). A failed download is the
@@ -76,16 +77,27 @@ def row_outputs(row: UrlRow, facts, preset, extras=(), max_record_bytes=None):
 
 
 class _JudgeRows(beam.DoFn):
-    """A batch of ``(UrlRow, facts)`` -> light rows; the batch's histograms and NSFW outcomes."""
+    """A batch of ``(UrlRow, facts)`` -> light rows; the batch's histograms and NSFW outcomes.
 
-    def __init__(self, preset, extras=(), max_record_bytes=None):
+    With a pair model (``scorer``), the rows that pass every per-record rule
+    and NSFW are scored together at the end of the batch, each image read
+    back from its staging file (the score depends on the row's alt-text,
+    so it is the row's, not the image's)."""
+
+    def __init__(self, preset, extras=(), max_record_bytes=None, scorer=None):
         self.preset = preset
         self.extras = tuple(extras)
         self.max_record_bytes = max_record_bytes
+        self.scorer = scorer
         self.eval_rejected = Metrics.counter("dedup", "near_duplicate_eval/rejected")
+
+    def setup(self):
+        if self.scorer is not None:
+            self.scorer.check()  # this process's copy of the model (filters.model_score)
 
     def process(self, batch):
         histograms, outcomes = Histograms(), collections.Counter()
+        waiting = []  # (light row, facts): kept rows for the pair model
         for row, facts in batch:
             for tag, value in row_outputs(row, facts, self.preset, self.extras, self.max_record_bytes):
                 if tag == MEASURES:
@@ -93,17 +105,28 @@ class _JudgeRows(beam.DoFn):
                 elif tag == NSFW_OUTCOMES:
                     outcomes[value] += 1
                 elif tag == ROWS:
-                    if value.reason:
-                        Metrics.counter(METRICS_NAMESPACE, value.reason).inc()
-                    if value.eval_match:
-                        self.eval_rejected.inc()
-                    yield value
+                    if self.scorer is not None and not value.reason and not facts.reason:
+                        waiting.append((value, facts))
+                    else:
+                        yield from self._row(value)
                 else:
                     yield beam.pvalue.TaggedOutput(tag, value)
+        if waiting:
+            staged = [(light, image_facts(facts, self.max_record_bytes).read(), light.text)
+                      for light, facts in waiting]
+            for light in judge_lib.scored_rows(self.scorer, staged, self.preset):
+                yield from self._row(light)
         for name, counts in histograms.take():
             yield beam.pvalue.TaggedOutput(MEASURES, (name, counts))
         for outcome, records in sorted(outcomes.items()):
             yield beam.pvalue.TaggedOutput(NSFW_OUTCOMES, (outcome, records))
+
+    def _row(self, light):
+        if light.reason:
+            Metrics.counter(METRICS_NAMESPACE, light.reason).inc()
+        if light.eval_match:
+            self.eval_rejected.inc()
+        yield light
 
 
 class JudgeRows(beam.PTransform):
@@ -111,11 +134,12 @@ class JudgeRows(beam.PTransform):
 
     TAGS = (MEASURES, PAIRS, EMBEDDINGS, NSFW_OUTCOMES)
 
-    def __init__(self, preset, extras=(), max_record_bytes=None):
+    def __init__(self, preset, extras=(), max_record_bytes=None, scorer=None):
         super().__init__()
         self.preset = preset
         self.extras = tuple(extras)
         self.max_record_bytes = max_record_bytes
+        self.scorer = scorer  # filters.model_score.PairScorer, or None: no model-score stage
 
     def expand(self, inputs):
         judged = (
@@ -125,7 +149,7 @@ class JudgeRows(beam.PTransform):
             }
             | "FactsToRows" >> JoinDecisions(combine=_one, label="download_facts")
             | "Batch" >> beam.BatchElements(min_batch_size=BATCH_SIZE, max_batch_size=BATCH_SIZE)
-            | "Judge" >> beam.ParDo(_JudgeRows(self.preset, self.extras, self.max_record_bytes))
+            | "Judge" >> beam.ParDo(_JudgeRows(self.preset, self.extras, self.max_record_bytes, self.scorer))
             .with_outputs(*self.TAGS, main=ROWS)
         )
         return {ROWS: holding_rows(judged[ROWS]), **{tag: judged[tag] for tag in self.TAGS}}

@@ -8,6 +8,7 @@
            settled  -> an earlier build's failure that is the URL's answer
       -> ImageFactsRow per distinct URL
       -> JudgeRows: the facts joined back to every row of the URL, each row judged   [fanout]
+         (and, with --model_score, each kept pair scored, its image read back from the staging file)
       -> LightRow per row (+ measures, pairs, embeddings, NSFW outcomes), as ``pipeline.stages.judge``'s
 
 No image bytes cross a shuffle: URLs and light facts do; the bytes go from
@@ -81,6 +82,6 @@ class DownloadImages(beam.PTransform):
         )
         facts = (fetched, staged["facts"], plan[resume.SETTLED]) | "FactsPerUrl" >> beam.Flatten()
         judged = {"rows": url_rows, "facts": facts} | "JudgeRows" >> fanout.JudgeRows(
-            preset, extras, self.max_record_bytes)
+            preset, extras, self.max_record_bytes, self.record_judge.scorer)
         notes = facts | "DownloadNote" >> fanout.DownloadNote(describe(options))
         return {**{tag: judged[tag] for tag in (ROWS, MEASURES, PAIRS, EMBEDDINGS, NSFW_OUTCOMES)}, NOTES: notes}

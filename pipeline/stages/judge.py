@@ -17,8 +17,9 @@ ordinal (its position in what the reader yields).
 
 With ``--download``, rows without image bytes leave as ``to_fetch``: the
 download stage (``pipeline.download.stage``) fetches each distinct URL once
-into a staging file, judges its image once with this judge's scorer,
-embedder and index, and judges each row with its image's facts.
+into a staging file, judges its image once with this judge's NSFW scorer,
+embedder and index, and judges each row with its image's facts, scoring
+the pair with this judge's pair model (``pipeline.download.fanout``).
 
 Tagged outputs besides the rows: ``measures`` (partial histograms of the
 audit's distributions, one per measure per file or batch), ``pairs`` (near-
@@ -54,6 +55,22 @@ ROWS, MEASURES, PAIRS, EMBEDDINGS, NSFW_OUTCOMES, TO_FETCH = "rows", "measures",
 BATCH_SIZE = 64
 #: Characters of a rejected record's alt-text kept for the audit (its samples show 500).
 SHOWN_TEXT = 500
+
+
+def scored_rows(scorer, waiting: List[Tuple[LightRow, bytes, str]], preset) -> List[LightRow]:
+    """``(light row, image bytes, alt-text)`` of kept rows -> each row with its pair score, or rejected as
+    ``model_score/undecodable`` where the model's decoder fails (the file judge's and the download's)."""
+    scores = scorer.score([image for _, image, _ in waiting], [text for _, _, text in waiting],
+                          [row.key for row, _, _ in waiting])
+    counted = preset.counting_base == "raw"  # as NSFW: a quality judgement, the row still counts
+    done = []
+    for (row, _, _), score in zip(waiting, scores):
+        score = float(score)
+        if math.isnan(score):  # the model's decoder failed where the build's did not
+            done.append(row._replace(reason=score_cut.UNDECODABLE, counted=counted))
+        else:
+            done.append(row._replace(model_score=score))
+    return done
 
 
 def rejection_row(rejection: Rejection, reader: str = "", source: str = "", ordinal: int = -1) -> LightRow:
@@ -185,16 +202,9 @@ class RecordJudge:
         one half would otherwise pad every batch of the towers to twice its pairs."""
         size = self.scorer.model.batch_size
         done = []
-        counted = self.preset.counting_base == "raw"  # as NSFW: a quality judgement, the row still counts
         while len(self.unscored) >= size or (final and self.unscored):
             batch, self.unscored = self.unscored[:size], self.unscored[size:]
-            scores = self.scorer.score([image for _, image, _ in batch], [text for _, _, text in batch])
-            for (row, _, _), score in zip(batch, scores):
-                score = float(score)
-                if math.isnan(score):  # the model's decoder failed where the build's did not
-                    done.append(row._replace(reason=score_cut.UNDECODABLE, counted=counted))
-                else:
-                    done.append(row._replace(model_score=score))
+            done += scored_rows(self.scorer, batch, self.preset)
         return done
 
     def _score_nsfw(self, rows, passing):

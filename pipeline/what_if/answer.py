@@ -126,6 +126,12 @@ def ngram_cut(doc: dict, values: Mapping) -> int:
 
 
 def rule_conditions(stage: str, values: Mapping, doc: dict) -> List[rules.Condition]:
+    if stage == "model_score":
+        scored = {cls: bins.from_json(pairs) for cls, pairs in doc["rules"].get(stage, {}).items()}
+        if not scored:
+            raise WhatIfError("the build scored no pair (no --model_score, or no pair reached the stage): "
+                              "nothing to answer")
+        return rules.score_conditions(values, scored)
     if stage == "rare_ngrams":
         cut = ngram_cut(doc, values)
         return [(">=", cut)] if cut > 0 else []

@@ -8,7 +8,8 @@ passes it, every other threshold as built. Three sources, all on light rows:
   key stage that gave the key a verdict, its lowest n-gram count): the
   cheap per-record rules (which these rows passed: their class is their
   fate), ``rare_ngrams`` (the lowest count; none below the reach is the
-  ``ABOVE_REACH`` bin) and the sharing rules;
+  ``ABOVE_REACH`` bin), ``model_score`` (the row's cosine, when the build
+  scored it) and the sharing rules;
 - for the sharing rules, the key's group (its image, its alt-text) meets
   the group's distinct count (``filters.frequency.DropSharedGroups``'s
   ``counts``, kept for the groups of two members or more) in a
@@ -27,6 +28,7 @@ the other stats.
 from __future__ import annotations
 
 import json
+import math
 from typing import Dict, Iterable, Mapping, Sequence
 
 import apache_beam as beam
@@ -52,7 +54,8 @@ def _fate_classes(names: Sequence[str]):
 
 
 def key_contributions(fate_kv, order: Sequence[str], rank: Mapping[str, int], rare: bool):
-    """A key's fate -> ``(rule, class, bin, n)`` for the cheap rules and ``rare_ngrams``."""
+    """A key's fate -> ``(rule, class, bin, n)`` for the cheap rules, ``rare_ngrams`` and, for a scored pair,
+    ``model_score`` (its cosine)."""
     _, (count, first, _, _, _, mask, lowest) = fate_kv
     if count == 0:
         return  # every row of the key was rejected by a per-record stage: counted from those rows
@@ -71,6 +74,12 @@ def key_contributions(fate_kv, order: Sequence[str], rank: Mapping[str, int], ra
         yield "rare_ngrams", c_first, b, 1
         if count > 1:
             yield "rare_ngrams", c_repeat, b, count - 1
+    if math.isfinite(first.model_score):  # scored: the build ran the model-score stage and the row reached it
+        c_first, c_repeat = rules.classes_of_key(names, "model_score")
+        b = rules.COSINES.bin(first.model_score)
+        yield "model_score", c_first, b, 1
+        if count > 1:
+            yield "model_score", c_repeat, b, count - 1
 
 
 def key_groups(fate_kv, order: Sequence[str], rank: Mapping[str, int], identity: str, sharing: Iterable[str]):

@@ -27,9 +27,11 @@ keeps a record by; ``bin_keeps`` applies them to a whole histogram bin.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from filters.presets import compare, keep_op, rule_enabled
+from filters.score_cut import kept_count
 from filters.text import repetition, words
 from pipeline.what_if.bins import BIG, Grid, decimal_grid, integer_grid
 
@@ -48,6 +50,8 @@ FRACTION = decimal_grid("fraction", 0, 100, 100)
 GROUP_COUNTS = integer_grid("count", exact_up_to=4001, top=1 << 40, per_octave=16)
 #: n-gram counts: exact up to 4,096, then 16 edges per doubling (a bin 4.4% wide).
 NGRAM_COUNTS = integer_grid("count", exact_up_to=4096, top=1 << 50, per_octave=16)
+#: Image-text cosines: edges every 0.001 over [-1, 1] (a threshold with three decimals is exact).
+COSINES = decimal_grid("cosine", -1000, 1000, 1000)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +72,8 @@ RULES: Tuple[Rule, ...] = (
     Rule("images_per_text", ("max_images_per_text",), "distinct images of the alt-text", GROUP_COUNTS, True),
     Rule("rare_ngrams", ("vocab_size", "min_ngram_count"), "lowest count among the alt-text's n-grams",
          NGRAM_COUNTS, True),
+    Rule("model_score", ("model_score_threshold", "model_score_top_fraction"),
+         "the pair's cosine under the --model_score model", COSINES, True),
 )
 #: The ``rare_ngrams`` bin of a record none of whose n-grams is below the reach (none was measured).
 ABOVE_REACH = BIG
@@ -86,14 +92,56 @@ def conditions(stage: str, values: Mapping) -> List[Condition]:
     """The comparisons ``measure OP threshold`` that all keep a record under rule ``stage`` (none: off).
 
     ``rare_ngrams`` is not here: its cut comes from the build's n-gram
-    counts (``pipeline.what_if``).
+    counts (``pipeline.what_if``); nor is ``model_score_top_fraction``,
+    whose cut comes from the scores' histogram (``score_conditions``).
     """
     rule = RULES_BY_STAGE[stage]
     out = []
     for param in rule.params:
-        if param == "max_aspect_ratio_inclusive" or not rule_enabled(param, values):
+        if param in ("max_aspect_ratio_inclusive", "model_score_top_fraction") or not rule_enabled(param, values):
             continue
         out.append((keep_op(param, values), values[param]))
+    return out
+
+
+def fraction_cut(histograms: Mapping[str, Mapping[int, int]], fraction: float) -> Optional[float]:
+    """The cosine the top ``fraction`` of the scored pairs starts at, read off their histogram (every class).
+
+    The stage keeps the ``round(fraction * N)`` highest scores (ties broken
+    by key, ``filters.score_cut``): counted down from the top bin, the cut
+    is a bin's lower end when the count falls on it, else a point inside
+    the bin where it falls, as far down as the share of the bin kept (the
+    what-if then estimates that bin, its records the bound). None: every
+    pair is kept.
+    """
+    total: Dict[int, int] = {}
+    for hist in histograms.values():
+        for b, n in hist.items():
+            total[b] = total.get(b, 0) + n
+    kept = kept_count(sum(total.values()), fraction)
+    if kept >= sum(total.values()):
+        return None
+    above = 0
+    for b in sorted(total, reverse=True):
+        n = total[b]
+        if above + n >= kept:
+            low, high = COSINES.ends(b)
+            if above + n == kept:
+                return low
+            if kept == above:  # nothing of this bin is kept: the cut is just above it
+                return math.nextafter(high, math.inf)
+            return high - (high - low) * (kept - above) / n
+        above += n
+    return -math.inf
+
+
+def score_conditions(values: Mapping, histograms: Mapping[str, Mapping[int, int]]) -> List[Condition]:
+    """The model-score rule's comparisons: the threshold's, and the top fraction's as a cosine cut."""
+    out = conditions("model_score", values)
+    if rule_enabled("model_score_top_fraction", values):
+        cut = fraction_cut(histograms, values["model_score_top_fraction"])
+        if cut is not None:
+            out.append((">=", cut))
     return out
 
 

@@ -74,3 +74,40 @@ def test_the_preset_cuts_are_off_by_default_and_checked():
         get_preset("align", ["model_score_top_fraction=1.5"])
     with pytest.raises(PresetError, match=r"^model_score_threshold: must be a number in \[-1, 1\]"):
         get_preset("align", ["model_score_threshold=2"])
+
+
+EDGES = [round(-1.0 + 0.05 * i, 2) for i in range(40)]  # the stage's histogram (score_verdicts.SCORE_EDGES)
+
+
+def _histogram(**counts_at):
+    counts = [0] * len(EDGES)
+    for edge, count in counts_at.items():
+        counts[EDGES.index(float(edge.replace("m", "-").replace("_", ".")))] = count
+    return {"edges": EDGES, "counts": counts}
+
+
+def test_otsu_splits_two_modes_in_the_middle_of_the_gap():
+    two_modes = _histogram(m0_05=30, **{"0_0": 60, "0_05": 40}, **{"0_35": 100, "0_4": 200, "0_45": 90})
+    assert sc.otsu_threshold(two_modes) == 0.2  # the edges 0.10-0.35 of the gap tie: the lower middle one
+    # Brute force over every edge: the same cut maximises w0 * w1 * (mean0 - mean1)^2.
+    rng = np.random.default_rng(0)
+    scores = np.concatenate([rng.normal(0.0, 0.08, 300), rng.normal(0.45, 0.1, 900)])
+    counts = [int(((scores >= lo) & (scores < hi)).sum()) for lo, hi in zip(EDGES, EDGES[1:] + [9.0])]
+    centres = np.array(EDGES) + 0.025
+    def between(i):
+        w0, w1 = sum(counts[:i]), sum(counts[i:])
+        if not w0 or not w1:
+            return -1
+        m0 = np.dot(counts[:i], centres[:i]) / w0
+        m1 = np.dot(counts[i:], centres[i:]) / w1
+        return w0 * w1 * (m0 - m1) ** 2
+    best = max(range(1, len(EDGES)), key=between)
+    assert sc.otsu_threshold({"edges": EDGES, "counts": counts}) == EDGES[best]
+    assert 0.1 <= EDGES[best] <= 0.3
+
+
+def test_otsu_needs_two_bins_with_pairs():
+    with pytest.raises(ValueError, match="empty histogram"):
+        sc.otsu_threshold(_histogram())
+    with pytest.raises(ValueError, match="one bin"):
+        sc.otsu_threshold(_histogram(**{"0_3": 5}))

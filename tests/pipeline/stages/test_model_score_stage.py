@@ -139,6 +139,9 @@ def test_the_report_shows_the_section(two_worker_build):
     html = open(audit.render_report(str(output))).read()
     section = html[html.index('<h2 id="model-score">'):]
     assert "Model score</h2>" in section and "colour words" in section
+    entry = json.loads((committed(output) / "stats" / "distributions.json").read_text())["model_score"]
+    threshold = score_cut.otsu_threshold(entry)
+    assert f"<code>--set model_score_threshold={threshold:g}</code> cuts there" in section
     assert section.count('<img src="data:image/png;base64,') >= 1  # the histogram with both cuts
     assert "What the score alone would have caught" in section and "<code>images_per_text</code>" in section
     cards = section[section.index("Rejected by the score"):section.index("Other stages")]
@@ -196,7 +199,6 @@ def test_cuts_without_a_model_and_bad_models_are_usage_errors(tmp_path):
          r"^--model_score checkpoint: model score checkpoint .*none: no such directory$"),
         (["--model_score", "checkpoint", "--model_score_arg", f"workdir={tmp_path}"],
          r"^--model_score checkpoint: model score checkpoint .*: no config.json, not a trainer.train workdir$"),
-        (["--model_score", MODEL, "--download"], r"^--model_score with --download: downloaded pairs are not scored"),
     ]
     for extra, message in cases:
         with pytest.raises(launcher.UsageError, match=message):

@@ -8,6 +8,7 @@ taken in between on light rows:
                     [-> RemoveCorpusNearDuplicates]                      -> key verdicts
     DecideFates     JoinVerdicts (first reason wins, one row per pair), WhatIfStats
     SecondPass      ChooseSamples -> WriteShards -> WriteRejectionLedger [, WritePairsReport, ConceptStats]
+    CandidateTable  every input record's facts and fate -> stats/candidates/
     WriteBuildStats the funnel, distributions, samples and stage notes -> stats/
 
 The first pass reads each record once and judges it where it was read
@@ -52,9 +53,10 @@ from pipeline.stages.near_duplicates import RemoveCorpusNearDuplicates, WritePai
 from pipeline.stages.score_verdicts import ModelScoreVerdicts, ScoreStats
 from pipeline.stages.verdicts import OVERLAPS, CountVerdicts, JoinVerdicts, StagesRun
 from pipeline.what_if.collect import WhatIfStats
+from pipeline.write.candidate_table import WriteCandidateTable
 from pipeline.write.concept_tags import WriteConceptStats
 from pipeline.write.ledger import WriteRejectionLedger
-from pipeline.write.second_pass import SHARDS, WriteShards
+from pipeline.write.second_pass import SHARDS, WRITTEN, WriteShards
 
 #: The first pass's side outputs, one PCollection each per part (the file judge, the download stage).
 SIDE_OUTPUTS = (judge_lib.MEASURES, judge_lib.PAIRS, judge_lib.EMBEDDINGS, judge_lib.NSFW_OUTCOMES)
@@ -71,6 +73,8 @@ def build_pipeline(p: beam.Pipeline, config: BuildConfig, notes: dict,
     fates = {**records, **verdicts} | "DecideFates" >> DecideFates(config, ran)
     written = {**records, **fates} | "SecondPass" >> SecondPass(config, eval_index)
     _ = {**records, **verdicts, **fates, **written} | "WriteBuildStats" >> WriteBuildStats(config, ran)
+    _ = {**records, **verdicts, **written} | "CandidateTable" >> WriteCandidateTable(
+        config.version_dir, extra_stages.stage_rank(config.extras))
     return ran
 
 
@@ -179,7 +183,8 @@ class DecideFates(beam.PTransform):
 
 class SecondPass(beam.PTransform):
     """The rows to write and the rejections -> ``{"shards", "samples", "rejections": every rejection, late ones
-    included, "concepts"}``: the shards, the rejection ledger, the near-duplicate pairs, the TOnICS counts."""
+    included, "written": where each record went, "late": the late rejections}``: the shards, the rejection
+    ledger, the near-duplicate pairs, the TOnICS counts."""
 
     def __init__(self, config: BuildConfig, eval_index: Optional[EvalIndex]):
         super().__init__()
@@ -199,7 +204,8 @@ class SecondPass(beam.PTransform):
                 self.eval_index.directory, output)
         if config.ontology is not None:
             _ = written["concepts"] | "ConceptStats" >> WriteConceptStats(output, config.ontology, labels_column)
-        return {"shards": written[SHARDS], "samples": written["samples"], "rejections": rejections}
+        return {"shards": written[SHARDS], "samples": written["samples"], "rejections": rejections,
+                "written": written[WRITTEN], "late": written[REJECTED]}
 
 
 class WriteBuildStats(beam.PTransform):

@@ -13,7 +13,8 @@ Dataflow launch), is:
    job's counters);
 2. describe the version in its own directory: ``features.json``,
    ``dataset_info.json`` and ``manifest.json`` (each shard's records,
-   bytes and crc32c, the conservation line, what it replaces);
+   bytes and crc32c, the conservation line, what it replaces, the
+   candidate table's files);
 3. commit: write ``OUTPUT/dataset_info.json`` naming the version, one
    object, if no other build committed since this one started
    (``pipeline.publish.commit``); ``tfds.builder_from_directory(OUTPUT)`` and every
@@ -38,6 +39,8 @@ from typing import List, Optional
 from apache_beam.io.filesystems import FileSystems
 
 from common import cli, corpus_dir
+from common.files import escape_glob
+from pipeline.funnel import candidate_counts
 from pipeline.funnel.accounting import AccountingError, accounting_problems, verdict_accounting_problems
 from pipeline.funnel.table import FUNNEL_FILE, as_int, format_funnel
 from pipeline.publish import commit as commit_lib
@@ -126,6 +129,12 @@ def _check(output: str, version: str, directory: str, request: dict):
         raise PublishError(str(error)) from None
     problems = accounting_problems(funnel, _read_json(FileSystems.join(directory, READ_COUNTS)))
     problems += verdict_accounting_problems(_read_json(FileSystems.join(directory, VERDICT_COUNTS)))
+    summary = _read_json(FileSystems.join(directory, candidate_counts.SUMMARY_FILE))
+    problems += candidate_counts.table_problems(summary, funnel)
+    if summary is not None:
+        table_dir = FileSystems.join(directory, candidate_counts.CANDIDATES_DIR)
+        listed = {f"{candidate_counts.CANDIDATES_DIR}/{name}": size for name, size in _sizes(table_dir).items()}
+        problems += candidate_counts.file_problems(summary, listed)
     for split, entry in report.items():
         if sum(entry["records"]) != as_int((funnel.get("written") or {}).get(split)):
             problems.append(f"split {split!r}: the shards hold {sum(entry['records']):,} records, "
@@ -133,6 +142,13 @@ def _check(output: str, version: str, directory: str, request: dict):
     if problems:
         raise AccountingError("; ".join(problems))
     return funnel, report
+
+
+def _sizes(directory: str) -> dict:
+    """``{file name: bytes}`` of one listing of ``directory`` (its direct files)."""
+    prefix = directory.rstrip("/") + "/"
+    found = FileSystems.match([escape_glob(prefix) + "*"])[0].metadata_list
+    return {m.path[len(prefix):]: m.size_in_bytes for m in found if "/" not in m.path[len(prefix):]}
 
 
 def _describe(output: str, version: str, directory: str, request: dict, funnel: dict, report: dict,
@@ -152,6 +168,7 @@ def _describe(output: str, version: str, directory: str, request: dict, funnel: 
         "started": request.get("started"), "replaces": replaces, "conservation": line,
         "funnel": {key: funnel.get(key) for key in ("input", "written", "rejected_total", "conserved")},
         "shards": {split: report[split] for split in sorted(report)},
+        "candidates": _read_json(FileSystems.join(directory, candidate_counts.SUMMARY_FILE)),
     }
     _write(FileSystems.join(directory, corpus_dir.MANIFEST), json.dumps(manifest, sort_keys=True) + "\n")
     return tfds_metadata.dataset_info_json(

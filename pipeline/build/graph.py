@@ -57,6 +57,7 @@ from pipeline.write.candidate_table import WriteCandidateTable
 from pipeline.write.concept_tags import WriteConceptStats
 from pipeline.write.ledger import WriteRejectionLedger
 from pipeline.write.second_pass import SHARDS, WRITTEN, WriteShards
+from pipeline.write.tar_shards import TFRECORD, WEBDATASET
 
 #: The first pass's side outputs, one PCollection each per part (the file judge, the download stage).
 SIDE_OUTPUTS = (judge_lib.MEASURES, judge_lib.PAIRS, judge_lib.EMBEDDINGS, judge_lib.NSFW_OUTCOMES)
@@ -194,9 +195,10 @@ class SecondPass(beam.PTransform):
         config, output = self.config, self.config.version_dir
         labels_column = config.flags.concept_labels_column
         samples = inputs["decided_rejections"] | "ChooseSamples" >> ChooseSamples()
+        formats = (TFRECORD, WEBDATASET) if config.flags.webdataset else (TFRECORD,)
         written = (inputs["survivors"], samples) | "WriteShards" >> WriteShards(
             output, config.flags.name, config.preset, config.columns, config.columns.carry, config.ontology,
-            labels_column)
+            labels_column, formats)
         rejections = (inputs["decided_rejections"], written[REJECTED]) | "AllRejections" >> beam.Flatten()
         _ = (rejections, inputs["input_count"]) | "WriteRejectionLedger" >> WriteRejectionLedger(output)
         if self.eval_index is not None:

@@ -83,7 +83,7 @@ def build_request(config: BuildConfig, expects: str, replaces, runner, argv=()) 
         "expects": expects, "replaces": replaces, "keep_previous": bool(flags.keep_previous),
         "download": config.download is not None, "keep_downloads": bool(flags.download_keep),
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": socket.gethostname(),
-        "runner": str(runner), "argv": list(argv), "cwd": os.getcwd(),
+        "runner": str(runner), "argv": list(argv), "cwd": os.getcwd(), "webdataset": bool(flags.webdataset),
     }
 
 

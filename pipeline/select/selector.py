@@ -52,6 +52,7 @@ from pipeline.stages.light_rows import LightRow, holding_rows
 from pipeline.write.candidate_table import WriteCandidateTable
 from pipeline.write.ledger import WriteRejectionLedger
 from pipeline.write.second_pass import SHARDS, WRITTEN, WriteShards
+from pipeline.write.tar_shards import TFRECORD, WEBDATASET
 
 EXIT_SELECTED, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 #: Flags of the build that a selection does not take over: it writes a new output, attached, scoring nothing.
@@ -140,9 +141,10 @@ def _selection_graph(p, config, source: str, summary: dict, where, keys_path, so
     rows = holding_rows(p | "TableFiles" >> beam.Create(files) | "ReadSelection" >> ReadSelection(source, where, keys_path))
     input_count = rows | "CountSelected" >> beam.combiners.Count.Globally()
     no_samples = p | "NoSamples" >> beam.Create([]).with_output_types(LightRow)
+    formats = (TFRECORD, WEBDATASET) if config.flags.webdataset else (TFRECORD,)
     written = (rows, no_samples) | "WriteShards" >> WriteShards(
         output, config.flags.name, preset, config.columns, config.columns.carry, config.ontology,
-        config.flags.concept_labels_column)
+        config.flags.concept_labels_column, formats)
     late = written["rejected"]
     _ = (late, input_count) | "WriteRejectionLedger" >> WriteRejectionLedger(output)
     per_split = (

@@ -29,14 +29,13 @@ from typing import Dict, Iterable, List, Sequence, Tuple
 import google_crc32c
 from apache_beam.io.filesystems import FileSystems
 
+from common.corpus_dir import TARS_FILE  # noqa: F401 (the job's report of its tars, as _shards.json is)
 from common.schema import CARRIED_PREFIX, CONCEPTS_FEATURE, Candidate
 
 BLOCK = 512
 #: What ``--format`` names: the TFDS TFRecord shards (the trainer's) and these tars.
 TFRECORD, WEBDATASET = "tfrecord", "webdataset"
 FORMATS = (TFRECORD, WEBDATASET)
-#: The job's report of its tars (as ``stats/_shards.json`` is of the TFRecord shards).
-TARS_FILE = "stats/_webdataset.json"
 
 
 def tar_name(split: str, index: int) -> str:

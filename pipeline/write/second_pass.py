@@ -15,6 +15,13 @@ bytes changed since the first pass, or its full decode fails where the
 reduced one did not) is rejected here with its reason, and counted like
 any other.
 
+With ``--webdataset`` the same records also go, in the same order, to
+img2dataset-layout tars (``pipeline.write.tar_shards``), tar ``i`` of a split
+holding what shard ``i`` holds. Each record written is reported with its
+split, shard and offset (the candidate table's). A selection's rows name
+the picture the source corpus stored (``LightRow.stored_at``): it is copied
+from there (``pipeline.write.stored_copies``), not made again.
+
 The same pass reads the rejections chosen as the audit's samples in the
 files it opens anyway and makes their thumbnails: the ledger and the
 report carry thumbnails and references, never the bytes.
@@ -226,9 +233,8 @@ class _WriteFileShards(beam.DoFn):
         for fmt, split, index, info, writer in closed:
             if fmt == WEBDATASET:
                 yield beam.pvalue.TaggedOutput(TARS, (split, index, info))
-                if TFRECORD in self.formats:
-                    continue
-            elif self.tagger is not None:  # the shard's class index beside it, and its share of stats/concepts.json
+                continue
+            if self.tagger is not None:  # the shard's class index beside it, and its share of stats/concepts.json
                 filename = writer.path.rstrip("/").rsplit("/", 1)[-1]
                 write_text(FileSystems.join(self.output_dir, CONCEPTS_DIR, filename + ".json"),
                            json.dumps({"shard": filename, "records": info["records"], "offsets": writer.offsets},
@@ -268,15 +274,16 @@ class WriteShards(beam.PTransform):
     ``concepts``: ``((split, class), records)`` per shard with ``--concepts``.
     ``written``: ``(key, source, ordinal, split, shard, offset)`` of each
     record written (the candidate table's, ``pipeline.write.candidate_table``).
-    ``formats`` (``pipeline.write.tar_shards.FORMATS``): with ``webdataset``
-    the same records also go to tars, listed in ``stats/_webdataset.json``
-    (``tars``: their infos); without ``tfrecord`` the tars are the only
-    shards, and ``shards`` holds theirs.
+    ``formats`` (``pipeline.write.tar_shards.FORMATS``): the TFRecord
+    shards always; with ``webdataset`` the same records also go to tars,
+    listed in ``stats/_webdataset.json`` (``tars``: their infos).
     """
 
     def __init__(self, output_dir: str, name: str, preset, columns: Columns = Columns(), carried: Sequence[str] = (),
                  ontology=None, labels_column: str = "", formats: Sequence[str] = (TFRECORD,)):
         super().__init__()
+        if TFRECORD not in formats:
+            raise ValueError("the TFRecord shards are always written: the trainer and the publication read them")
         self.formats = tuple(formats)
         self.output_dir = output_dir
         self.name = name
@@ -311,18 +318,17 @@ class WriteShards(beam.PTransform):
                                  self.labels_column, self.formats), firsts, totals)
             .with_outputs(SHARDS, SAMPLES, LATE, CONCEPT_COUNTS, WRITTEN, TARS)
         )
-        shards = tars = None
-        if TFRECORD in self.formats:
-            empty = plan | "EmptyCorpusShards" >> beam.FlatMap(
-                lambda p: [] if p[1] else [(split, 0, write_empty_shard(output_dir, name, split)) for split in SPLITS])
-            shards = (written[SHARDS], empty) | "AllShards" >> beam.Flatten()
-            _ = (
-                shards
-                | "CollectShardList" >> beam.combiners.ToList()
-                | "WriteShardList" >> beam.Map(
-                    lambda infos: write_text(FileSystems.join(output_dir, SHARDS_FILE),
-                                             json.dumps(shard_list(infos), sort_keys=True)))
-            )
+        tars = None
+        empty = plan | "EmptyCorpusShards" >> beam.FlatMap(
+            lambda p: [] if p[1] else [(split, 0, write_empty_shard(output_dir, name, split)) for split in SPLITS])
+        shards = (written[SHARDS], empty) | "AllShards" >> beam.Flatten()
+        _ = (
+            shards
+            | "CollectShardList" >> beam.combiners.ToList()
+            | "WriteShardList" >> beam.Map(
+                lambda infos: write_text(FileSystems.join(output_dir, SHARDS_FILE),
+                                         json.dumps(shard_list(infos), sort_keys=True)))
+        )
         if WEBDATASET in self.formats:
             empty_tars = plan | "EmptyCorpusTars" >> beam.FlatMap(
                 lambda p: [] if p[1] else [(split, 0, tar_shards.write_empty_tar(output_dir, split)) for split in SPLITS])
@@ -337,7 +343,7 @@ class WriteShards(beam.PTransform):
         unread = samples | "SamplesWithoutSource" >> beam.Filter(lambda r: not r.source) | "SampleRows" >> beam.Map(
             _sample, None)
         return {
-            SHARDS: shards if shards is not None else tars,
+            SHARDS: shards,
             SAMPLES: (written[SAMPLES], unread) | "AllSamples" >> beam.Flatten(),
             "rejected": holding_rows(written[LATE]),
             "concepts": written[CONCEPT_COUNTS],

@@ -1,6 +1,6 @@
 """WebDataset shards as img2dataset writes them: ``<split>/00000.tar``, three members per record.
 
-    --format webdataset:   VERSION/train/00000.tar, 00001.tar, ...   VERSION/validation/00000.tar, ...
+    --webdataset:   VERSION/train/00000.tar, 00001.tar, ...   VERSION/validation/00000.tar, ...
 
 A sample is ``KEY.jpg`` (the stored picture, the TFRecord shards' ``image``),
 ``KEY.txt`` (the normalised alt-text, their ``texts``) and ``KEY.json``
@@ -33,7 +33,7 @@ from common.corpus_dir import TARS_FILE  # noqa: F401 (the job's report of its t
 from common.schema import CARRIED_PREFIX, CONCEPTS_FEATURE, Candidate
 
 BLOCK = 512
-#: What ``--format`` names: the TFDS TFRecord shards (the trainer's) and these tars.
+#: The second pass's formats: the TFDS TFRecord shards (the trainer's, always) and these tars (``--webdataset``).
 TFRECORD, WEBDATASET = "tfrecord", "webdataset"
 FORMATS = (TFRECORD, WEBDATASET)
 

@@ -105,3 +105,23 @@ def test_a_corpus_without_a_table_is_refused_in_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit):
         selector.main([str(tmp_path), "--output", str(tmp_path / "new"), "--where", "words > 1"])
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_a_selection_copies_re_encoded_pictures_from_the_source_shards(tmp_path, monkeypatch):
+    """Pictures re-encoded by the build (output_max_side below their size) are copied, never made again: the
+    selection succeeds with the picture maker disabled, and writes the build's bytes."""
+    from pipeline.write import second_pass
+
+    pattern = write_planted(tmp_path / "in")
+    launcher.run(["--input", str(pattern), "--output", str(tmp_path / "corpus"), *QUICK,
+                  "--set", "output_max_side=128"])
+    before = records(resolve(str(tmp_path / "corpus")))
+    assert {features["width"][0] for _, features in before.values()} == {128}  # re-encoded by the build
+
+    def no_decoding(*_):
+        raise AssertionError("a selection decoded a picture")
+
+    monkeypatch.setattr(second_pass, "read_header", no_decoding)
+    monkeypatch.setattr(second_pass, "stored_picture", no_decoding)
+    selector.select([str(tmp_path / "corpus"), "--output", str(tmp_path / "sel"), "--where", "width > 0"])
+    assert records(resolve(str(tmp_path / "sel"))) == before

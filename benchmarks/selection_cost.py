@@ -1,6 +1,6 @@
 """CPU of writing a selection (``python -m pipeline.select``) against a full rebuild of the same records.
 
-    python -m benchmarks.selection_cost [--photos 600] [--seed 0] [--json PATH]
+    python -m benchmarks.selection_cost [--photos 2000] [--seed 0] [--repeats 3] [--json PATH]
 
 Input: ``benchmarks.photo_candidates`` photographs (400-800 px, ``--photos``
 rows, seed ``--seed``), as Parquet. For each of two settings, NSFW off
@@ -12,10 +12,13 @@ rows, seed ``--seed``), as Parquet. For each of two settings, NSFW off
 2. select: ``python -m pipeline.select`` of every written record
    (``--where "words >= 0"``): the same records, splits and bytes as the
    build wrote, by the second pass alone, pictures copied from the built
-   shards.
+   shards, ``--repeats`` times (the median is the figure);
+3. an empty selection (``--where "words < 0"``): what a selection costs
+   whatever it selects (interpreter, Beam, reading the table, the commit).
 
 CPU seconds are the command's process and every process it reaped (user +
-system, ``RUSAGE_CHILDREN``), one run each; the ratio is select / build.
+system, ``RUSAGE_CHILDREN``), one build per setting; the ratio is the
+median select / build.
 Both include interpreter and Beam start-up (the same for both), so the
 ratio of the work alone is lower than the ratio printed.
 """
@@ -46,7 +49,8 @@ def timed(argv, env) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--photos", type=int, default=600)
+    parser.add_argument("--photos", type=int, default=2000)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default="")
     args = parser.parse_args(argv)
@@ -62,7 +66,12 @@ def main(argv=None) -> int:
             corpus, selection = os.path.join(work, f"corpus_{setting}"), os.path.join(work, f"select_{setting}")
             build = timed(["-m", "pipeline.build", "--input", pattern, "--output", corpus, "--preset", "align",
                            *extra], env)
-            select = timed(["-m", "pipeline.select", corpus, "--output", selection, "--where", "words >= 0"], env)
+            selects = [timed(["-m", "pipeline.select", corpus, "--output", f"{selection}{i}", "--where", "words >= 0"],
+                             env) for i in range(args.repeats)]
+            select = sorted(selects, key=lambda t: t["cpu_s"])[len(selects) // 2]
+            empty = timed(["-m", "pipeline.select", corpus, "--output", f"{selection}_none", "--where", "words < 0"],
+                          env)
+            selection = f"{selection}0"
             with open(os.path.join(resolve(corpus), "stats", "funnel.json")) as handle:
                 built = json.load(handle)
             with open(os.path.join(resolve(selection), "stats", "funnel.json")) as handle:
@@ -70,6 +79,7 @@ def main(argv=None) -> int:
             results["settings"][setting] = {
                 "input": built["input"], "written": sum(built["written"].values()),
                 "selected_written": sum(chosen["written"].values()), "build": build, "select": select,
+                "select_runs_cpu_s": [t["cpu_s"] for t in selects], "empty_select": empty,
                 "ratio": round(select["cpu_s"] / build["cpu_s"], 3)}
             print(setting, json.dumps(results["settings"][setting]), flush=True)
     results["load_after"] = os.getloadavg()[0]

@@ -125,3 +125,13 @@ def test_a_selection_copies_re_encoded_pictures_from_the_source_shards(tmp_path,
     monkeypatch.setattr(second_pass, "stored_picture", no_decoding)
     selector.select([str(tmp_path / "corpus"), "--output", str(tmp_path / "sel"), "--where", "width > 0"])
     assert records(resolve(str(tmp_path / "sel"))) == before
+
+
+def test_a_where_on_a_rules_measure_writes_what_a_rebuild_with_that_threshold_writes(source):
+    """words >= 7 over the table, and a rebuild with --set min_words=7: the same keys in the same splits, the same
+    bytes (a per-record text rule, with the corpus-wide counts over the raw pool, which it does not change)."""
+    launcher.run(["--input", str(source / "in" / "*.parquet"), "--output", str(source / "rebuilt"), *QUICK,
+                  "--set", "min_words=7"])
+    selector.select([str(source / "corpus"), "--output", str(source / "seven"), "--where", "words >= 7"])
+    rebuilt, selected = records(resolve(str(source / "rebuilt"))), records(resolve(str(source / "seven")))
+    assert len(selected) == 2 and selected == rebuilt

@@ -151,10 +151,13 @@ class _WriteFileTable(beam.DoFn):
 
     def __init__(self, output_dir: str):
         self.output_dir = output_dir
+        self.index: Optional[Dict[str, int]] = None
 
     def process(self, element, sources):
         source, grouped = element
-        index = {name: i for i, name in enumerate(sorted(sources))}
+        if self.index is None:  # the side input is the same for the whole job: sorted once per DoFn, not per file
+            self.index = {name: i for i, name in enumerate(sorted(sources))}
+        index = self.index
         relative = table_file(index[source], len(index))
         path = FileSystems.join(self.output_dir, relative)
         fates: Dict[str, int] = collections.Counter()

@@ -58,7 +58,10 @@ def main(argv=None) -> int:
     from common.corpus_dir import resolve
 
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=os.getcwd())
-    results = {"photos": args.photos, "seed": args.seed, "load_before": os.getloadavg()[0], "settings": {}}
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    results = {"command": "python -m benchmarks.selection_cost " + " ".join(sys.argv[1:] if argv is None else argv),
+               "commit": commit, "machine": f"{os.cpu_count()} cores", "photos": args.photos, "seed": args.seed,
+               "load_before": os.getloadavg()[0], "settings": {}}
     with tempfile.TemporaryDirectory() as work:
         write_candidates(os.path.join(work, "in"), args.photos, args.seed)
         pattern = os.path.join(work, "in", "*.parquet")

@@ -155,3 +155,11 @@ def test_the_sample_table_holds_one_row_per_input_record(sample_build):
     assert candidate_table.fates(table) == candidate_counts.funnel_fates(funnel)
     assert table.column("key").null_count == 0
     assert summary["bytes"] / summary["rows"] < candidate_table.ROW_BOUND_BYTES
+
+
+def test_a_measure_keeps_the_precision_its_rule_compared():
+    """"a cat on a mat" repeats 1 word of 5: 0.2 exactly, so a where at the rule's threshold keeps it as the rule did."""
+    entry = table_row(row("k", 0)._replace(text="a cat on a mat"), "train", "s", 0)
+    table = pa.Table.from_pylist([entry], schema=candidate_table.SCHEMA)
+    assert table.column("repetition")[0].as_py() == 0.2  # as a SQL tool or pandas in float64 reads it
+    assert table.to_pandas()["repetition"].astype("float64").le(0.2).all()

@@ -19,6 +19,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from pipeline.build.options import UsageError
 from pipeline.stages.light_rows import LightRow
+from pipeline.stages.verdicts import REPEAT
 from pipeline.write.candidate_table import SCHEMA
 from pipeline.write.stored_copies import stored_at
 
@@ -84,7 +85,8 @@ def check_keys(keys: FrozenSet[str], version_dir: str, summary: dict) -> None:
 
 
 def light_row(entry: dict, version_dir: str) -> LightRow:
-    """A written table row -> the light row the second pass writes it from."""
+    """A table row (written, or a repeat of a written pair) -> the light row the second pass writes it from;
+    a written one names its stored picture in the source corpus."""
     score = entry["model_score"]
     nsfw = entry["nsfw_score"]
     return LightRow(
@@ -94,12 +96,13 @@ def light_row(entry: dict, version_dir: str) -> LightRow:
         stored_height=int(entry["stored_height"]), lowest_ngram_count=int(entry["lowest_ngram_count"] or 0),
         model_score=float("-inf") if score is None else float(score),
         nsfw_score=float("-inf") if nsfw is None else float(nsfw),
-        stored_at=stored_at(FileSystems.join(version_dir, entry["shard"]), int(entry["offset"])))
+        stored_at=stored_at(FileSystems.join(version_dir, entry["shard"]), int(entry["offset"])) if entry["shard"]
+        else "")
 
 
 class _ReadSelection(beam.DoFn):
-    def __init__(self, version_dir: str, where: Optional[str], keys_path: Optional[str]):
-        self.version_dir, self.where, self.keys_path = version_dir, where, keys_path
+    def __init__(self, version_dir: str, where: Optional[str], keys_path: Optional[str], measured: bool = False):
+        self.version_dir, self.where, self.keys_path, self.measured = version_dir, where, keys_path, measured
 
     def setup(self):
         from pipeline.select.chosen import read_keys
@@ -109,20 +112,26 @@ class _ReadSelection(beam.DoFn):
     def process(self, path):
         with FileSystems.open(path) as handle:
             frame = _frame(pq.read_table(pa.BufferReader(handle.read())))
-        if self.keys is not None:
+        if self.measured:  # --set: the written records and their repeats, with the measures the rules compare
+            frame = frame[frame["split"].notna() | (frame["reason"] == REPEAT)]
+        elif self.keys is not None:
             frame = frame[frame["key"].isin(self.keys) & frame["split"].notna()]
         else:
             frame = frame[where_mask(frame, self.where)]
         for entry in frame.astype(object).where(frame.notna(), None).to_dict("records"):
-            yield light_row(entry, self.version_dir)
+            row = light_row(entry, self.version_dir)
+            yield (row, int(entry["words"]), float(entry["repetition"])) if self.measured else row
 
 
 class ReadSelection(beam.PTransform):
-    """Table file paths -> the selected records' light rows (``where``, or the keys in the file ``keys_path``)."""
+    """Table file paths -> the selected records' light rows (``where``, or the keys in the file ``keys_path``);
+    with ``measured`` (``--set``), ``(light row, words, repetition)`` of every written record and repeat."""
 
-    def __init__(self, version_dir: str, where: Optional[str] = None, keys_path: Optional[str] = None):
+    def __init__(self, version_dir: str, where: Optional[str] = None, keys_path: Optional[str] = None,
+                 measured: bool = False):
         super().__init__()
-        self.version_dir, self.where, self.keys_path = version_dir, where, keys_path
+        self.version_dir, self.where, self.keys_path, self.measured = version_dir, where, keys_path, measured
 
     def expand(self, paths):
-        return paths | "SelectedRows" >> beam.ParDo(_ReadSelection(self.version_dir, self.where, self.keys_path))
+        return paths | "SelectedRows" >> beam.ParDo(
+            _ReadSelection(self.version_dir, self.where, self.keys_path, self.measured))

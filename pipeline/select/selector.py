@@ -2,10 +2,13 @@
 
     python -m pipeline.select CORPUS --output NEW --where "model_score > 0.3 and words >= 5"
     python -m pipeline.select CORPUS --output NEW --keys keys.txt
+    python -m pipeline.select CORPUS --output NEW --set min_words=5 --set nsfw_threshold=0.3
 
 ``--where`` is a pandas ``DataFrame.query`` expression over the candidate
 table's columns (``docs/output.md``); ``--keys`` a file of keys, one a
-line. Either picks among the records the build wrote (the rows with a
+line; ``--set`` tighter thresholds of the per-record rules the table
+answers, re-applied as a rebuild would (``pipeline.select.thresholds``).
+Each picks among the records the build wrote (the rows with a
 ``split``): a selection narrows a corpus, it does not let in what a rule
 rejected (that takes a rebuild with other thresholds). Everything is
 checked before the output is touched: the corpus is committed and has a
@@ -48,6 +51,7 @@ from pipeline.funnel.counts import SumHistograms
 from pipeline.funnel.stats_files import WriteStats
 from pipeline.publish import output_contract, publisher
 from pipeline.select.chosen import ReadSelection, check_keys, check_where, read_keys
+from pipeline.select.thresholds import ApplyThresholds, check_thresholds
 from pipeline.stages.light_rows import LightRow, holding_rows
 from pipeline.write.candidate_table import WriteCandidateTable
 from pipeline.write.ledger import WriteRejectionLedger
@@ -69,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
     chosen = parser.add_mutually_exclusive_group(required=True)
     chosen.add_argument("--where", help="a pandas DataFrame.query expression over the candidate table's columns")
     chosen.add_argument("--keys", help="a file of keys, one a line: exactly these records")
+    chosen.add_argument("--set", dest="overrides", action="append", metavar="NAME=VALUE",
+                        help="a tighter threshold of a per-record rule the table answers (min_words, max_words, "
+                             "max_word_repetition, nsfw_threshold, model_score_threshold), repeatable: the corpus "
+                             "a rebuild with it writes")
     return parser
 
 
@@ -79,10 +87,12 @@ def _read_json(path: str) -> Optional[dict]:
         return json.loads(handle.read())
 
 
-def source_config(request: dict, output: str, beam_args: List[str]):
-    """The build's config, resolved again from its command line with ``--output`` ``output``."""
+def source_config(request: dict, output: str, beam_args: List[str], overrides: List[str] = ()):
+    """The build's config, resolved again from its command line with ``--output`` ``output`` and ``overrides``
+    after its own ``--set``."""
     args, stored_beam = parse(list(request["argv"]))
     args.output = output
+    args.overrides = list(args.overrides or []) + list(overrides)
     for name, value in _NOT_TAKEN.items():
         setattr(args, name, value)
     args.model_score = ""  # the scores are in the table; nothing is scored again
@@ -111,6 +121,8 @@ def select(argv: Optional[List[str]] = None) -> dict:
     if args.where is not None:
         check_where(args.where)
         keys = None
+    elif args.overrides:
+        keys = None
     else:
         keys = read_keys(args.keys)
         check_keys(keys, source, summary)
@@ -118,35 +130,52 @@ def select(argv: Optional[List[str]] = None) -> dict:
         raise UsageError(f"{args.corpus}: a build with --download; its records are read from downloads that "
                          "its publication deleted, so a selection cannot read them again")
     output = args.output.rstrip("/") if "://" in args.output else os.path.abspath(args.output)
-    config, options = source_config(request, output, beam_args)
-    plan = output_contract.plan_output(config.output, overwrite=False)
+    config, options = source_config(request, output, beam_args, args.overrides or [])
     source_funnel = _read_json(FileSystems.join(source, "stats", "funnel.json"))
+    if args.overrides:
+        check_thresholds(args.overrides, source_funnel["preset"], config.preset._by_name())
+    plan = output_contract.plan_output(config.output, overwrite=False)
     if output_contract.MARKER not in plan.files:
         output_contract.write_marker(config.output, config.flags.name)
     committed, previous = publisher.current(config.output)
-    selection = {"where": args.where} if args.where is not None else {"keys": args.keys, "count": len(keys)}
+    if args.where is not None:
+        selection = {"where": args.where}
+    elif args.overrides:
+        selection = {"set": list(args.overrides)}
+    else:
+        selection = {"keys": args.keys, "count": len(keys)}
     publisher.write_request(config.version_dir, dict(
         request, version=config.version, expects=committed.token, replaces=previous, keep_previous=False,
         selected_from={"version": source, "selection": selection}))
     p = beam.Pipeline(options=options)
-    _selection_graph(p, config, source, summary, args.where, args.keys, source_funnel)
+    _selection_graph(p, config, source, summary, args.where, args.keys, source_funnel, bool(args.overrides))
     p.run().wait_until_finish()
     published = publisher.publish(config.output, config.version)
     return published.funnel
 
 
-def _selection_graph(p, config, source: str, summary: dict, where, keys_path, source_funnel: dict) -> None:
+def _selection_graph(p, config, source: str, summary: dict, where, keys_path, source_funnel: dict,
+                     thresholds: bool = False) -> None:
     output, preset = config.version_dir, config.preset
     files = [FileSystems.join(source, relative) for relative in sorted(summary["files"])]
-    rows = holding_rows(p | "TableFiles" >> beam.Create(files) | "ReadSelection" >> ReadSelection(source, where, keys_path))
+    read = p | "TableFiles" >> beam.Create(files) | "ReadSelection" >> ReadSelection(
+        source, where, keys_path, measured=thresholds)
+    if thresholds:
+        rows = holding_rows(read | "ApplyThresholds" >> ApplyThresholds(preset._by_name()))
+        kept = holding_rows(rows | "StillKept" >> beam.Filter(lambda row: not row.reason))
+        decided = holding_rows(rows | "NowRejected" >> beam.Filter(lambda row: bool(row.reason)))
+    else:
+        rows = kept = holding_rows(read)
+        decided = holding_rows(p | "NoneRejected" >> beam.Create([]).with_output_types(LightRow))
     input_count = rows | "CountSelected" >> beam.combiners.Count.Globally()
     no_samples = p | "NoSamples" >> beam.Create([]).with_output_types(LightRow)
     formats = (TFRECORD, WEBDATASET) if config.flags.webdataset else (TFRECORD,)
-    written = (rows, no_samples) | "WriteShards" >> WriteShards(
+    written = (kept, no_samples) | "WriteShards" >> WriteShards(
         output, config.flags.name, preset, config.columns, config.columns.carry, config.ontology,
         config.flags.concept_labels_column, formats)
     late = written["rejected"]
-    _ = (late, input_count) | "WriteRejectionLedger" >> WriteRejectionLedger(output)
+    rejections = holding_rows((decided, late) | "AllRejections" >> beam.Flatten())
+    _ = (rejections, input_count) | "WriteRejectionLedger" >> WriteRejectionLedger(output)
     per_split = (
         written[SHARDS]
         | "RecordsPerShard" >> beam.Map(lambda shard: (shard[0], shard[2]["records"]))
@@ -156,7 +185,7 @@ def _selection_graph(p, config, source: str, summary: dict, where, keys_path, so
     ran = [stage["stage"] for stage in source_funnel.get("stages", []) if stage.get("ran")]
     notes = {"read": f"a selection of {source}: no rule judged again"}
     meta = {"ran": ran, "notes": notes, "dataset": config.flags.name, "preset": preset, "extras": tuple(config.extras)}
-    _ = (input_count, late, per_split, nothing | "Distributions" >> SumHistograms(), p | "NoExtraStats" >> beam.Create([]),
+    _ = (input_count, rejections, per_split, nothing | "Distributions" >> SumHistograms(), p | "NoExtraStats" >> beam.Create([]),
          written["samples"]) | "WriteStats" >> WriteStats(output, meta)
     none = p | "NoVerdicts" >> beam.Create([])
     _ = {"rows": rows, "key_verdicts": none, "lowest_ngram_counts": p | "NoCounts" >> beam.Create([]),

@@ -135,3 +135,35 @@ def test_a_where_on_a_rules_measure_writes_what_a_rebuild_with_that_threshold_wr
     selector.select([str(source / "corpus"), "--output", str(source / "seven"), "--where", "words >= 7"])
     rebuilt, selected = records(resolve(str(source / "rebuilt"))), records(resolve(str(source / "seven")))
     assert len(selected) == 2 and selected == rebuilt
+
+
+def test_a_set_selection_writes_what_a_rebuild_with_the_same_set_writes(source):
+    """--set min_words=7 re-applied to the table: the same written records and bytes as the rebuild, and the
+    records it now rejects under the rebuild's reasons."""
+    launcher.run(["--input", str(source / "in" / "*.parquet"), "--output", str(source / "rebuilt7"), *QUICK,
+                  "--set", "min_words=7"])
+    selector.select([str(source / "corpus"), "--output", str(source / "set7"), "--set", "min_words=7"])
+    rebuilt, selected = resolve(str(source / "rebuilt7")), resolve(str(source / "set7"))
+    assert records(selected) == records(rebuilt) and len(records(selected)) == 2
+    fate = {}
+    for name, version in (("rebuilt", rebuilt), ("selected", selected)):
+        table = read_table(version).to_pandas()
+        fate[name] = {(r.source, r.ordinal): r.split if isinstance(r.split, str) else r.reason
+                      for r in table.itertuples()}
+    assert fate["selected"] and all(fate["rebuilt"][place] == got for place, got in fate["selected"].items())
+    assert sum(got == "text_length/too_few_words" for got in fate["selected"].values()) == 3
+
+
+@pytest.mark.parametrize("item,message", [
+    ("min_shorter_side=300", "cannot answer this rule"),
+    ("min_words=2", "looser than the build's min_words=3"),
+    ("nsfw_threshold=0.3", "did not run the NSFW stage"),
+    ("min_words=many", "min_words"),
+])
+def test_a_set_the_table_cannot_answer_is_one_line(source, tmp_path, capsys, item, message):
+    with pytest.raises(SystemExit) as exited:
+        selector.main([str(source / "corpus"), "--output", str(tmp_path / "new"), "--set", item])
+    assert exited.value.code == selector.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+    assert not (tmp_path / "new").exists()

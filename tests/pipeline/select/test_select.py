@@ -167,3 +167,27 @@ def test_a_set_the_table_cannot_answer_is_one_line(source, tmp_path, capsys, ite
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err, err
     assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.slow
+def test_an_nsfw_set_selection_writes_what_a_rebuild_with_the_same_set_writes(tmp_path):
+    """The NSFW scorer on (open_nsfw): a threshold between the planted pictures' scores, re-applied to the table,
+    gives the rebuild's records and reasons. (Slow: three builds with the scorer; the min_words test is its twin.)"""
+    pattern = write_planted(tmp_path / "in")
+    launcher.run(["--input", str(pattern), "--output", str(tmp_path / "corpus"), "--set", "vocab_size=0"])
+    table = read_table(resolve(str(tmp_path / "corpus"))).to_pandas()
+    scores = sorted(table[table["split"].notna()]["nsfw_score"])
+    threshold = (scores[1] + scores[2]) / 2  # two of the four written pictures at or above it
+    launcher.run(["--input", str(pattern), "--output", str(tmp_path / "rebuilt"), "--set", "vocab_size=0",
+                  "--set", f"nsfw_threshold={threshold!r}"])
+    selector.select([str(tmp_path / "corpus"), "--output", str(tmp_path / "sel"),
+                     "--set", f"nsfw_threshold={threshold!r}"])
+    rebuilt, selected = resolve(str(tmp_path / "rebuilt")), resolve(str(tmp_path / "sel"))
+    assert records(selected) == records(rebuilt) and len(records(selected)) == 2
+    fate = {}
+    for name, version in (("rebuilt", rebuilt), ("selected", selected)):
+        frame = read_table(version).to_pandas()
+        fate[name] = {(r.source, r.ordinal): r.split if isinstance(r.split, str) else r.reason
+                      for r in frame.itertuples()}
+    assert all(fate["rebuilt"][place] == got for place, got in fate["selected"].items())
+    assert sum(got == "nsfw/pornographic" for got in fate["selected"].values()) == 2

@@ -1,4 +1,4 @@
-"""Two answers Beam's Python SDK (2.77) computes again and again while a job graph is built, remembered.
+"""Three answers Beam's Python SDK (2.77) computes again and again while a job graph is built and run, remembered.
 
 Profiling the construction and translation of the build's graph (and of the
 corpus filters' composites alone) shows most of the CPU in two places that
@@ -14,10 +14,17 @@ repeat pure computations:
   transform applied. Every view shares the options' value store
   (``_all_options``), so a view made once for that store answers like a new
   one.
+- ``apache_beam.typehints.decorators.get_signature(func)``: ``inspect.signature``
+  of a DoFn's methods and wrapped functions, ~12,000 times for a small build
+  (~0.5 CPU-s of its ~2.5), as transforms are built and again as each
+  stage's bundle processor is made.
 
-``install()`` remembers both: ``get_dofn_specs`` per DoFn class (per wrapped
+``install()`` remembers them: ``get_dofn_specs`` per DoFn class (per wrapped
 function for ``Map`` and ``FlatMap``: the specs are declared as defaults of
-the class's methods), ``view_as`` per (value store, class). On the corpus filters'
+the class's methods), ``view_as`` per (value store, class), ``get_signature``
+per Python function (a bound method's per its function: the bound signature
+is the function's without its first parameter; other callables are not
+remembered). On the corpus filters'
 composites this took graph construction and translation from 104 to 62
 CPU-s over their 45 tests (``benchmarks/RESULTS.md``, "Build start-up").
 ``tests/common/test_beam_construction.py`` checks that the remembered
@@ -28,6 +35,7 @@ nothing else about Beam changes.
 from __future__ import annotations
 
 import types
+import weakref
 
 _installed = False
 
@@ -45,7 +53,7 @@ def _specs_key(dofn):
 
 
 def install() -> None:
-    """Remember ``get_dofn_specs`` and ``view_as`` answers in this process (idempotent)."""
+    """Remember ``get_dofn_specs``, ``view_as`` and ``get_signature`` answers in this process (idempotent)."""
     global _installed
     if _installed:
         return
@@ -76,6 +84,27 @@ def install() -> None:
         views[(id(store), cls)] = (store, view)
         return view
 
+    from apache_beam.transforms import core, ptransform, util
+    from apache_beam.typehints import decorators
+
+    signature_of = decorators.get_signature
+    of_functions, of_bound_methods = weakref.WeakKeyDictionary(), weakref.WeakKeyDictionary()
+
+    def get_signature(func):
+        if type(func) is types.FunctionType:
+            memo, key = of_functions, func
+        elif type(func) is types.MethodType and type(func.__func__) is types.FunctionType:
+            memo, key = of_bound_methods, func.__func__
+        else:
+            return signature_of(func)
+        found = memo.get(key)
+        if found is None:
+            found = memo[key] = signature_of(func)
+        return found
+
+    get_signature.__wrapped__ = signature_of
+    for module in (decorators, core, ptransform, util):  # each imported the function by name
+        module.get_signature = get_signature
     get_dofn_specs.__wrapped__ = specs_of
     view_as.__wrapped__ = make_view
     view_as.__doc__ = make_view.__doc__

@@ -24,6 +24,7 @@ DISTRIBUTION_CUTS = {
     "shorter_side": ("min_shorter_side", "min_both_sides"),
     "aspect_ratio": ("max_aspect_ratio",),
     "words_per_text": ("min_words", "max_words"),
+    "nsfw_score": ("nsfw_threshold",),
     "texts_per_image": ("max_texts_per_image",),
     "images_per_text": ("max_images_per_text",),
 }

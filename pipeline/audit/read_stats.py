@@ -11,6 +11,7 @@ import json
 from typing import List, Optional, Tuple
 
 from common import files
+from pipeline.funnel.stats_files import NSFW_GALLERY_FILE
 from pipeline.funnel.table import FUNNEL_FILE
 from pipeline.what_if.rules import WHAT_IF_FILE
 
@@ -84,9 +85,9 @@ def load_stats(data_dir: str) -> dict:
             return None
         return value
 
-    def read_jsonl(name):
+    def read_jsonl(name, optional=False):
         text = _read_text(files.join(stats_dir, name))
-        if text is None:
+        if text is None and not optional:
             loaded["missing"].append(name)
         rows, bad = _read_jsonl(text)
         if bad:
@@ -117,4 +118,5 @@ def load_stats(data_dir: str) -> dict:
     # Only a build with --concepts (TOnICS) writes it: absent is not "missing".
     loaded["concepts"] = read_json(CONCEPTS_FILE, optional=True)
     loaded["what_if"] = read_json(WHAT_IF_FILE, optional=True)  # a build before the what-if has none
+    loaded["nsfw_gallery"] = read_jsonl(NSFW_GALLERY_FILE, optional=True)  # only a build that ran the NSFW stage
     return loaded

@@ -5,7 +5,8 @@ the report can be mailed, archived or opened offline. It shows what a person
 auditing a corpus looks at: the funnel, the distributions with the preset's
 cuts, the threshold explorer (``pipeline.audit.what_if_section``), sampled
 rejects of every reason with their alt-text, the near-duplicate pairs, the
-model-score section (``pipeline.audit.model_score_section``). The plots are
+model-score section (``pipeline.audit.model_score_section``), the NSFW
+scores and the gallery of the highest (``pipeline.audit.nsfw_section``). The plots are
 ``pipeline.audit.plots`` (matplotlib only to render).
 """
 
@@ -21,8 +22,10 @@ from typing import Dict, List, Optional
 from filters import stages
 from pipeline.audit import what_if_section
 from pipeline.audit.model_score_section import section_model_score
+from pipeline.audit.nsfw_section import section_nsfw
 from pipeline.audit.plots import DISTRIBUTION_CUTS, plot_cosines, plot_count_of_counts, plot_distribution, plot_funnel
 from pipeline.audit.read_stats import NEAR_DUPLICATES_FILE
+from pipeline.funnel.counts import NSFW_MEASURE
 from pipeline.funnel.table import FUNNEL_FILE, as_int, check_funnel, percent, stage_rejected
 
 MAX_NEAR_DUPLICATE_PAIRS = 200
@@ -51,7 +54,10 @@ th { text-align: left; background: #fafafa; } td.num { text-align: right; font-v
 .noimg { width: 128px; height: 64px; margin: 0 auto .3rem; display: flex; align-items: center; justify-content: center;
   background: #f0f0f0; color: #888; font-size: 11px; }
 .alt { font-style: italic; word-break: break-word; } .meta { color: #666; word-break: break-all; }
-.blur img { filter: blur(14px); } .blur:hover img { filter: none; } .pair td { text-align: center; }
+.pair td { text-align: center; }
+.reveal { display: block; cursor: pointer; overflow: hidden; } .reveal input { position: absolute; opacity: 0; }
+.reveal img { filter: blur(14px); } .reveal input:checked + img { filter: none; }
+.reveal input:focus-visible + img { outline: 2px solid #4c78a8; }
 """
 
 
@@ -92,6 +98,15 @@ def _img(b64: Optional[str], alt: str) -> str:
     if uri is None:
         return '<div class="noimg">no thumbnail</div>'
     return f'<img src="{uri}" alt="{_e(alt[:200])}">'
+
+
+def revealed(b64: Optional[str], alt: str) -> str:
+    """``_img`` blurred until clicked (and clear again on a second click): the label of a hidden checkbox that
+    the style unblurs it by (``.reveal``), as the page may run no script."""
+    image = _img(b64, alt)
+    if not image.startswith("<img"):
+        return image
+    return f'<label class="reveal" title="click to show or blur"><input type="checkbox" aria-label="show the image">{image}</label>'
 
 
 def _truncate(text: str, limit: int) -> str:
@@ -151,8 +166,8 @@ def _section_distributions(distributions: Optional[dict], preset: dict) -> str:
     names = sorted(distributions, key=lambda n: (known.index(n) if n in known else len(known), n))
     for name in names:
         dist = distributions[name]
-        if name == "count_of_counts" or not isinstance(dist, dict):
-            continue
+        if name in ("count_of_counts", NSFW_MEASURE) or not isinstance(dist, dict):
+            continue  # the NSFW scores are drawn in their own section, beside the gallery
         try:
             uri = plot_distribution(name, dist, preset)
         except (ValueError, TypeError) as err:
@@ -192,19 +207,19 @@ def _section_samples(samples: List[dict], funnel: Optional[dict]) -> str:
     position = {row.get("stage"): i for i, row in enumerate((funnel or {}).get("stages") or [])}
     order = sorted(by_reason, key=lambda r: (position.get(stages.stage_of(r), len(position)), r))
     parts = [head, '<p class="muted">A deterministic sample of each reason (by key hash). '
-             "Thumbnails of <code>nsfw/*</code> rejects are blurred until hovered.</p>"]
+             "Thumbnails of <code>nsfw/*</code> rejects are blurred until clicked.</p>"]
     for reason in order:
         rows = by_reason[reason]
         total = counts.get(reason)
         count_text = f"{total:,} rejected, {len(rows)} shown" if total is not None else f"{len(rows)} shown"
-        blur = " blur" if stages.stage_of(reason) == "nsfw" else ""
+        image = revealed if stages.stage_of(reason) == "nsfw" else _img
         cards = []
         for row in rows:
             alt = str(row.get("alt_text") or "")
             size = f"{as_int(row.get('width'))}×{as_int(row.get('height'))}" if row.get("width") else ""
             meta = " ".join(x for x in (size, str(row.get("format") or "")) if x)
             cards.append(
-                f'<div class="card{blur}">{_img(row.get("thumbnail"), alt)}'
+                f'<div class="card">{image(row.get("thumbnail"), alt)}'
                 f'<div class="alt" title="{_e(alt)}">{_e(_truncate(alt, 160)) or "<span class=muted>(no alt-text)</span>"}</div>'
                 f'<div class="meta">{_e(meta)}</div>'
                 f'<div class="meta" title="{_e(row.get("url", ""))}">{_e(_truncate(str(row.get("url") or ""), 80))}</div>'
@@ -288,12 +303,14 @@ def build_html(loaded: dict) -> str:
         f'<p class="muted">preset <code>{_e((funnel or {}).get("preset_name", "?"))}</code> · stats from '
         f"<code>{_e(loaded['stats_dir'])}</code></p>",
         '<nav><a href="#funnel">funnel</a><a href="#distributions">distributions</a><a href="#thresholds">thresholds</a>'
-        '<a href="#rejects">sampled rejects</a><a href="#near-duplicates">near-duplicates</a><a href="#preset">preset</a></nav>',
+        '<a href="#nsfw">nsfw</a><a href="#rejects">sampled rejects</a><a href="#near-duplicates">near-duplicates</a>'
+        '<a href="#preset">preset</a></nav>',
         banner,
         notice_html,
         _section_funnel(funnel),
         _section_distributions(loaded.get("distributions"), preset),
         what_if_section.section(loaded.get("what_if"), funnel),
+        section_nsfw(loaded, revealed),
         _section_samples(loaded.get("samples") or [], funnel),
         _section_near_duplicates(loaded.get("near_duplicates") or [], NEAR_DUPLICATES_FILE in loaded.get("missing", []), preset),
         _section_preset(funnel),

@@ -21,7 +21,7 @@ from pipeline.what_if import rules
 
 #: The thresholds the explorer draws, in stage order.
 PARAMS = ("min_shorter_side", "max_aspect_ratio", "min_words", "max_words", "max_word_repetition",
-          "model_score_threshold", "model_score_top_fraction",
+          "nsfw_threshold", "model_score_threshold", "model_score_top_fraction",
           "max_texts_per_image", "max_images_per_text", "vocab_size", "min_ngram_count")
 POINTS = 40
 
@@ -49,6 +49,8 @@ def thresholds(param: str, doc: dict) -> Sequence[float]:
         return _integers(max(built["min_words"], 1), max(100, built[param]), log=False)
     if param == "max_word_repetition":
         return [k / 20 for k in range(21)]
+    if param == "nsfw_threshold":  # fine at the low end, where scores of ordinary images lie; 1.0 is off
+        return [0.01, 0.02, 0.05] + [k / 20 for k in range(2, 21)]
     if param.startswith("model_score_"):
         return _score_thresholds(param, doc)
     if param in ("max_texts_per_image", "max_images_per_text"):

@@ -108,6 +108,17 @@ def _columns(args) -> Columns:
     return columns._replace(download=bool(args.download), limits=read_limits.from_options(args))
 
 
+def _exists(path: str) -> bool:
+    """A file, a glob's matches or a folder's files: on GCS a folder is no object of its own, only a prefix."""
+    if FileSystems.exists(path):
+        return True
+    pattern = path if any(ch in path for ch in "*?[") else path.rstrip("/") + "/**"
+    try:
+        return any(result.metadata_list for result in FileSystems.match([pattern]))
+    except Exception:  # Beam raises BeamIOError for a pattern it cannot list at all
+        return False
+
+
 def _eval_sets(specs) -> Tuple[Tuple[str, str], ...]:
     sets = []
     for spec in specs:
@@ -117,7 +128,7 @@ def _eval_sets(specs) -> Tuple[Tuple[str, str], ...]:
         if not SET_NAME.match(name):
             raise UsageError(f"--eval_images {spec!r}: the set name {name!r} may hold letters, digits, '_', '-' "
                              "and '.' only (it names the rejection reason near_duplicate_eval/NAME)")
-        if not FileSystems.exists(path):
+        if not _exists(path):
             raise UsageError(f"--eval_images {spec!r}: {path} does not exist")
         sets.append((name, path))
     return tuple(sets)

@@ -7,7 +7,8 @@ taken in between on light rows:
     CorpusStages    ApplyCorpusFilters [-> ModelScore] [-> NearDuplicatesOfEvalImages]
                     [-> RemoveCorpusNearDuplicates]                      -> key verdicts
     DecideFates     JoinVerdicts (first reason wins, one row per pair), WhatIfStats
-    SecondPass      ChooseSamples -> WriteShards -> WriteRejectionLedger [, WritePairsReport, ConceptStats]
+    SecondPass      ChooseSamples -> WriteShards -> WriteRejectionLedger [, WritePairsReport, ConceptStats,
+                    WriteNsfwGallery]
     CandidateTable  every input record's facts and fate -> stats/candidates/
     WriteBuildStats the funnel, distributions, samples and stage notes -> stats/
 
@@ -38,7 +39,7 @@ from typing import Optional
 import apache_beam as beam
 
 from dedup import preset_options
-from filters import extra_stages
+from filters import extra_stages, nsfw
 from filters.frequency import ApplyCorpusFilters, pool_row
 from filters.stages import REJECTED, SURVIVORS
 from pipeline.build.config import BuildConfig
@@ -56,6 +57,7 @@ from pipeline.what_if.collect import WhatIfStats
 from pipeline.write.candidate_table import WriteCandidateTable
 from pipeline.write.concept_tags import WriteConceptStats
 from pipeline.write.ledger import WriteRejectionLedger
+from pipeline.write.nsfw_gallery import WriteNsfwGallery
 from pipeline.write.second_pass import SHARDS, WRITTEN, WriteShards
 from pipeline.write.tar_shards import TFRECORD, WEBDATASET
 
@@ -185,7 +187,7 @@ class DecideFates(beam.PTransform):
 class SecondPass(beam.PTransform):
     """The rows to write and the rejections -> ``{"shards", "samples", "rejections": every rejection, late ones
     included, "written": where each record went, "late": the late rejections}``: the shards, the rejection
-    ledger, the near-duplicate pairs, the TOnICS counts."""
+    ledger, the near-duplicate pairs, the TOnICS counts, the NSFW gallery."""
 
     def __init__(self, config: BuildConfig, eval_index: Optional[EvalIndex]):
         super().__init__()
@@ -206,6 +208,9 @@ class SecondPass(beam.PTransform):
                 self.eval_index.directory, output)
         if config.ontology is not None:
             _ = written["concepts"] | "ConceptStats" >> WriteConceptStats(output, config.ontology, labels_column)
+        if nsfw.stage_enabled(config.preset.nsfw_threshold):
+            _ = (inputs["survivors"], inputs["decided_rejections"]) | "WriteNsfwGallery" >> WriteNsfwGallery(
+                output, config.columns)
         return {"shards": written[SHARDS], "samples": written["samples"], "rejections": rejections,
                 "written": written[WRITTEN], "late": written[REJECTED]}
 
@@ -229,7 +234,8 @@ class WriteBuildStats(beam.PTransform):
             | "WrittenPerSplit" >> beam.CombinePerKey(sum)
         )
         histograms = inputs[judge_lib.MEASURES] | "Distributions" >> SumHistograms()
-        notes = [inputs["download_notes"], inputs[judge_lib.NSFW_OUTCOMES] | "NsfwNote" >> NsfwNote(preset.nsfw_threshold)]
+        notes = [inputs["download_notes"], inputs[judge_lib.NSFW_OUTCOMES] | "NsfwNote" >> NsfwNote(
+            preset.nsfw_threshold, preset.nsfw_model)]
         corpus_stats = inputs["corpus_stats"]
         if config.scorer is not None:  # the scores' histogram with the cut, and what the score alone would have caught
             score_stats = (inputs["score_cut"], inputs["score_histogram"], inputs["rejections"], inputs["overlaps"]) | (

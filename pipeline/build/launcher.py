@@ -6,7 +6,9 @@ touched), runs the job built by ``pipeline.build.graph.build_pipeline`` into
 the build's own version directory ``OUTPUT/versions/<id>/``, and publishes
 it (``pipeline.publish.publisher``: check, describe, commit, remove what it
 replaced). With ``--detached`` it returns once the job is submitted and
-``python -m pipeline.publish`` finishes it later. ``main`` turns every
+``python -m pipeline.publish`` finishes it later; with ``--dry_run=true`` and
+``--runner DataflowRunner`` it prints what Dataflow would be sent and returns
+before the output is touched (``pipeline.build.dry_run``). ``main`` turns every
 failure into one line and an exit code.
 
 Without ``--runner`` the job runs on Beam's FnApiRunner in this process
@@ -23,11 +25,12 @@ from typing import List, Optional
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import StandardOptions
+from apache_beam.options.pipeline_options import StandardOptions, TestOptions
 
 from common import beam_construction, corpus_dir
 from common.files import to_json, write_text
 from filters.presets import format_preset
+from pipeline.build import dry_run
 from pipeline.build.config import BuildConfig, resolve, resolve_preset
 from pipeline.build.graph import build_pipeline
 from pipeline.build.options import SHORT_USAGE, UsageError, parse
@@ -43,8 +46,8 @@ def stage_notes(config: BuildConfig) -> dict:
     """What the funnel should say before the job: stages that run degraded or not at all, extra stages, the input.
 
     No environment is judged here: whether NSFW scored is the workers' word
-    (``ScorePornography``'s note replaces this one as soon as a record
-    reached the stage; ``nsfw/scorer_unavailable`` counts the unscored).
+    (``pipeline.stages.judge.NsfwNote``'s note replaces this one as soon as a
+    record reached the stage; ``nsfw/scorer_unavailable`` counts the unscored).
     """
     from filters import nsfw
 
@@ -53,7 +56,8 @@ def stage_notes(config: BuildConfig) -> dict:
     if not nsfw.stage_enabled(preset.nsfw_threshold):
         notes["nsfw"] = "disabled: nsfw_threshold >= 1.0"
     else:
-        notes["nsfw"] = f"no record reached the stage (rejected if score >= {preset.nsfw_threshold})"
+        notes["nsfw"] = (f"no record reached the stage ({preset.nsfw_model}, rejected if score >= "
+                         f"{preset.nsfw_threshold})")
     notes.update({e.name: f"extra stage {e.source}: {e.description}" for e in config.extras})
     for stage, note in input_notes(config.flags.input, config.flags.input_format, config.columns).items():
         notes[stage] = f"{notes[stage]}; {note}" if stage in notes else note
@@ -102,7 +106,7 @@ def run(argv: Optional[List[str]] = None) -> dict:
     """The build. Raises ``UsageError``/``OutputRefused`` (nothing touched), ``AccountingError``
     or ``PublishError`` (the job ran, nothing committed), ``CommitConflict`` or the job's own error.
 
-    Returns the funnel (``{}`` for ``--print_preset`` and ``--detached``).
+    Returns the funnel (``{}`` for ``--print_preset``, ``--detached`` and ``--dry_run=true``).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     args, beam_args = parse(argv)
@@ -124,6 +128,13 @@ def run(argv: Optional[List[str]] = None) -> dict:
     if config.eval_sets:
         say(f"embedding evaluation images: {', '.join(config.flags.eval_images)}")
         loaded = embed_eval_sets(config.flags.eval_images, config.flags.embedder, config.preset, config.embedder_args)
+    if options.view_as(TestOptions).dry_run:  # Dataflow's translation of the job, nothing touched
+        job = dry_run.build_job(config, options, notes, loaded)
+        say(dry_run.summary(job, config, loaded))
+        refused = dry_run.over_limit(job)
+        if refused:
+            raise dry_run.JobRefused(refused)
+        return {}
     # Everything is checked: from here on the output is touched, inside this build's own version only.
     runner = options.view_as(StandardOptions).runner
     if output_contract.MARKER not in plan.files:
@@ -177,6 +188,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     except commit_lib.CommitConflict as error:
         console.error(str(error))
         sys.exit(EXIT_CONFLICT)
+    except dry_run.JobRefused as error:
+        console.error(f"{error}: Dataflow would refuse this job (nothing was submitted)")
+        sys.exit(EXIT_FAILED)
     except (AccountingError, publisher.PublishError) as error:
         console.error(f"{error}; not committed, the output's corpus is unchanged")
         sys.exit(EXIT_FAILED)

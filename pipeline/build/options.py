@@ -11,9 +11,10 @@ beside the code they configure (``pipeline.download.settings``,
 from __future__ import annotations
 
 import argparse
+import os
 from typing import List
 
-from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions, StandardOptions
+from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions, StandardOptions, TestOptions
 
 from common import cli
 from pipeline.download import settings as download_settings
@@ -116,6 +117,8 @@ class BuildOptions(PipelineOptions):
 EPILOG = """\
 Every other --flag goes to Apache Beam (--runner, --project, --region,
 --temp_location, --setup_file, --direct_running_mode, --direct_num_workers, ...).
+With --runner DataflowRunner, --dry_run=true builds the Dataflow job, prints what
+it would run, install and write, and submits nothing (docs/dataflow.md).
 
 Output contract: --output is a literal directory (glob characters are
 characters). It must not equal, contain or lie inside an input location. An
@@ -199,11 +202,52 @@ def beam_options(beam_args: List[str]) -> PipelineOptions:
         from apache_beam.runners.runner import create_runner
 
         try:
-            create_runner(runner)  # an unknown name fails here, before the output is touched
+            runner_object = create_runner(runner)  # an unknown name fails here, before the output is touched
         except ValueError:
             raise UsageError(f"--runner {runner}: unknown runner (e.g. FnApiRunner, DataflowRunner)") from None
-    options.view_as(SetupOptions).save_main_session = False
+        check_for_runner(options, runner_object)
+    setup = options.view_as(SetupOptions)
+    setup.save_main_session = False
+    if setup.setup_file:  # Beam changes into its directory, which for a bare "setup.py" is "" (an error)
+        setup.setup_file = os.path.abspath(setup.setup_file)
+    test = options.view_as(TestOptions)
+    test.dry_run = dry_run_value(test.dry_run)
+    if test.dry_run and not is_dataflow(runner):
+        raise UsageError(f"--dry_run=true checks a Dataflow launch (pipeline.build.dry_run): add --runner DataflowRunner "
+                         f"--project PROJECT --region REGION --temp_location gs://BUCKET/tmp (runner: {runner})")
     return options
+
+
+def check_for_runner(options, runner) -> None:
+    """Beam's own checks of its options for ``runner`` (a Dataflow launch without ``--project``, ...), as one line.
+
+    ``beam.Pipeline`` makes them too, but only once the launcher has written
+    to the output, and its message puts the errors after a line break.
+    """
+    from apache_beam.options.pipeline_options_validator import PipelineOptionsValidator
+
+    errors = PipelineOptionsValidator(options, runner).validate()
+    if errors:
+        raise UsageError("; ".join(" ".join(error.split()) for error in errors))
+
+
+#: Beam declares ``--dry_run`` as a string option, so its runner would take ``--dry_run=false`` for a yes.
+DRY_RUN_VALUES = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
+
+
+def dry_run_value(value) -> bool:
+    """``--dry_run``'s value as a yes or no; ``UsageError`` for anything else."""
+    if isinstance(value, bool):
+        return value
+    try:
+        return DRY_RUN_VALUES[str(value).strip().lower()]
+    except KeyError:
+        raise UsageError(f"--dry_run {value!r}: true or false") from None
+
+
+def is_dataflow(runner) -> bool:
+    name = runner if isinstance(runner, str) else type(runner).__name__
+    return name.rsplit(".", 1)[-1].lower() in ("dataflowrunner", "dataflow")
 
 
 

@@ -13,21 +13,29 @@ installed in this environment (``importlib.metadata``), sorted. Pass the file
 to the job with ``--requirements_file worker-requirements.txt`` beside
 ``--setup_file``: Dataflow installs it on every worker before the package.
 
-A needed distribution missing from the lock is an error (exit 1): a pin
-cannot be guessed. Run it in the environment the lock describes.
+In a checkout, the package's own requirements are read from its
+``setup.py`` (the installed metadata of an editable install keeps the
+requirements of the day it was installed); their dependencies from the
+installed distributions. A needed distribution missing from the lock is an
+error (exit 1): a pin cannot be guessed. Run it in the environment the lock
+describes.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib.metadata as metadata
+import os
 import re
 import sys
-from typing import Dict, Iterable, List, Sequence, Set, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from packaging.requirements import Requirement
 
 DISTRIBUTION = "alt-text-corpus"
+#: This checkout's setup.py (absent where the package was installed from its sdist or wheel).
+SETUP = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "setup.py")
 #: Installers, present on every worker and never in a ``pip freeze`` lock.
 TOOLING = {"pip", "setuptools", "wheel"}
 
@@ -55,6 +63,30 @@ def _applies(requirement: Requirement, extras: Iterable[str]) -> bool:
     return any(requirement.marker.evaluate({"extra": extra}) for extra in list(extras) or [""])
 
 
+def declared(setup_path: str = SETUP) -> Optional[Dict[str, List[str]]]:
+    """``{"": BASE, extra: [...]}`` as ``setup.py`` declares them, read without running it; None outside a checkout."""
+    if not os.path.exists(setup_path):
+        return None
+    with open(setup_path) as handle:
+        tree = ast.parse(handle.read())
+    found = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            if node.targets[0].id in ("BASE", "EXTRAS"):
+                found[node.targets[0].id] = ast.literal_eval(node.value)
+    if "BASE" not in found:
+        return None
+    return {"": list(found["BASE"]), **{k: list(v) for k, v in found.get("EXTRAS", {}).items()}}
+
+
+def _requires(name: str, extras: Sequence[str]) -> List[str]:
+    """What ``name[extras]`` requires, markers included: setup.py's lists for this package in a checkout."""
+    own = declared() if canonical(name) == canonical(DISTRIBUTION) else None
+    if own is not None and all(extra in own for extra in extras):
+        return own[""] + [f"{text}; extra == '{extra}'" for extra in extras for text in own[extra]]
+    return metadata.distribution(name).requires or []
+
+
 def needed(distribution: str = DISTRIBUTION, extras: Sequence[str] = ()) -> Tuple[Set[str], List[str]]:
     """Canonical names of what installing ``distribution[extras]`` pulls in (itself excluded), and
     the names required but not installed here."""
@@ -68,7 +100,7 @@ def needed(distribution: str = DISTRIBUTION, extras: Sequence[str] = ()) -> Tupl
             continue
         seen.add((canonical(name), wanted))
         try:
-            requires = metadata.distribution(name).requires or []
+            requires = _requires(name, wanted)
         except metadata.PackageNotFoundError:
             missing.append(canonical(name))
             continue

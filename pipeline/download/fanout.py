@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import json
+import math
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
@@ -35,7 +36,7 @@ from common.hot_keys import JoinDecisions
 from filters.record import judge_row
 from pipeline.download import staging
 from pipeline.download.image_facts import UrlRow, candidate_of, embedding_of, image_facts
-from pipeline.funnel.counts import METRICS_NAMESPACE
+from pipeline.funnel.counts import METRICS_NAMESPACE, NSFW_MEASURE
 from pipeline.readers.rows import Rejection
 from pipeline.stages import judge as judge_lib
 from pipeline.stages.judge import EMBEDDINGS, MEASURES, NSFW_OUTCOMES, PAIRS, ROWS, Histograms
@@ -49,8 +50,8 @@ def row_outputs(row: UrlRow, facts, preset, extras=(), max_record_bytes=None):
     """One URL-list row with its image's facts -> ``[(tag, value)]`` as the first pass gives a record (pure).
 
     A ``ROWS`` light row always; ``EMBEDDINGS``/``PAIRS`` values where the
-    row passes; ``("measures", {...})`` and ``("nsfw", (scored, status))``
-    for the caller to add up.
+    row passes; ``("measures", {...})`` (the NSFW score among them, where the
+    row reached the stage) and ``("nsfw", (scored, status))`` for the caller to add up.
     """
     if facts is None:  # every distinct URL has facts: a missing one was lost by the runner
         raise RuntimeError(f"no download outcome reached the rows of {row.url!r}")
@@ -65,6 +66,9 @@ def row_outputs(row: UrlRow, facts, preset, extras=(), max_record_bytes=None):
     if judgement.reason is None:
         if facts.nsfw_status:
             outputs.append((NSFW_OUTCOMES, (facts.nsfw_scored, facts.nsfw_status)))
+        if math.isfinite(facts.nsfw_score):
+            outputs.append((MEASURES, {NSFW_MEASURE: facts.nsfw_score}))
+            light = light._replace(nsfw_score=facts.nsfw_score)
         if facts.nsfw_reason:
             light = light._replace(reason=facts.nsfw_reason, counted=preset.counting_base == "raw")
         else:

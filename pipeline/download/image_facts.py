@@ -22,6 +22,7 @@ of the NamedTuples to build their schemas.
 """
 
 import json
+import math
 from typing import List, NamedTuple, Optional, Tuple
 
 import apache_beam as beam
@@ -82,6 +83,7 @@ class ImageFactsRow(NamedTuple):
     nsfw_reason: str     # ``nsfw/...`` for an image some row may keep, "" otherwise
     nsfw_scored: bool    # the NSFW outcome, counted per row that reaches the stage (``nsfw.stage_note``)
     nsfw_status: str     # "" when the stage did not look at the image
+    nsfw_score: float    # its score (-inf: not scored, as ``LightRow.nsfw_score``)
     eval_match: str      # ``near_duplicate_eval/<set>``, or ""
     pairs: str           # JSON list of the evaluation pairs (without key; thumbnail included), "" for none
     embedding: bytes     # the unit vector (float32) when the preset removes in-corpus near-duplicates
@@ -89,7 +91,7 @@ class ImageFactsRow(NamedTuple):
 
 def failed_facts(url: str, reason: str, http_status: int, final_url: str, fetched: bool = True) -> ImageFactsRow:
     return ImageFactsRow(url, reason, int(http_status), final_url, "", -1, -1, fetched, "", "", 0, 0, 0, "", "", "",
-                         False, "", "", False, "", "", "", b"")
+                         False, "", "", False, "", -math.inf, "", "", b"")
 
 
 def unjudged_facts(url: str, where: tuple) -> ImageFactsRow:
@@ -150,16 +152,17 @@ class ImageJudge:
 
     def _score_nsfw(self, facts, scored) -> List[Tuple[int, bytes]]:
         nsfw = self.record_judge.nsfw
-        reasons = nsfw.judge([body for _, body in scored])
+        reasons, scores = nsfw.judge_with_scores([body for _, body in scored])
         outcomes = nsfw.take_outcomes()  # one batch: one way of scoring (or none, every image undecodable)
         if len(outcomes) > 1:
             raise ValueError(f"one NSFW batch was scored in several ways: {outcomes}")
         scored_by, status = next(iter(outcomes), (False, ""))
         kept = []
-        for (i, body), reason in zip(scored, reasons):
+        for (i, body), reason, score in zip(scored, reasons, scores):
             undecodable = reason == UNDECODABLE_REASON
             facts[i] = facts[i]._replace(nsfw_reason=reason or "", nsfw_scored=bool(scored_by and not undecodable),
-                                         nsfw_status="" if undecodable else status)
+                                         nsfw_status="" if undecodable else status,
+                                         nsfw_score=-math.inf if score is None else score)
             if not reason:
                 kept.append((i, body))
         return kept
@@ -194,7 +197,7 @@ def _row(url: str, where: tuple, found: record_rules.ImageFacts) -> ImageFactsRo
         url, "", int(http_status), final_url, source, int(ordinal), int(offset), bool(fetched),
         found.header_reason or "", header.format if header else "", header.width if header else 0,
         header.height if header else 0, header.orientation if header else 0, header.mode if header else "",
-        found.sha256, found.phash, found.decoded, found.decode_reason or "", "", False, "", "", "", b"")
+        found.sha256, found.phash, found.decoded, found.decode_reason or "", "", False, "", -math.inf, "", "", b"")
 
 
 beam.coders.registry.register_coder(UrlRow, beam.coders.RowCoder)

@@ -30,11 +30,17 @@ HISTOGRAM_EDGES = {
     "shorter_side": [0, 50, 100, 150, 200, 201, 250, 300, 400, 401, 500, 750, 1000, 2000, 5000],
     "aspect_ratio": [1.0, 1.25, 1.5, 2.0, 2.5, 2.75, 3.0, 4.0, 6.0, 10.0],
     "words_per_text": [0, 1, 2, 3, 5, 10, 15, 20, 21, 30, 50, 100, 257],
+    # Fine where photographs without pornography score (open_nsfw: mostly below 0.1), an edge at each cut a
+    # user is likely to try (Yahoo's 0.2 and 0.8, COYO-700M's 0.5).
+    "nsfw_score": [0, 0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99],
 }
+#: The histogram of the NSFW scorer's scores (``pipeline.stages.judge`` counts each record it scored).
+NSFW_MEASURE = "nsfw_score"
 HISTOGRAM_DESCRIPTIONS = {
     "shorter_side": "shorter image side in pixels (after EXIF orientation), images whose header parsed",
     "aspect_ratio": "longer/shorter side, images whose header parsed",
     "words_per_text": "unigrams per normalised alt-text, records that reached the text rules",
+    "nsfw_score": "pornographic-content score (the preset's nsfw_model) of each record the NSFW stage scored",
 }
 SAMPLES_PER_REASON = 20
 

@@ -3,6 +3,7 @@
     stats/funnel.json             stage-ordered counts (``pipeline.funnel.counts.build_funnel``)
     stats/distributions.json      histograms of the record measures, and the corpus stages' stats
     stats/rejected_samples.jsonl  up to ``SAMPLES_PER_REASON`` rejections per reason, with thumbnails
+    stats/nsfw_gallery.jsonl      the highest NSFW scores kept and rejected, with thumbnails (``pipeline.write.nsfw_gallery``)
 
 The files are written once, by one worker, after every count is known
 (side inputs of a single trigger element). The samples are chosen by a hash
@@ -24,10 +25,13 @@ from filters.image import thumbnail_b64
 from pipeline.funnel import counts as stats_lib
 from pipeline.funnel.table import FUNNEL_FILE
 
+#: Written by ``pipeline.write.nsfw_gallery`` when the NSFW stage runs; read by the audit.
+NSFW_GALLERY_FILE = "nsfw_gallery.jsonl"
+
 
 def sample_row(row, image=None, alt_text=None) -> dict:
     """A rejected light row (``pipeline.stages.light_rows.LightRow``) as the audit shows it: reason, record fields, a thumbnail of ``image`` (read again),
-    and its ``model_score`` when the pair was scored (``--model_score``)."""
+    and its scores (``scored``)."""
     return {
         **scored(row),
         "reason": row.reason,
@@ -44,9 +48,10 @@ def sample_row(row, image=None, alt_text=None) -> dict:
 
 
 def scored(row) -> dict:
-    """``{"model_score": cosine}`` of a scored pair (rounded: a report, not a computation); ``{}`` otherwise."""
-    score = row.model_score
-    return {"model_score": round(float(score), 6)} if math.isfinite(score) else {}
+    """The row's scores, rounded (a report, not a computation): ``"nsfw_score"`` where the NSFW stage scored its
+    image, ``"model_score"`` (the cosine) where the pair model scored the pair; ``{}`` for neither."""
+    scores = {"nsfw_score": row.nsfw_score, "model_score": row.model_score}
+    return {name: round(float(score), 6) for name, score in scores.items() if math.isfinite(score)}
 
 
 class ChooseSamples(beam.PTransform):

@@ -70,12 +70,21 @@ def write_eval_index(loaded, output_dir: str, preset) -> EvalIndex:
     """Write the embedded sets and their centroids to ``<output_dir>/near_duplicates/index/``, where the workers read them."""
     from dedup.transforms import IndexRows, index_centroids
 
-    index, threshold, note = loaded
-    directory = index_directory(output_dir)
-    write_index(index, directory, index_thumbnails(index))
+    index, threshold, _ = loaded
+    planned = eval_index_at(loaded, output_dir)
+    write_index(index, planned.directory, index_thumbnails(index))
     centroids = index_centroids(IndexRows.of(index), search_options(preset, threshold))
-    _write(FileSystems.join(directory, CENTROIDS_FILE), _npy(centroids))
-    return EvalIndex(directory, threshold, note)
+    _write(FileSystems.join(planned.directory, CENTROIDS_FILE), _npy(centroids))
+    return planned
+
+
+def eval_index_at(loaded, output_dir: str) -> EvalIndex:
+    """What the job carries for the index ``write_eval_index`` writes under ``output_dir``: where, not what.
+
+    A dry run (``pipeline.build.dry_run``) builds its graph with this, writing nothing.
+    """
+    _, threshold, note = loaded
+    return EvalIndex(index_directory(output_dir), threshold, note)
 
 
 def search_options(preset, threshold: float):
@@ -186,7 +195,10 @@ class AddIndexThumbnails(beam.PTransform):
     def expand(self, rows):
         thumbnails = (
             rows.pipeline
-            | "ReadThumbnails" >> beam.io.ReadFromText(FileSystems.join(self.directory, THUMBNAILS_FILE))
+            # Not checked while the graph is built: the launcher writes the file before it runs the job, and
+            # a dry run (pipeline.build.dry_run) builds the graph without writing it.
+            | "ReadThumbnails" >> beam.io.ReadFromText(FileSystems.join(self.directory, THUMBNAILS_FILE),
+                                                       validate=False)
             | "ParseThumbnails" >> beam.Map(thumbnail_entry)
         )
         keyed = rows | "ByIndexImage" >> beam.Map(lambda row: ((row["index_set"], row["index_key"]), row))

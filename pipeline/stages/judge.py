@@ -45,7 +45,7 @@ from dedup import preset_options as dedup_options
 from filters import nsfw, score_cut
 from filters.image import thumbnail_b64
 from filters.record import Judgement, judge_record
-from pipeline.funnel.counts import HISTOGRAM_EDGES, METRICS_NAMESPACE
+from pipeline.funnel.counts import HISTOGRAM_EDGES, METRICS_NAMESPACE, NSFW_MEASURE
 from pipeline.readers.file_records import FileRecords, input_patterns
 from pipeline.readers.rows import Columns, Rejection
 from pipeline.stages.light_rows import LightRow, holding_rows
@@ -149,8 +149,7 @@ class RecordJudge:
         # doubled the first pass's CPU time on 2 cores).
         threadpool_limits(1, user_api="blas")
         preset = self.preset
-        self.nsfw = nsfw.NsfwScoring(preset.nsfw_threshold, unscored=preset.nsfw_unscored,
-                                     scorer_factory=self.nsfw_factory)
+        self.nsfw = nsfw.NsfwScoring.from_preset(preset, scorer_factory=self.nsfw_factory)
         self.nsfw.load()
         self.embedder = None
         if self.eval_index is not None or preset.dedup_in_corpus:
@@ -208,12 +207,14 @@ class RecordJudge:
         return done
 
     def _score_nsfw(self, rows, passing):
+        """Scores the records every per-record rule kept; their score goes on the row and into the histogram."""
         reasons, scores = self.nsfw.judge_with_scores([c.image for _, c in passing])
         kept = []
         counted = self.preset.counting_base == "raw"  # NSFW is a quality threshold: the row still counts
         for (i, candidate), reason, score in zip(passing, reasons, scores):
             if score is not None:
-                rows[i] = rows[i]._replace(nsfw_score=float(score))
+                rows[i] = rows[i]._replace(nsfw_score=score)
+                self.histograms.add({NSFW_MEASURE: score})
             if reason:
                 rows[i] = rows[i]._replace(reason=reason, counted=counted)
             else:
@@ -327,7 +328,7 @@ class NsfwNote(beam.PTransform):
     Nothing when no record reached the stage: the launcher's note stands.
     """
 
-    def __init__(self, threshold: float, scorer_name: str = "nudenet"):
+    def __init__(self, threshold: float, scorer_name: str = nsfw.DEFAULT_SCORER):
         super().__init__()
         self.threshold = threshold
         self.scorer_name = scorer_name

@@ -55,7 +55,7 @@ class LightRow(NamedTuple):
     lowest_ngram_count: int = 0  # a measure row's (``ngram_count_row``): the key's lowest n-gram count; 0 otherwise
     model_score: float = -math.inf  # image-text cosine under the --model_score model (-inf: not scored; not NaN,
     #                                 so that equal rows compare equal)
-    nsfw_score: float = -math.inf   # the NSFW scorer's score (-inf: not scored), for the candidate table
+    nsfw_score: float = -math.inf   # the NSFW scorer's score of the image (-inf: not scored, as model_score)
     stored_at: str = ""             # "<shard>@<offset>": its stored picture, already written by the corpus a
     #                                 selection reads (``pipeline.write.stored_copies``); "": made from the source
 

@@ -6,8 +6,8 @@ passes it, every other threshold as built. Three sources, all on light rows:
 
 - the keys' fates (``verdicts.KeyFate``: rows still in the running, every
   key stage that gave the key a verdict, its lowest n-gram count): the
-  cheap per-record rules (which these rows passed: their class is their
-  fate), ``rare_ngrams`` (the lowest count; none below the reach is the
+  cheap per-record rules and NSFW (which these rows passed: their class is
+  their fate), ``rare_ngrams`` (the lowest count; none below the reach is the
   ``ABOVE_REACH`` bin), ``model_score`` (the row's cosine, when the build
   scored it) and the sharing rules;
 - for the sharing rules, the key's group (its image, its alt-text) meets
@@ -16,9 +16,10 @@ passes it, every other threshold as built. Three sources, all on light rows:
   ``CoGroupByKey`` of per-group class counts, never of rows;
 - the per-record rejections of the cheap rules and the stages after them
   (with ``counting_base="raw"``, their alt-text normalised and their size
-  known): the cheap rules, the rejecting rule's class being the next cheap
-  rule its measures fail, or ``?S`` from the first stage it never reached
-  that the light row cannot replay (the full decode).
+  known): the cheap rules and NSFW, the rejecting rule's class being the
+  next cheap rule its measures fail, or ``?S`` from the first stage it never
+  reached that the light row cannot replay (the full decode; after NSFW,
+  the stage that follows it).
 
 All of it is combined on the workers (sparse ``{bin: count}`` histograms,
 combiner-lifted); the one file is written from the combined result, like
@@ -62,7 +63,7 @@ def key_contributions(fate_kv, order: Sequence[str], rank: Mapping[str, int], ra
     names = [name for name in order if mask >> rank[name] & 1]
     fate_first, fate_repeat = _fate_classes(names)
     measures = rules.record_measures(first)
-    for stage in rules.CHEAP_STAGES:
+    for stage in rules.MEASURED_STAGES:
         if stage in measures:
             b = rules.RULES_BY_STAGE[stage].grid.bin(measures[stage])
             yield stage, fate_first, b, 1
@@ -141,7 +142,7 @@ def rejection_contributions(row, order: Sequence[str], values: Mapping, built: M
         if stage not in ("image_size", "image_aspect", "text"):
             return
         measures = {rule: value for rule, value in measures.items() if rule in ("image_size", "image_aspect")}
-    for rule in rules.CHEAP_STAGES:
+    for rule in rules.MEASURED_STAGES:
         if rule not in measures or rule not in order:
             continue
         if rule == stage:

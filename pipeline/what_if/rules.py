@@ -15,7 +15,9 @@ threshold as built (``pipeline.what_if.collect``):
   (aspect, words, repetition), but nothing decodes the picture, scores it
   or counts its groups after a per-record rejection: from there the class
   is "unknown from stage S on" (``?S``), and the what-if gives an estimate
-  with a bound for those records (``pipeline.what_if``).
+  with a bound for those records (``pipeline.what_if``). The NSFW rule's
+  measure is the score the first pass put on the light row: a record it
+  rejected was judged no further (``?`` the stage after it).
 
 With one threshold changed, a record moves from its fate to the rule, or
 from the rule to its class, depending on which side of the old and new
@@ -30,6 +32,7 @@ import dataclasses
 import math
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
+from filters.nsfw import UNDECODABLE_REASON as NSFW_UNDECODABLE
 from filters.presets import compare, keep_op, rule_enabled
 from filters.score_cut import kept_count
 from filters.text import repetition, words
@@ -46,6 +49,8 @@ SIDES = integer_grid("pixels", exact_up_to=2048, top=1 << 24, per_octave=8)
 WORDS = integer_grid("words", exact_up_to=1024, top=1 << 20, per_octave=8)
 ASPECT = decimal_grid("ratio", 100, 1000, 100, tail=[float(k) for k in range(11, 101)] + [200.0, 500.0, 1e3, 1e4, 1e5])
 FRACTION = decimal_grid("fraction", 0, 100, 100)
+#: Scores in [0, 1] to 0.001 (an image the NSFW scorer could not decode is in the open bin above 1).
+SCORES = decimal_grid("score", 0, 1000, 1000)
 #: Distinct members of a group: exact up to 4,001 (every what-if cap of ``filters.frequency``, plus one).
 GROUP_COUNTS = integer_grid("count", exact_up_to=4001, top=1 << 40, per_octave=16)
 #: n-gram counts: exact up to 4,096, then 16 edges per doubling (a bin 4.4% wide).
@@ -68,6 +73,7 @@ RULES: Tuple[Rule, ...] = (
     Rule("image_aspect", ("max_aspect_ratio", "max_aspect_ratio_inclusive"), "longer / shorter side", ASPECT, False),
     Rule("text_length", ("min_words", "max_words"), "words of the alt-text", WORDS, False),
     Rule("text_repetition", ("max_word_repetition",), "repeated words / words", FRACTION, False),
+    Rule("nsfw", ("nsfw_threshold",), "the image's pornographic-content score (nsfw_model's)", SCORES, False),
     Rule("texts_per_image", ("max_texts_per_image",), "distinct alt-texts of the image", GROUP_COUNTS, True),
     Rule("images_per_text", ("max_images_per_text",), "distinct images of the alt-text", GROUP_COUNTS, True),
     Rule("rare_ngrams", ("vocab_size", "min_ngram_count"), "lowest count among the alt-text's n-grams",
@@ -82,6 +88,10 @@ RULE_OF_PARAM = {param: rule for rule in RULES for param in rule.params}
 SHARING_RULES = ("texts_per_image", "images_per_text")
 #: Per-record stages whose thresholds are measured on the light row and applied again for the classes.
 CHEAP_STAGES = ("image_size", "image_aspect", "text_length", "text_repetition")
+#: Per-record stages whose measure is a score on the light row: not applied again (a record such a stage
+#: rejected was judged no further).
+SCORED_STAGES = ("nsfw",)
+MEASURED_STAGES = CHEAP_STAGES + SCORED_STAGES
 #: First-pass stages before every rule of the what-if: a record they reject stays rejected.
 FIXED_FIRST_PASS = ("read", "download", "image_header", "image_format")
 
@@ -162,8 +172,13 @@ def bin_keeps(grid: Grid, b: int, conds: Sequence[Condition]) -> Optional[bool]:
 
 
 def record_measures(row) -> Dict[str, float]:
-    """The per-record rules' measures of a light row whose header parsed and whose text is normalised."""
+    """The per-record rules' measures of a light row whose header parsed and whose text is normalised (the NSFW
+    score where the stage scored the image; an image it could not decode: ``inf``, cut at any threshold)."""
     measures: Dict[str, float] = {}
+    if math.isfinite(row.nsfw_score):
+        measures["nsfw"] = row.nsfw_score
+    elif row.reason == NSFW_UNDECODABLE:
+        measures["nsfw"] = math.inf
     if row.width > 0 and row.height > 0:
         shorter, longer = sorted((row.width, row.height))
         measures["image_size"] = shorter

@@ -38,8 +38,9 @@ class WriteRejectionLedger(beam.PTransform):
     """Every rejected record's key and reason, ``stats/rejected/*.jsonl``.
 
     A line is ``{"key", "reason", "url"}`` plus the rejection's ``detail``
-    (a download's ``http_status`` and ``final_url``) and, for a pair the
-    model-score stage scored, its ``model_score``.
+    (a download's ``http_status`` and ``final_url``) and its scores: the
+    ``nsfw_score`` of an image the NSFW stage scored (every ``nsfw/pornographic``
+    rejection has one), the ``model_score`` of a pair the model-score stage scored.
 
     The per-record ledger behind the funnel: with the shards it accounts for
     every input record. Files are keyed and sorted by key hash, so runs

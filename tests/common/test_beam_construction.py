@@ -33,6 +33,29 @@ def test_dofn_specs_are_beams_and_asked_once_per_instance():
     assert userstate.is_stateful_dofn(Stateful()) and not userstate.is_stateful_dofn(Plain())
 
 
+def test_signatures_are_beams_for_functions_bound_methods_and_the_rest():
+    from apache_beam.transforms import core
+    from apache_beam.typehints import decorators
+
+    original = decorators.get_signature.__wrapped__
+
+    def function(element, side=None):
+        return element
+
+    class Callable:
+        def __call__(self, element, *rest):
+            return element
+
+    plain, other = Plain(), Plain()
+    for func in (function, plain.process, other.process, Stateful().process, Callable(), len, lambda x, y=2: x):
+        assert decorators.get_signature(func) == original(func), func
+        assert core.get_signature is decorators.get_signature
+    assert str(decorators.get_signature(plain.process)) == "(element)"  # bound: no self
+    assert decorators.get_signature(plain.process) is decorators.get_signature(other.process)
+    assert core.get_function_arguments(Stateful(), "process") == (["element", "count"], [beam.DoFn.StateParam(
+        Stateful.COUNT)])
+
+
 def test_views_share_the_options_values_like_new_ones():
     options = PipelineOptions(["--runner", "FnApiRunner", "--save_main_session"])
     view = options.view_as(StandardOptions)

@@ -350,7 +350,9 @@ def test_report_is_self_contained_with_plots_and_thumbnails(full_report):
         assert f'id="r-{reason}"' in text
     assert "0.9910" in text and "ILSVRC2012_val_00000000" in text
     assert 'class="banner ok"' in text and "FUNNEL CHECK FAILED" not in text
-    assert 'class="card blur"' in text  # nsfw rejects are blurred
+    nsfw_thumbs = sum(1 for row in samples if row["stage"] == "nsfw" and row["thumbnail"])
+    assert text.count('<label class="reveal"') == nsfw_thumbs > 0  # nsfw rejects are blurred until clicked
+    assert 'id="nsfw"' not in text  # no scores and no gallery: the build's NSFW section is not shown
 
 
 def test_report_escapes_alt_text_and_urls(tmp_path):

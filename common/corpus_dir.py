@@ -32,6 +32,8 @@ MANIFEST = "manifest.json"
 VERSIONS = "versions"
 #: A version's list of its shards and their lengths, written by the job's second pass, read by the publication.
 SHARDS_FILE = "stats/_shards.json"
+#: Likewise for ``--webdataset``'s tars.
+TARS_FILE = "stats/_webdataset.json"
 #: A version's id: when its build started (UTC), then the run's id; ids sort by start time.
 VERSION_ID = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{8,32}$")
 _TEMPLATE_VERSION = re.compile(rf"^{VERSIONS}/(?P<version>[^/]+)/[^/]+$")

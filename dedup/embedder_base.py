@@ -27,7 +27,6 @@ from typing import Callable, Dict, Optional, Protocol, Sequence, Tuple, runtime_
 import numpy as np
 from PIL import Image
 
-from common import files
 
 log = logging.getLogger(__name__)
 

@@ -192,9 +192,10 @@ ROOMS = {
     "publish": {"funnel"},
     "audit": {"what_if", "funnel"},
     "build": {"readers", "download", "stages", "write", "funnel", "publish", "what_if"},
+    "select": {"build", "readers", "stages", "write", "funnel", "publish"},
 }
 #: The commands a person runs: ``python -m pipeline.X`` for each, a folder with its ``__main__.py``.
-COMMANDS = {"build", "publish", "audit"}
+COMMANDS = {"build", "publish", "audit", "select"}
 
 
 def room_of(module: str):

@@ -26,6 +26,7 @@ COMMANDS = {
     "pipeline.audit": "main",
     "pipeline.build": "main",
     "pipeline.publish": "main",
+    "pipeline.select": "main",
     "trainer.vocab": "main",
     "trainer.evaluate": "main",
     "trainer.embed": "main",
@@ -35,7 +36,8 @@ COMMANDS = {
 
 #: Commands whose ``main`` lives in another module (``python -m pipeline.build`` runs the launcher's).
 MAIN_OF = {"pipeline.build": "pipeline.build.launcher", "pipeline.publish": "pipeline.publish.publisher",
-           "pipeline.audit": "pipeline.audit.auditor", "samplegen": "samplegen.__main__"}
+           "pipeline.audit": "pipeline.audit.auditor", "pipeline.select": "pipeline.select.selector",
+           "samplegen": "samplegen.__main__"}
 
 OPTION = re.compile(r"(?<![\w-])--[A-Za-z][A-Za-z0-9_.-]*[A-Za-z0-9_]")
 ENV = {**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2"}

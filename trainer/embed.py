@@ -150,7 +150,6 @@ class CaptionSource(_ListSource):
 
 def thumbnail(image_bytes: bytes, side: int = THUMBNAIL_SIDE) -> bytes:
     """A small upright JPEG of an encoded image (for result pages)."""
-    from PIL import Image
 
     from common.images import exif_orientation, open_image, orient
 

@@ -9,6 +9,7 @@ taken in between on light rows:
     DecideFates     JoinVerdicts (first reason wins, one row per pair), WhatIfStats
     SecondPass      ChooseSamples -> WriteShards -> WriteRejectionLedger [, WritePairsReport, ConceptStats,
                     WriteNsfwGallery]
+    CandidateTable  every input record's facts and fate -> stats/candidates/
     WriteBuildStats the funnel, distributions, samples and stage notes -> stats/
 
 The first pass reads each record once and judges it where it was read
@@ -54,10 +55,12 @@ from pipeline.stages.near_duplicates import RemoveCorpusNearDuplicates, WritePai
 from pipeline.stages.score_verdicts import ModelScoreVerdicts, ScoreStats
 from pipeline.stages.verdicts import OVERLAPS, CountVerdicts, JoinVerdicts, StagesRun
 from pipeline.what_if.collect import WhatIfStats
+from pipeline.write.candidate_table import WriteCandidateTable
 from pipeline.write.concept_tags import WriteConceptStats
 from pipeline.write.ledger import WriteRejectionLedger
 from pipeline.write.nsfw_gallery import WriteNsfwGallery
-from pipeline.write.second_pass import SHARDS, WriteShards
+from pipeline.write.second_pass import SHARDS, WRITTEN, WriteShards
+from pipeline.write.tar_shards import TFRECORD, WEBDATASET
 
 #: The first pass's side outputs, one PCollection each per part (the file judge, the download stage).
 SIDE_OUTPUTS = (judge_lib.MEASURES, judge_lib.PAIRS, judge_lib.EMBEDDINGS, judge_lib.NSFW_OUTCOMES)
@@ -74,6 +77,8 @@ def build_pipeline(p: beam.Pipeline, config: BuildConfig, notes: dict,
     fates = {**records, **verdicts} | "DecideFates" >> DecideFates(config, ran)
     written = {**records, **fates} | "SecondPass" >> SecondPass(config, eval_index)
     _ = {**records, **verdicts, **fates, **written} | "WriteBuildStats" >> WriteBuildStats(config, ran)
+    _ = {**records, **verdicts, **written} | "CandidateTable" >> WriteCandidateTable(
+        config.version_dir, extra_stages.stage_rank(config.extras))
     return ran
 
 
@@ -187,8 +192,8 @@ class DecideFates(beam.PTransform):
 
 class SecondPass(beam.PTransform):
     """The rows to write and the rejections -> ``{"shards", "samples", "rejections": every rejection, late ones
-    included, "concepts"}``: the shards, the rejection ledger, the near-duplicate pairs, the TOnICS counts, the
-    NSFW gallery."""
+    included, "written": where each record went, "late": the late rejections}``: the shards, the rejection
+    ledger, the near-duplicate pairs, the TOnICS counts, the NSFW gallery."""
 
     def __init__(self, config: BuildConfig, eval_index: Optional[EvalIndex]):
         super().__init__()
@@ -198,9 +203,10 @@ class SecondPass(beam.PTransform):
         config, output = self.config, self.config.version_dir
         labels_column = config.flags.concept_labels_column
         samples = inputs["decided_rejections"] | "ChooseSamples" >> ChooseSamples()
+        formats = (TFRECORD, WEBDATASET) if config.flags.webdataset else (TFRECORD,)
         written = (inputs["survivors"], samples) | "WriteShards" >> WriteShards(
             output, config.flags.name, config.preset, config.columns, config.columns.carry, config.ontology,
-            labels_column)
+            labels_column, formats)
         rejections = (inputs["decided_rejections"], written[REJECTED]) | "AllRejections" >> beam.Flatten()
         _ = (rejections, inputs["row_count"]) | "WriteRejectionLedger" >> WriteRejectionLedger(output)
         if self.eval_index is not None:
@@ -211,7 +217,8 @@ class SecondPass(beam.PTransform):
         if nsfw.stage_enabled(config.preset.nsfw_threshold):
             _ = (inputs["survivors"], inputs["decided_rejections"]) | "WriteNsfwGallery" >> WriteNsfwGallery(
                 output, config.columns)
-        return {"shards": written[SHARDS], "samples": written["samples"], "rejections": rejections}
+        return {"shards": written[SHARDS], "samples": written["samples"], "rejections": rejections,
+                "written": written[WRITTEN], "late": written[REJECTED]}
 
 
 class WriteBuildStats(beam.PTransform):

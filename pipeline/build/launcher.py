@@ -72,8 +72,10 @@ def say(message: str) -> None:
     print(message, flush=True)
 
 
-def build_request(config: BuildConfig, expects: str, replaces, runner) -> dict:
-    """What ``pipeline.publish`` needs to finish this build, from wherever it runs."""
+def build_request(config: BuildConfig, expects: str, replaces, runner, argv=()) -> dict:
+    """What ``pipeline.publish`` needs to finish this build, from wherever it runs; and its command line
+    and directory, from which ``pipeline.select`` resolves the same config for a selection."""
+    import os
     import socket
     import time
 
@@ -85,7 +87,7 @@ def build_request(config: BuildConfig, expects: str, replaces, runner) -> dict:
         "expects": expects, "replaces": replaces, "keep_previous": bool(flags.keep_previous),
         "download": config.download is not None, "keep_downloads": bool(flags.download_keep),
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": socket.gethostname(),
-        "runner": str(runner),
+        "runner": str(runner), "argv": list(argv), "cwd": os.getcwd(), "webdataset": bool(flags.webdataset),
     }
 
 
@@ -106,7 +108,8 @@ def run(argv: Optional[List[str]] = None) -> dict:
 
     Returns the funnel (``{}`` for ``--print_preset``, ``--detached`` and ``--dry_run=true``).
     """
-    args, beam_args = parse(list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, beam_args = parse(argv)
     if args.print_preset:
         print(format_preset(resolve_preset(args)))
         return {}
@@ -136,7 +139,7 @@ def run(argv: Optional[List[str]] = None) -> dict:
     runner = options.view_as(StandardOptions).runner
     if output_contract.MARKER not in plan.files:
         output_contract.write_marker(output, config.flags.name)
-    publisher.write_request(directory, build_request(config, committed.token, previous, runner))
+    publisher.write_request(directory, build_request(config, committed.token, previous, runner, argv))
     eval_index = write_eval_index(loaded, directory, config.preset) if loaded is not None else None
     p = beam.Pipeline(options=options)
     build_pipeline(p, config, notes, eval_index)

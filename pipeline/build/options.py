@@ -59,6 +59,10 @@ class BuildOptions(PipelineOptions):
             help="flat: the corpus in --output; tfds: in --output/NAME/VERSION/, so tfds.builder(NAME, data_dir=OUTPUT) loads it",
         )
         parser.add_argument("--version", default="1.0.0", help="dataset version (the VERSION directory of --layout tfds)")
+        parser.add_argument(
+            "--webdataset", action="store_true",
+            help="also write the records as WebDataset tars in img2dataset's layout (SPLIT/00000.tar: KEY.jpg, KEY.txt, "
+                 "KEY.json), the same records as the TFRecord shards, for PyTorch trainers (open_clip)")
         parser.add_argument("--output", help="directory to write, a literal path (local or gs://); see --layout")
         parser.add_argument("--preset", default="align", help="filter preset: align (default) or cc12m")
         parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="NAME=VALUE",

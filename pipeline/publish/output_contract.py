@@ -60,7 +60,8 @@ _VERSION_FILES = {REQUEST, MANIFEST, COMMIT, "features.json", "vocab.txt"}
 _STATS_FILES = re.compile(
     r"^stats/(funnel\.json|distributions\.json|rejected_samples\.jsonl|near_duplicates\.jsonl|report\.html"
     r"|near_duplicates-\d{5,}-of-\d{5,}\.jsonl|read_counts\.json|verdict_counts\.json"
-    r"|metrics\.json|_shards\.json|concepts\.json|what_if\.json|rejected/rejected-\d{5,}-of-\d{5,}\.jsonl)$"
+    r"|metrics\.json|_shards\.json|concepts\.json|what_if\.json|rejected/rejected-\d{5,}-of-\d{5,}\.jsonl"
+    r"|candidates/_summary\.json|candidates/part-\d{5,}-of-\d{5,}\.parquet|_webdataset\.json|nsfw_gallery\.jsonl)$"
 )
 _INDEX_FILES = re.compile(r"^near_duplicates/index/(vectors\.npy|rows\.jsonl|centroids\.npy|thumbnails\.jsonl)$")
 #: Staging files that builds wrote inside their version before downloads were shared.
@@ -113,6 +114,8 @@ def valid_dataset_name(name: str) -> Optional[str]:
 def _corpus_file(relative: str, name: str) -> bool:
     """A file of one corpus (plain layout, or inside a version), relative to its directory."""
     if re.match(rf"^{re.escape(name)}-(train|validation)\.tfrecord-\d{{5,}}-of-\d{{5,}}$", relative):
+        return True
+    if re.match(r"^(train|validation)/\d{5,}\.tar$", relative):  # --webdataset's tars (pipeline.write.tar_shards)
         return True
     # The TOnICS class index beside each shard (pipeline.write.concept_tags).
     if re.match(rf"^concepts/{re.escape(name)}-(train|validation)\.tfrecord-\d{{5,}}-of-\d{{5,}}\.json$", relative):

@@ -13,7 +13,9 @@ Dataflow launch), is:
    job's counters);
 2. describe the version in its own directory: ``features.json``,
    ``dataset_info.json`` and ``manifest.json`` (each shard's records,
-   bytes and crc32c, the conservation line, what it replaces);
+   bytes and crc32c, the conservation line, what it replaces, the
+   candidate table's files, and with ``--webdataset`` its tars, checked
+   like the shards);
 3. commit: write ``OUTPUT/dataset_info.json`` naming the version, one
    object, if no other build committed since this one started
    (``pipeline.publish.commit``); ``tfds.builder_from_directory(OUTPUT)`` and every
@@ -39,6 +41,9 @@ from apache_beam.io.filesystems import FileSystems
 
 from common import cli, corpus_dir
 from common import state_files as sf
+from common.corpus_dir import TARS_FILE
+from common.files import escape_glob
+from pipeline.funnel import candidate_counts
 from pipeline.funnel.accounting import AccountingError, accounting_problems, counters_schema, verdict_accounting_problems
 from pipeline.funnel.counts import funnel_schema
 from pipeline.funnel.table import FUNNEL_FILE, as_int, format_funnel
@@ -149,13 +154,50 @@ def _check(output: str, version: str, directory: str, request: dict):
         raise PublishError(str(error)) from None
     problems = accounting_problems(funnel, _read_json(FileSystems.join(directory, READ_COUNTS), counters_schema))
     problems += verdict_accounting_problems(_read_json(FileSystems.join(directory, VERDICT_COUNTS), counters_schema))
+    summary = _read_json(FileSystems.join(directory, candidate_counts.SUMMARY_FILE),
+                         candidate_counts.summary_schema)
+    problems += candidate_counts.table_problems(summary, funnel)
+    if summary is not None:
+        table_dir = FileSystems.join(directory, candidate_counts.CANDIDATES_DIR)
+        listed = {f"{candidate_counts.CANDIDATES_DIR}/{name}": size for name, size in _sizes(table_dir).items()}
+        problems += candidate_counts.file_problems(summary, listed)
     for split, entry in report.items():
         if sum(entry["records"]) != as_int((funnel.get("written") or {}).get(split)):
             problems.append(f"split {split!r}: the shards hold {sum(entry['records']):,} records, "
                             f"the funnel says {as_int((funnel.get('written') or {}).get(split)):,} were written")
+    if request.get("webdataset"):
+        problems += _tar_problems(directory, funnel)
     if problems:
         raise AccountingError("; ".join(problems))
     return funnel, report
+
+
+def _tar_problems(directory: str, funnel: dict) -> List[str]:
+    """The job's list of its WebDataset tars against one listing per split and the funnel's written counts."""
+    document = _read_json(FileSystems.join(directory, TARS_FILE))
+    if document is None:
+        raise PublishError(f"{directory}: the job has not finished writing (no {TARS_FILE}); wait for it to finish")
+    problems = []
+    for split, entry in sorted(document.items()):
+        listed = _sizes(FileSystems.join(directory, split))
+        wrong = [(name, size) for name, size in zip(entry["files"], entry["bytes"])
+                 if listed.get(name.rsplit("/", 1)[-1]) != size]
+        if wrong:
+            name, size = wrong[0]
+            have = listed.get(name.rsplit("/", 1)[-1])
+            raise PublishError(f"{TARS_FILE}: {len(wrong)} tar(s) of split {split!r} are not as reported, e.g. "
+                               f"{name}: {'missing' if have is None else f'{have:,} bytes'}, reported {size:,} bytes")
+        if sum(entry["records"]) != as_int((funnel.get("written") or {}).get(split)):
+            problems.append(f"split {split!r}: the tars hold {sum(entry['records']):,} records, the funnel says "
+                            f"{as_int((funnel.get('written') or {}).get(split)):,} were written")
+    return problems
+
+
+def _sizes(directory: str) -> dict:
+    """``{file name: bytes}`` of one listing of ``directory`` (its direct files)."""
+    prefix = directory.rstrip("/") + "/"
+    found = FileSystems.match([escape_glob(prefix) + "*"])[0].metadata_list
+    return {m.path[len(prefix):]: m.size_in_bytes for m in found if "/" not in m.path[len(prefix):]}
 
 
 def _describe(output: str, version: str, directory: str, request: dict, funnel: dict, report: dict,
@@ -175,6 +217,8 @@ def _describe(output: str, version: str, directory: str, request: dict, funnel: 
         "started": request.get("started"), "replaces": replaces, "conservation": line,
         "funnel": {key: funnel.get(key) for key in ("input", "written", "rejected_total", "conserved")},
         "shards": {split: report[split] for split in sorted(report)},
+        "candidates": _read_json(FileSystems.join(directory, candidate_counts.SUMMARY_FILE)),
+        "webdataset": _read_json(FileSystems.join(directory, TARS_FILE)) if request.get("webdataset") else None,
     }
     _write(FileSystems.join(directory, corpus_dir.MANIFEST), json.dumps(manifest, sort_keys=True) + "\n")
     return tfds_metadata.dataset_info_json(

@@ -56,6 +56,8 @@ class LightRow(NamedTuple):
     model_score: float = -math.inf  # image-text cosine under the --model_score model (-inf: not scored; not NaN,
     #                                 so that equal rows compare equal)
     nsfw_score: float = -math.inf   # the NSFW scorer's score of the image (-inf: not scored, as model_score)
+    stored_at: str = ""             # "<shard>@<offset>": its stored picture, already written by the corpus a
+    #                                 selection reads (``pipeline.write.stored_copies``); "": made from the source
 
 
 # Functions, not methods: a worker process decodes rows into a type Beam

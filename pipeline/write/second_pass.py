@@ -15,6 +15,13 @@ bytes changed since the first pass, or its full decode fails where the
 reduced one did not) is rejected here with its reason, and counted like
 any other.
 
+With ``--webdataset`` the same records also go, in the same order, to
+img2dataset-layout tars (``pipeline.write.tar_shards``), tar ``i`` of a split
+holding what shard ``i`` holds. Each record written is reported with its
+split, shard and offset (the candidate table's). A selection's rows name
+the picture the source corpus stored (``LightRow.stored_at``): it is copied
+from there (``pipeline.write.stored_copies``), not made again.
+
 The same pass reads the rejections chosen as the audit's samples in the
 files it opens anyway and makes their thumbnails: the ledger and the
 report carry thumbnails and references, never the bytes.
@@ -41,10 +48,15 @@ from pipeline.funnel.stats_files import sample_row
 from pipeline.readers.file_records import file_records
 from pipeline.readers.rows import Columns
 from pipeline.stages.light_rows import LightRow, holding_rows, rejected
+from pipeline.write import tar_shards
 from pipeline.write.concept_tags import PAIRS, TAGGED
 from pipeline.write.shards import ShardWriter, chunk_sizes, shard_list, shard_plan, to_example, write_empty_shard
+from pipeline.write.stored_copies import StoredCopies
+from pipeline.write.tar_shards import TFRECORD, WEBDATASET, TarShardWriter
 
 SHARDS, SAMPLES, LATE, CONCEPT_COUNTS = "shards", "samples", "late_rejections", "concept_counts"
+#: ``(key, source, ordinal, split, shard, offset)`` of each record written (the candidate table's); the tars' infos.
+WRITTEN, TARS = "written", "tars"
 SOURCE_CHANGED = stages.reason("read", "source_changed")
 
 
@@ -65,11 +77,12 @@ def source_matches(row: LightRow, record) -> bool:
 
 
 class _SplitShards:
-    """One split's shards of one file: the shard each of its rows goes to, and the one open shard."""
+    """One split's shards of one file: the shard each of its rows goes to, and the one open shard of each format."""
 
-    def __init__(self, split: str, rows: List[LightRow], first: int, bound: int, count: int, output_dir: str, name: str):
+    def __init__(self, split: str, rows: List[LightRow], first: int, bound: int, count: int, output_dir: str, name: str,
+                 formats: Sequence[str] = (TFRECORD,)):
         self.split, self.first, self.count = split, first, count
-        self.output_dir, self.name = output_dir, name
+        self.output_dir, self.name, self.formats = output_dir, name, tuple(formats)
         self.shard_of_row: Dict[int, int] = {}
         at = 0
         sizes = chunk_sizes(len(rows), bound)
@@ -79,12 +92,23 @@ class _SplitShards:
             at += size
         self.last = first + len(sizes) - 1
         self.index: Optional[int] = None
-        self.writer: Optional[ShardWriter] = None
+        self.writers: Dict[str, object] = {}
 
-    def write(self, row: LightRow, payload: bytes, concepts) -> List[tuple]:
+    def write(self, row: LightRow, record: Candidate, carried: Sequence[str], concepts) -> Tuple[List[tuple], str, int]:
+        """Writes the record in every format; returns the shards closed on the way, and the shard (relative to
+        the version) and offset where the first format holds it."""
         closed = self._advance_to(self.shard_of_row[id(row)])
-        self.writer.write(payload, concepts)
-        return closed
+        where = None
+        for fmt in self.formats:
+            writer = self.writers[fmt]
+            if fmt == TFRECORD:
+                offset = writer.bytes
+                writer.write(to_example(record, carried), concepts)
+                placed = shard_filename(self.name, self.split, self.index, self.count), offset
+            else:
+                placed = tar_shards.tar_name(self.split, self.index), writer.write(record, carried)
+            where = where or placed
+        return closed, where[0], where[1]
 
     def finish(self) -> List[tuple]:
         """Closes the open shard; a shard whose every row was rejected in this pass is still written, empty."""
@@ -95,22 +119,26 @@ class _SplitShards:
         while self.index is None or self.index < index:
             closed += self._close()
             self.index = self.first if self.index is None else self.index + 1
-            path = FileSystems.join(self.output_dir, shard_filename(self.name, self.split, self.index, self.count))
-            self.writer = ShardWriter(path)
+            for fmt in self.formats:
+                if fmt == TFRECORD:
+                    path = FileSystems.join(self.output_dir, shard_filename(self.name, self.split, self.index, self.count))
+                    self.writers[fmt] = ShardWriter(path)
+                else:
+                    self.writers[fmt] = TarShardWriter(
+                        FileSystems.join(self.output_dir, tar_shards.tar_name(self.split, self.index)))
         return closed
 
     def _close(self) -> List[tuple]:
-        if self.writer is None:
-            return []
-        writer, self.writer = self.writer, None
-        return [(self.split, self.index, writer.close(), writer)]
+        """``(format, split, index, info, writer)`` of each open shard, closed."""
+        writers, self.writers = self.writers, {}
+        return [(fmt, self.split, self.index, writer.close(), writer) for fmt, writer in writers.items()]
 
 
 class _WriteFileShards(beam.DoFn):
     """``(source file, its light rows)`` -> the file's shards: kept rows written, audit samples thumbnailed."""
 
     def __init__(self, output_dir: str, name: str, preset, columns: Columns, carried: Sequence[str],
-                 ontology=None, labels_column: str = ""):
+                 ontology=None, labels_column: str = "", formats: Sequence[str] = (TFRECORD,)):
         self.output_dir = output_dir
         self.name = name
         self.preset = preset
@@ -118,8 +146,10 @@ class _WriteFileShards(beam.DoFn):
         self.carried = tuple(carried)
         self.ontology = ontology
         self.labels_column = labels_column
+        self.formats = tuple(formats)
 
     def setup(self):
+        self.copies = StoredCopies()
         self.tagger = None
         if self.ontology is not None:
             from filters.concepts import Tagger
@@ -139,7 +169,7 @@ class _WriteFileShards(beam.DoFn):
         for row in rows:
             by_split.setdefault(split_of(row.key, fraction), []).append(row)
         splits = {split: _SplitShards(split, split_rows, firsts[split], self.preset.max_records_per_shard,
-                                      totals[split], self.output_dir, self.name)
+                                      totals[split], self.output_dir, self.name, self.formats)
                   for split, split_rows in by_split.items()}
         wanted: Dict[int, list] = {}
         for row in rows:
@@ -163,6 +193,7 @@ class _WriteFileShards(beam.DoFn):
                     yield self._late(row, SOURCE_CHANGED)
         for _, shards in sorted(splits.items()):
             yield from self._shards(shards.finish())
+        self.copies.close()
 
     def _late(self, row: LightRow, reason: str):
         Metrics.counter(METRICS_NAMESPACE, reason).inc()
@@ -172,7 +203,10 @@ class _WriteFileShards(beam.DoFn):
         if not source_matches(row, record):
             yield self._late(row, SOURCE_CHANGED)
             return
-        if row.stored_width:  # the first pass found it storable as it came: no header, no decode
+        copy = self.copies.read(row.stored_at) if row.stored_at else None
+        if copy is not None and copy[0] == row.key:  # a selection: the picture its source corpus wrote
+            stored = Stored(*copy[1:])
+        elif row.stored_width:  # the first pass found it storable as it came: no header, no decode
             stored = Stored(record.image, row.stored_width, row.stored_height)
         else:
             header, reason = read_header(record.image, self.preset)
@@ -191,10 +225,15 @@ class _WriteFileShards(beam.DoFn):
             format=row.format, width=row.width, height=row.height, stored_width=stored.width,
             stored_height=stored.height, sha256=row.sha256, phash=row.phash, concepts=concepts)
         Metrics.counter(METRICS_NAMESPACE, f"written/{shards.split}").inc()
-        yield from self._shards(shards.write(row, to_example(written, self.carried), concepts))
+        closed, shard, offset = shards.write(row, written, self.carried, concepts)
+        yield beam.pvalue.TaggedOutput(WRITTEN, (row.key, row.source, row.ordinal, shards.split, shard, offset))
+        yield from self._shards(closed)
 
     def _shards(self, closed):
-        for split, index, info, writer in closed:
+        for fmt, split, index, info, writer in closed:
+            if fmt == WEBDATASET:
+                yield beam.pvalue.TaggedOutput(TARS, (split, index, info))
+                continue
             if self.tagger is not None:  # the shard's class index beside it, and its share of stats/concepts.json
                 filename = writer.path.rstrip("/").rsplit("/", 1)[-1]
                 write_text(FileSystems.join(self.output_dir, CONCEPTS_DIR, filename + ".json"),
@@ -225,18 +264,27 @@ FILE_AND_ROW = Tuple[str, LightRow]
 
 
 class WriteShards(beam.PTransform):
-    """``(kept light rows, sampled rejections)`` -> ``{"shards", "samples", "rejected", "concepts"}``.
+    """``(kept light rows, sampled rejections)`` -> ``{"shards", "samples", "rejected", "concepts", "written",
+    "tars"}``.
 
     ``shards``: one ``(split, index, {"records", "bytes", "crc32c"})`` per
     shard file; the list is also written to ``stats/_shards.json`` for the
     launcher (``pipeline.write.shards.shard_list``). ``samples``: audit sample
     rows with thumbnails. ``rejected``: records the pass could not write.
     ``concepts``: ``((split, class), records)`` per shard with ``--concepts``.
+    ``written``: ``(key, source, ordinal, split, shard, offset)`` of each
+    record written (the candidate table's, ``pipeline.write.candidate_table``).
+    ``formats`` (``pipeline.write.tar_shards.FORMATS``): the TFRecord
+    shards always; with ``webdataset`` the same records also go to tars,
+    listed in ``stats/_webdataset.json`` (``tars``: their infos).
     """
 
     def __init__(self, output_dir: str, name: str, preset, columns: Columns = Columns(), carried: Sequence[str] = (),
-                 ontology=None, labels_column: str = ""):
+                 ontology=None, labels_column: str = "", formats: Sequence[str] = (TFRECORD,)):
         super().__init__()
+        if TFRECORD not in formats:
+            raise ValueError("the TFRecord shards are always written: the trainer and the publication read them")
+        self.formats = tuple(formats)
         self.output_dir = output_dir
         self.name = name
         self.preset = preset
@@ -267,14 +315,13 @@ class WriteShards(beam.PTransform):
             | "GroupByFile" >> beam.GroupByKey()
             | "WriteFileShards" >> beam.ParDo(
                 _WriteFileShards(output_dir, name, self.preset, self.columns, self.carried, self.ontology,
-                                 self.labels_column), firsts, totals)
-            .with_outputs(SHARDS, SAMPLES, LATE, CONCEPT_COUNTS)
+                                 self.labels_column, self.formats), firsts, totals)
+            .with_outputs(SHARDS, SAMPLES, LATE, CONCEPT_COUNTS, WRITTEN, TARS)
         )
+        tars = None
         empty = plan | "EmptyCorpusShards" >> beam.FlatMap(
             lambda p: [] if p[1] else [(split, 0, write_empty_shard(output_dir, name, split)) for split in SPLITS])
         shards = (written[SHARDS], empty) | "AllShards" >> beam.Flatten()
-        unread = samples | "SamplesWithoutSource" >> beam.Filter(lambda r: not r.source) | "SampleRows" >> beam.Map(
-            _sample, None)
         _ = (
             shards
             | "CollectShardList" >> beam.combiners.ToList()
@@ -282,9 +329,24 @@ class WriteShards(beam.PTransform):
                 lambda infos: write_text(FileSystems.join(output_dir, SHARDS_FILE),
                                          json.dumps(shard_list(infos), sort_keys=True)))
         )
+        if WEBDATASET in self.formats:
+            empty_tars = plan | "EmptyCorpusTars" >> beam.FlatMap(
+                lambda p: [] if p[1] else [(split, 0, tar_shards.write_empty_tar(output_dir, split)) for split in SPLITS])
+            tars = (written[TARS], empty_tars) | "AllTars" >> beam.Flatten()
+            _ = (
+                tars
+                | "CollectTarList" >> beam.combiners.ToList()
+                | "WriteTarList" >> beam.Map(
+                    lambda infos: write_text(FileSystems.join(output_dir, tar_shards.TARS_FILE),
+                                             json.dumps(tar_shards.tar_list(infos), sort_keys=True)))
+            )
+        unread = samples | "SamplesWithoutSource" >> beam.Filter(lambda r: not r.source) | "SampleRows" >> beam.Map(
+            _sample, None)
         return {
             SHARDS: shards,
             SAMPLES: (written[SAMPLES], unread) | "AllSamples" >> beam.Flatten(),
             "rejected": holding_rows(written[LATE]),
             "concepts": written[CONCEPT_COUNTS],
+            WRITTEN: written[WRITTEN],
+            **({TARS: tars} if tars is not None else {}),
         }

@@ -6,7 +6,7 @@ from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from common.vectors import l2_normalize
-from dedup import corpus_dedup, keyed_joins, kmeans, transforms
+from dedup import corpus_dedup, keyed_joins, kmeans
 from dedup.synthetic import at_angle
 
 THRESHOLD = 0.975

@@ -25,7 +25,7 @@ from PIL import Image, ImageOps
 from common.schema import make_key
 from filters import stages
 from filters.presets import get_preset
-from filters.text import ngrams, normalize_text, text_identity, words
+from filters.text import ngrams, normalize_text, text_identity
 from samplegen import checks, content, drawers, evalset, faults, generate, render, scenes, writer
 from samplegen import plan as plan_lib
 

@@ -69,6 +69,15 @@ def test_shard_names_of_a_million_shards_are_owned(tmp_path):
     assert not output.owned_by_build("versions/not-a-version/" + name, "c")
 
 
+def test_every_file_a_build_writes_into_its_version_is_owned():
+    """What --overwrite may delete: the candidate table, --webdataset's tars and list, the NSFW gallery."""
+    version = "versions/20250101T000000Z-0123abcd/"
+    for inside in ("stats/candidates/part-00000-of-00003.parquet", "stats/candidates/_summary.json",
+                   "train/00000.tar", "validation/00012.tar", "stats/_webdataset.json", "stats/nsfw_gallery.jsonl"):
+        assert output.owned_by_build(version + inside, "c"), inside
+    assert not output.owned_by_build(version + "train/notes.tar.bak", "c")
+
+
 def test_overwrite_refuses_a_directory_with_anything_else_and_deletes_nothing(tmp_path):
     fake_corpus(tmp_path / "out")
     (tmp_path / "out" / "notes.txt").write_text("mine")

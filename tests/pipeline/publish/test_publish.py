@@ -11,6 +11,7 @@ import pytest
 
 import repo_root
 from common import corpus_dir
+from pipeline.funnel.accounting import AccountingError
 from pipeline.publish import commit
 from pipeline.publish import publisher as publish
 from tests.pipeline import publish_cases
@@ -95,6 +96,8 @@ def fake_version(out, version, shards):
     (directory / "stats" / "_shards.json").write_text(json.dumps(report))
     (directory / "stats" / "funnel.json").write_text(json.dumps(
         {"input": 0, "written": {s: 0 for s in shards}, "rejected_total": 0, "conserved": True, "stages": []}))
+    (directory / "stats" / "candidates").mkdir()
+    (directory / "stats" / "candidates" / "_summary.json").write_text(json.dumps({"rows": 0, "fates": {}, "files": {}}))
     publish.write_request(str(directory), {
         "version": version, "name": "c", "dataset_version": "1.0.0", "description": "empty shards",
         "carried": [], "concepts": False, "expects": "0", "replaces": None, "keep_previous": False})
@@ -121,6 +124,17 @@ def test_a_missing_shard_stops_the_publication(tmp_path):
     directory = fake_version(out, "20250101T000000Z-0123abcd", {"train": 3, "validation": 1})
     os.remove(directory / "c-train.tfrecord-00001-of-00003")
     with pytest.raises(publish.PublishError, match=r"c-train.tfrecord-00001-of-00003: missing"):
+        publish.publish(str(out))
+    assert not (out / "dataset_info.json").exists()
+
+
+def test_a_candidate_table_short_of_a_row_stops_the_publication(tmp_path):
+    out = tmp_path / "out"
+    directory = fake_version(out, "20250101T000000Z-0123abcd", {"train": 1, "validation": 1})
+    (directory / "stats" / "funnel.json").write_text(json.dumps(
+        {"input": 1, "written": {"train": 0, "validation": 0}, "rejected_total": 1, "conserved": True,
+         "stages": [{"name": "text", "rejected": {"text/empty": 1}}]}))
+    with pytest.raises(AccountingError, match=r"the candidate table holds 0 rows for 1 input records"):
         publish.publish(str(out))
     assert not (out / "dataset_info.json").exists()
 

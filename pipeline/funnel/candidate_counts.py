@@ -2,8 +2,10 @@
 
 The job that writes the table (``pipeline.write.candidate_table``) also
 writes ``stats/candidates/_summary.json``: the files it wrote with their
-rows and bytes, and the rows per fate (a split, or a first reason), counted
-from the rows as they were written. The publication compares that summary
+rows and bytes, the input records the rows stand for (one each, but a
+reader's marker of unreadable rows stands for the rows its file states, as
+in the funnel), and those records per fate (a split, or a first reason),
+counted from the rows as they were written. The publication compares that summary
 with the funnel (``table_problems``) and with one listing of the directory
 (``file_problems``): a row lost or counted twice, a fate that disagrees with
 the funnel, or a file missing or of another size stops the commit, as a
@@ -31,6 +33,7 @@ def summary_schema(doc) -> dict:
     """``_summary.json`` as the job writes it, checked (``common.state_files``): rows, rows per fate, files."""
     sf.obj(doc)
     sf.whole(sf.field(doc, "rows"), "rows")
+    sf.optional(doc, "records", sf.whole)
     sf.mapping(sf.field(doc, "fates"), "fates", sf.whole, max_len=100_000)
     files = sf.mapping(sf.field(doc, "files"), "files", sf.obj, max_len=10_000_000)
     for name, entry in files.items():
@@ -53,9 +56,11 @@ def table_problems(summary: Optional[Mapping], funnel: Mapping) -> List[str]:
     if summary is None:
         return [f"the job wrote no {SUMMARY_FILE}: the candidate table is incomplete"]
     problems = []
-    rows, expected = int(summary.get("rows", -1)), int(funnel.get("input", 0))
+    # A reader's marker of unreadable rows is one row standing for the rows its file states (``records``).
+    rows, expected = int(summary.get("records", summary.get("rows", -1))), int(funnel.get("input", 0))
     if rows != expected:
-        problems.append(f"the candidate table holds {rows:,} rows for {expected:,} input records")
+        problems.append(f"the candidate table's rows stand for {rows:,} records, the funnel's input is "
+                        f"{expected:,}")
     have, want = {k: int(v) for k, v in (summary.get("fates") or {}).items() if int(v)}, funnel_fates(funnel)
     wrong = sorted(fate for fate in set(have) | set(want) if have.get(fate, 0) != want.get(fate, 0))
     if wrong:

@@ -172,9 +172,22 @@ def _check(output: str, version: str, directory: str, request: dict):
     return funnel, report
 
 
+def tars_schema(doc) -> dict:
+    """``stats/_webdataset.json``: per split, its tars' names, bytes and records (lists of one length)."""
+    for split, entry in sf.mapping(doc, "", sf.obj, max_len=1_000).items():
+        names = [sf.text(n, f"{split}.files") for n in sf.array(sf.field(entry, "files", split), f"{split}.files")]
+        for column in ("bytes", "records"):
+            values = sf.array(sf.field(entry, column, split), f"{split}.{column}", max_len=len(names))
+            if len(values) != len(names):
+                raise sf.Problem(f"{split}.{column}: {len(values)} entries for {len(names)} files")
+            for value in values:
+                sf.whole(value, f"{split}.{column}")
+    return doc
+
+
 def _tar_problems(directory: str, funnel: dict) -> List[str]:
     """The job's list of its WebDataset tars against one listing per split and the funnel's written counts."""
-    document = _read_json(FileSystems.join(directory, TARS_FILE))
+    document = _read_json(FileSystems.join(directory, TARS_FILE), tars_schema)
     if document is None:
         raise PublishError(f"{directory}: the job has not finished writing (no {TARS_FILE}); wait for it to finish")
     problems = []
@@ -217,8 +230,10 @@ def _describe(output: str, version: str, directory: str, request: dict, funnel: 
         "started": request.get("started"), "replaces": replaces, "conservation": line,
         "funnel": {key: funnel.get(key) for key in ("input", "written", "rejected_total", "conserved")},
         "shards": {split: report[split] for split in sorted(report)},
-        "candidates": _read_json(FileSystems.join(directory, candidate_counts.SUMMARY_FILE)),
-        "webdataset": _read_json(FileSystems.join(directory, TARS_FILE)) if request.get("webdataset") else None,
+        "candidates": _read_json(FileSystems.join(directory, candidate_counts.SUMMARY_FILE),
+                                 candidate_counts.summary_schema),
+        "webdataset": _read_json(FileSystems.join(directory, TARS_FILE), tars_schema) if request.get("webdataset")
+        else None,
     }
     _write(FileSystems.join(directory, corpus_dir.MANIFEST), json.dumps(manifest, sort_keys=True) + "\n")
     return tfds_metadata.dataset_info_json(

@@ -42,6 +42,7 @@ from apache_beam.io.filesystems import FileSystems
 from common.files import write_text
 from filters.text import repetition, words
 from pipeline.funnel.candidate_counts import FORMAT_VERSION, SUMMARY_FILE, table_file
+from pipeline.funnel.accounting import records_of
 from pipeline.stages.light_rows import LightRow
 from pipeline.stages.verdicts import REPEAT, first_verdict
 
@@ -134,16 +135,18 @@ def _decided(row_decision) -> LightRow:
 
 
 def _entries(rows: Iterable[LightRow], written: Iterable[tuple], late: Iterable[tuple]):
-    """One file's rows with what the second pass did with them -> its table rows, in ordinal order."""
+    """One file's rows with what the second pass did with them -> ``(its table row, the input records it stands
+    for)``, in ordinal order (a reader's marker of unreadable rows stands for the rows its file states, as in the
+    funnel)."""
     placed = {ordinal: (split, shard, offset) for ordinal, split, shard, offset in written}
     dropped = dict(late)
     for row in sorted(rows, key=lambda r: (r.ordinal, r.key)):
         if row.reason:
-            yield table_row(row)
+            yield table_row(row), records_of(row)
         elif row.ordinal in placed:
-            yield table_row(row, *placed[row.ordinal])
+            yield table_row(row, *placed[row.ordinal]), 1
         else:
-            yield table_row(row._replace(reason=dropped.get(row.ordinal, REPEAT)))
+            yield table_row(row._replace(reason=dropped.get(row.ordinal, REPEAT))), 1
 
 
 class _WriteFileTable(beam.DoFn):
@@ -161,13 +164,14 @@ class _WriteFileTable(beam.DoFn):
         relative = table_file(index[source], len(index))
         path = FileSystems.join(self.output_dir, relative)
         fates: Dict[str, int] = collections.Counter()
-        count, batch = 0, []
+        count, records, batch = 0, 0, []
         handle = FileSystems.create(path)
         writer = pq.ParquetWriter(pa.PythonFile(handle, mode="w"), SCHEMA, compression="zstd")
         try:
-            for entry in _entries(grouped["rows"], grouped["written"], grouped["late"]):
-                fates[fate_of(entry)] += 1
+            for entry, stands_for in _entries(grouped["rows"], grouped["written"], grouped["late"]):
+                fates[fate_of(entry)] += stands_for
                 count += 1
+                records += stands_for
                 batch.append(entry)
                 if len(batch) >= ROW_GROUP:
                     writer.write_table(pa.Table.from_pylist(batch, schema=SCHEMA))
@@ -178,18 +182,21 @@ class _WriteFileTable(beam.DoFn):
             writer.close()
             handle.close()
         size = FileSystems.match([path])[0].metadata_list[0].size_in_bytes
-        yield {"files": {relative: {"rows": count, "bytes": size}}, "rows": count, "fates": dict(fates)}
+        yield {"files": {relative: {"rows": count, "bytes": size}}, "rows": count, "records": records,
+               "fates": dict(fates)}
 
 
 def merge_summaries(parts: Iterable[dict]) -> dict:
     """The files' reports -> ``_summary.json``'s document (also a combiner: partial sums merge)."""
-    files, fates, rows = {}, collections.Counter(), 0
+    files, fates, rows, records = {}, collections.Counter(), 0, 0
     for part in parts:
         files.update(part.get("files") or {})
         fates.update(part.get("fates") or {})
         rows += int(part.get("rows", 0))
+        records += int(part.get("records", 0))
     table_bytes = sum(int(entry["bytes"]) for entry in files.values())
-    return {"format_version": FORMAT_VERSION, "files": files, "rows": rows, "fates": dict(sorted(fates.items())),
+    return {"format_version": FORMAT_VERSION, "files": files, "rows": rows, "records": records,
+            "fates": dict(sorted(fates.items())),
             "bytes": table_bytes, "row_bound_bytes": ROW_BOUND_BYTES, "max_chars": MAX_CHARS}
 
 

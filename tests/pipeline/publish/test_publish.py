@@ -133,8 +133,8 @@ def test_a_candidate_table_short_of_a_row_stops_the_publication(tmp_path):
     directory = fake_version(out, "20250101T000000Z-0123abcd", {"train": 1, "validation": 1})
     (directory / "stats" / "funnel.json").write_text(json.dumps(
         {"input": 1, "written": {"train": 0, "validation": 0}, "rejected_total": 1, "conserved": True,
-         "stages": [{"name": "text", "rejected": {"text/empty": 1}}]}))
-    with pytest.raises(AccountingError, match=r"the candidate table holds 0 rows for 1 input records"):
+         "stages": [{"stage": "text", "in": 1, "out": 0, "rejected": {"text/empty": 1}}]}))
+    with pytest.raises(AccountingError, match=r"the candidate table.s rows stand for 0 records, the funnel.s input is 1"):
         publish.publish(str(out))
     assert not (out / "dataset_info.json").exists()
 

@@ -138,15 +138,16 @@ def _entries(rows: Iterable[LightRow], written: Iterable[tuple], late: Iterable[
     """One file's rows with what the second pass did with them -> ``(its table row, the input records it stands
     for)``, in ordinal order (a reader's marker of unreadable rows stands for the rows its file states, as in the
     funnel)."""
-    placed = {ordinal: (split, shard, offset) for ordinal, split, shard, offset in written}
-    dropped = dict(late)
+    # By ordinal and key: with --download, the rows that name one URL share its staged body (one ordinal).
+    placed = {(ordinal, key): (split, shard, offset) for key, ordinal, split, shard, offset in written}
+    dropped = {(ordinal, key): reason for ordinal, key, reason in late}
     for row in sorted(rows, key=lambda r: (r.ordinal, r.key)):
         if row.reason:
             yield table_row(row), records_of(row)
-        elif row.ordinal in placed:
-            yield table_row(row, *placed[row.ordinal]), 1
+        elif (row.ordinal, row.key) in placed:  # taken once: an identical row after it is a repeat
+            yield table_row(row, *placed.pop((row.ordinal, row.key))), 1
         else:
-            yield table_row(row._replace(reason=dropped.get(row.ordinal, REPEAT))), 1
+            yield table_row(row._replace(reason=dropped.get((row.ordinal, row.key), REPEAT))), 1
 
 
 class _WriteFileTable(beam.DoFn):
@@ -244,8 +245,9 @@ class WriteCandidateTable(beam.PTransform):
         grouped = {
             "rows": all_rows | "RowsBySource" >> beam.Map(_by_source),
             "written": inputs["written"] | "WrittenBySource" >> beam.Map(
-                lambda w: (w[1], (w[2], w[3], w[4], w[5]))),
-            "late": inputs["late"] | "LateBySource" >> beam.Map(lambda row: (row.source, (row.ordinal, row.reason))),
+                lambda w: (w[1], (w[0], w[2], w[3], w[4], w[5]))),
+            "late": inputs["late"] | "LateBySource" >> beam.Map(
+                lambda row: (row.source, (row.ordinal, row.key, row.reason))),
         } | "GroupBySource" >> beam.CoGroupByKey()
         reports = grouped | "WriteTableFiles" >> beam.ParDo(
             _WriteFileTable(output_dir), beam.pvalue.AsList(sources))

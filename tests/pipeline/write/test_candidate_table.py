@@ -118,12 +118,12 @@ def row(key, ordinal, reason="", **fields):
 
 def test_each_row_gets_its_fate():
     rows = [row("a", 3, "text/empty"), row("b", 0), row("c", 1), row("c", 2)]
-    written = [(0, "train", "x-train.tfrecord-00000-of-00001", 0)]
-    late = [(1, "read/source_changed")]
+    written = [("b", 0, "train", "x-train.tfrecord-00000-of-00001", 0)]
+    late = [(1, "c", "read/source_changed")]
     entries = list(_entries(rows, written, late))
     assert [records for _, records in entries] == [1, 1, 1, 1]  # none is a reader's marker of unread rows
     got = {(e["key"], e["ordinal"]): (e["split"], e["reason"], e["shard"], e["offset"]) for e, _ in entries}
-    assert got == {("a", 3): (None, "text/empty", None, None), ("b", 0): ("train", None, written[0][2], 0),
+    assert got == {("a", 3): (None, "text/empty", None, None), ("b", 0): ("train", None, written[0][3], 0),
                    ("c", 1): (None, "read/source_changed", None, None), ("c", 2): (None, REPEAT, None, None)}
 
 

@@ -123,15 +123,16 @@ def write_empty_shard(output_dir: str, name: str, split: str) -> dict:
     return ShardWriter(FileSystems.join(output_dir, shard_filename(name, split, 0, 1))).close()
 
 
-def shard_list(written: Iterable[Tuple[str, int, dict]]) -> Dict[str, Dict[str, list]]:
-    """``(split, index, {"records", "bytes", "crc32c"})`` per shard -> ``stats/_shards.json``'s document."""
+def shard_list(written: Iterable[Tuple[str, int, dict]], kind: str = "shard") -> Dict[str, Dict[str, list]]:
+    """``(split, index, {"records", "bytes", "crc32c"})`` per shard -> ``stats/_shards.json``'s document (also the
+    WebDataset tars', ``kind="tar"``)."""
     by_split: Dict[str, Dict[int, dict]] = {}
     for split, index, info in written:
         by_split.setdefault(split, {})[index] = info
     document = {}
     for split, shards in sorted(by_split.items()):
         if sorted(shards) != list(range(len(shards))):
-            raise ValueError(f"split {split}: shard indices {sorted(shards)[:5]}... are not 0..{len(shards) - 1}")
+            raise ValueError(f"split {split}: {kind} indices {sorted(shards)[:5]}... are not 0..{len(shards) - 1}")
         ordered = [shards[i] for i in range(len(shards))]
         document[split] = {field: [s[field] for s in ordered] for field in ("records", "bytes", "crc32c")}
     return document

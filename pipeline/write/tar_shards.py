@@ -31,6 +31,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from common.corpus_dir import TARS_FILE  # noqa: F401 (the job's report of its tars, as _shards.json is)
 from common.schema import CARRIED_PREFIX, CONCEPTS_FEATURE, Candidate
+from pipeline.write.shards import shard_list
 
 BLOCK = 512
 #: The second pass's formats: the TFDS TFRecord shards (the trainer's, always) and these tars (``--webdataset``).
@@ -125,14 +126,5 @@ def read_member(handle) -> Tuple[str, bytes]:
 def tar_list(written: Iterable[Tuple[str, int, dict]]) -> Dict[str, Dict[str, list]]:
     """``(split, index, {"records", "bytes", "crc32c"})`` per tar -> ``stats/_webdataset.json``'s document:
     per split, the files (relative to the version) and their records, bytes and crc32c, by index."""
-    by_split: Dict[str, Dict[int, dict]] = {}
-    for split, index, info in written:
-        by_split.setdefault(split, {})[index] = info
-    document = {}
-    for split, tars in sorted(by_split.items()):
-        if sorted(tars) != list(range(len(tars))):
-            raise ValueError(f"split {split}: tar indices {sorted(tars)[:5]}... are not 0..{len(tars) - 1}")
-        ordered = [tars[i] for i in range(len(tars))]
-        document[split] = {"files": [tar_name(split, i) for i in range(len(tars))],
-                           **{field: [t[field] for t in ordered] for field in ("records", "bytes", "crc32c")}}
-    return document
+    return {split: {"files": [tar_name(split, i) for i in range(len(entry["records"]))], **entry}
+            for split, entry in shard_list(written, kind="tar").items()}

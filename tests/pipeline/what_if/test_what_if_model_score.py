@@ -16,7 +16,7 @@ from pipeline.build import launcher
 from pipeline.what_if import answer as wi
 from pipeline.what_if import rules
 from tests.pipeline.stages.test_model_score_stage import MODEL, QUICK, write_pairs
-from tests.pipeline.what_if.test_what_if import stage_counts
+from tests.pipeline.what_if.test_what_if import predicted, stage_counts
 
 from corpus_paths import committed
 
@@ -35,15 +35,6 @@ def scored(tmp_path_factory):
     write_pairs(root / "in")
     funnel = build(root, "built", "model_score_threshold=0.2")
     return root, committed(root / "built"), funnel
-
-
-def predicted(output, assignments):
-    funnel = json.loads((output / "stats" / "funnel.json").read_text())
-    doc = wi.load(str(output / "stats"))
-    result = wi.what_if(doc, funnel, wi.parse_assignments(assignments, doc["built"]))
-    counts = {stage: result.rejected.get(stage, 0) for stage in stage_counts(funnel) if stage != "written"}
-    counts["written"] = result.written
-    return counts, result
 
 
 def test_the_scores_histogram_gives_back_the_built_funnel(scored):

@@ -14,10 +14,9 @@ from corpus_paths import committed
 from filters import stages
 from pipeline.build import launcher
 from pipeline.stages.light_rows import LightRow
-from pipeline.what_if import answer as wi
 from pipeline.what_if import collect, rules
 from tests.pipeline.build.test_build_safety import write_candidates
-from tests.pipeline.what_if.test_what_if import stage_counts
+from tests.pipeline.what_if.test_what_if import predicted, stage_counts
 
 QUICK = ["--set", "vocab_size=0", "--set", "min_shorter_side=0"]
 
@@ -33,15 +32,6 @@ def builds(tmp_path_factory):
     root = tmp_path_factory.mktemp("what_if_nsfw")
     write_candidates(root / "in", rows=6)
     return {"default": build(root, "default"), "strict": build(root, "strict", "nsfw_threshold=0.036")}
-
-
-def predicted(output, assignments):
-    funnel = json.loads((output / "stats" / "funnel.json").read_text())
-    doc = wi.load(str(output / "stats"))
-    result = wi.what_if(doc, funnel, wi.parse_assignments(assignments, doc["built"]))
-    counts = {stage: result.rejected.get(stage, 0) for stage in stage_counts(funnel) if stage != "written"}
-    counts["written"] = result.written
-    return counts, result
 
 
 def test_a_stricter_cut_is_exact(builds):

@@ -12,11 +12,12 @@ process: the micro-batch layout, bf16 compute, and the trainer end to end
 import json
 import os
 import signal
-import subprocess
 import sys
 
 import numpy as np
 import pytest
+
+from tests.trainer import on_devices
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEVICES = 8
@@ -26,12 +27,7 @@ STOP_AFTER = 2
 
 
 def run_check(name: str) -> dict:
-    env = dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={DEVICES}",
-               JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-    result = subprocess.run([sys.executable, os.path.abspath(__file__), name], env=env,
-                            capture_output=True, text=True, cwd=ROOT, timeout=1200)
-    assert result.returncode == 0, result.stderr[-4000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return on_devices.run_check(__file__, name, DEVICES)
 
 
 @pytest.fixture(scope="module")

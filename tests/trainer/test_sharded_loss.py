@@ -8,22 +8,18 @@ CHECK``), which prints its measurements as JSON for the tests to assert on.
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
+
+from tests.trainer import on_devices
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEVICES = 8
 
 
 def run_check(name: str) -> dict:
-    env = dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={DEVICES}",
-               JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
-    result = subprocess.run([sys.executable, os.path.abspath(__file__), name], env=env,
-                            capture_output=True, text=True, cwd=ROOT, timeout=1200)
-    assert result.returncode == 0, result.stderr[-4000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return on_devices.run_check(__file__, name, DEVICES)
 
 
 def test_loss_and_gradients_sharded_equal_single_device():

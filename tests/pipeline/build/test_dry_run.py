@@ -31,6 +31,7 @@ from apache_beam.options import pipeline_options
 from PIL import Image
 
 import repo_root
+from benchmarks.dry_run_size import random_index, url_lists
 from dedup import index_sets
 from filters import nsfw
 from filters.presets import get_preset
@@ -40,16 +41,6 @@ from pipeline.build import worker_requirements
 DATAFLOW = ["--runner", "DataflowRunner", "--project", "my-project", "--region", "us-central1",
             "--temp_location", "gs://my-bucket/tmp", "--dry_run=true"]
 ALIGN = ["--preset", "align", "--download", "--model_score", "tests.pipeline.score_models:colour_words"]
-
-
-def url_lists(directory, files):
-    """One URL list with rows, then empty ones: the launcher lists every file and reads only the first."""
-    directory.mkdir()
-    (directory / "a.tsv").write_text("url\tcaption\n" + "".join(
-        f"https://e.x/{i}.jpg\ta red picture {i}\n" for i in range(3)))
-    for i in range(files - 1):  # os.open: a tenth of the system time of Path.touch's open and utime
-        os.close(os.open(directory / f"b-{i:05d}.tsv", os.O_CREAT | os.O_WRONLY, 0o644))
-    return str(directory / "*.tsv")
 
 
 def noise_jpeg(seed: int) -> bytes:
@@ -70,18 +61,7 @@ def inputs(tmp_path_factory):
     lock = os.path.join(repo_root.ROOT, "requirements", "lock.txt")
     requirements.write_text("\n".join(worker_requirements.worker_requirements(lock)))
     return {"root": root, "eval": str(evals), "requirements": str(requirements),
-            "few": url_lists(root / "few", 10), "many": url_lists(root / "many", 10_000)}
-
-
-def random_index(rows):
-    def load(specs, embedder, *args, **kwargs):
-        vectors = np.random.default_rng(rows).standard_normal((rows, embedder.dim)).astype(np.float32)
-        vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-        return index_sets.IndexSet(
-            vectors=vectors, set_names=np.full(rows, "test"), keys=np.array([f"k{i}" for i in range(rows)]),
-            variants=np.full(rows, "original"), image_ids=np.arange(rows), embedder_name=embedder.name,
-            previews=[""] * rows)
-    return load
+            "few": url_lists(str(root / "few"), 10), "many": url_lists(str(root / "many"), 10_000)}
 
 
 @pytest.fixture(scope="module")

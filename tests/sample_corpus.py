@@ -90,9 +90,9 @@ def start_in_background(run_dir: pathlib.Path):
         os.close(os.open(run_dir / "sample.started", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
     except FileExistsError:
         return None
-    log = open(run_dir / "sample_corpus.log", "w")
-    return subprocess.Popen([sys.executable, "-m", "tests.sample_corpus", str(run_dir)], cwd=ROOT, stdout=log,
-                            stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": ROOT})
+    with open(run_dir / "sample_corpus.log", "w") as log:  # the child keeps its own descriptor
+        return subprocess.Popen([sys.executable, "-m", "tests.sample_corpus", str(run_dir)], cwd=ROOT, stdout=log,
+                                stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": ROOT})
 
 
 if __name__ == "__main__":

@@ -58,10 +58,10 @@ from common.schema import make_key
 from samplegen import scenes
 from samplegen.cases import BOILERPLATE, SHORT_BOILERPLATE, describe_another_scene
 from samplegen.drawers import content_with_caption, draw_caption, draw_content
-from samplegen.evalset import eval_path, eval_specs
+from samplegen.evalset import eval_specs
 from samplegen.plan import CLEAN, MISMATCHED, Recipe, seeded
 from samplegen.render import Workers, render_bytes, render_png
-from samplegen.writer import CANDIDATE_SCHEMA
+from samplegen.writer import CANDIDATE_SCHEMA, write_eval_images, write_manifest
 
 #: Shares of the mismatched pairs, by kind (wrong_detail splits evenly into wrong_count and wrong_colour).
 MISMATCH_KINDS = {"another_image": 4 / 6, "boilerplate": 1 / 6, "wrong_detail": 1 / 6}
@@ -201,14 +201,8 @@ def write_pool(out: str, pairs: int = 6000, mismatched_share: float = 0.3, heldo
         manifest += write_part(held, os.path.join(out, "heldout"), "part-00000-of-00001.parquet", "heldout", workers)
         evaluation = eval_specs(seed)
         pngs = workers.map(render_png, [spec for *_, spec in evaluation], chunksize=8)
-    for (split, label, index, _), data in zip(evaluation, pngs):
-        path = os.path.join(out, eval_path(split, label, index))
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as f:
-            f.write(data)
-    with open(os.path.join(out, "manifest.jsonl"), "w", encoding="utf-8") as f:
-        for line in manifest:
-            f.write(json.dumps(line, ensure_ascii=False, sort_keys=True) + "\n")
+    write_eval_images(out, evaluation, pngs)
+    write_manifest(out, manifest)
     pool = [m for m in manifest if m["part"] == "pool"]
     info = {"pairs": pairs, "mismatched_share": mismatched_share, "heldout_pairs": heldout_pairs, "seed": seed,
             "kinds": dict(collections.Counter(m["kind"] for m in pool)),

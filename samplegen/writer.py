@@ -111,17 +111,9 @@ def write_plan(plan: Plan, out: str, workers: Optional[Workers] = None) -> dict:
         pq.write_table(table, path, row_group_size=ROW_GROUP_SIZE, compression="snappy")
         total_bytes += os.path.getsize(path)
 
-    with open(os.path.join(out, "manifest.jsonl"), "w", encoding="utf-8") as f:
-        for line in manifest:
-            f.write(json.dumps(line, ensure_ascii=False, sort_keys=True) + "\n")
-
+    write_manifest(out, manifest)
     pngs = workers.map(render_png, [spec for *_, spec in evaluation], chunksize=8)
-    for (split, label, index, _), data in zip(evaluation, pngs):
-        path = os.path.join(out, eval_path(split, label, index))
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as f:
-            f.write(data)
-        total_bytes += len(data)
+    total_bytes += write_eval_images(out, evaluation, pngs)
 
     fates = collections.Counter(line["expected"] for line in manifest)
     pairings = collections.Counter(line["pairing"] or "none" for line in manifest)
@@ -149,6 +141,26 @@ def write_plan(plan: Plan, out: str, workers: Optional[Workers] = None) -> dict:
         json.dump(info, f, indent=2, sort_keys=True)
         f.write("\n")
     return info
+
+
+def write_manifest(out: str, manifest: List[dict]) -> None:
+    """``out/manifest.jsonl``: one JSON line per candidate row, keys sorted."""
+    with open(os.path.join(out, "manifest.jsonl"), "w", encoding="utf-8") as f:
+        for line in manifest:
+            f.write(json.dumps(line, ensure_ascii=False, sort_keys=True) + "\n")
+
+
+def write_eval_images(out: str, evaluation, pngs) -> int:
+    """The labelled evaluation images (``samplegen.evalset.eval_specs`` and their PNGs) under ``out``; their
+    bytes."""
+    written = 0
+    for (split, label, index, _), data in zip(evaluation, pngs):
+        path = os.path.join(out, eval_path(split, label, index))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(data)
+        written += len(data)
+    return written
 
 
 def build_overrides() -> List[str]:

@@ -33,8 +33,9 @@ from filters.presets import format_preset
 from pipeline.build import dry_run
 from pipeline.build.config import BuildConfig, resolve, resolve_preset
 from pipeline.build.graph import build_pipeline
-from pipeline.build.options import SHORT_USAGE, UsageError, parse
+from pipeline.build.options import SHORT_USAGE, UsageError, is_dataflow, parse
 from pipeline.funnel.accounting import READ_NAMESPACE, VERDICTS_NAMESPACE, AccountingError, counters
+from pipeline.funnel import progress
 from pipeline.funnel.table import format_funnel
 from pipeline.publish import output_contract, publisher
 from pipeline.readers.input_notes import input_notes
@@ -144,11 +145,14 @@ def run(argv: Optional[List[str]] = None) -> dict:
     p = beam.Pipeline(options=options)
     build_pipeline(p, config, notes, eval_index)
     say(f"running the job on {runner} into {directory}")
-    result = p.run()
-    if config.flags.detached:
-        say(f"submitted; when the job has finished: python -m pipeline.publish {output} --build {config.version}")
-        return {}
-    result.wait_until_finish()
+    local = not config.flags.detached and not is_dataflow(runner)
+    seconds = 0 if args.quiet or not local else args.progress_seconds
+    with progress.ProgressBoard(config.input_files, say, seconds):  # the local runners' only progress report
+        result = p.run()
+        if config.flags.detached:
+            say(f"submitted; when the job has finished: python -m pipeline.publish {output} --build {config.version}")
+            return {}
+        result.wait_until_finish()
     save_counters(result, directory)
     published = publisher.publish(output, config.version)
     funnel = published.funnel

@@ -141,6 +141,16 @@ SHORT_USAGE = ("usage: python -m pipeline.build --input GLOB --output DIR [--pre
 
 
 
+def _seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if not seconds >= 0 or seconds == float("inf"):
+        raise argparse.ArgumentTypeError(f"{value!r}: a number of seconds >= 0")
+    return seconds
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = cli.ArgumentParser(
         prog="python -m pipeline.build",
@@ -154,6 +164,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="print every threshold of the preset (after --set) with its meaning, and exit")
     parser.add_argument("--log_file", default=None,
                         help="where library logging goes (default: $ALT_TEXT_CORPUS_LOG_DIR/build.log or a temp dir)")
+    parser.add_argument("--progress_seconds", type=_seconds, default=5.0,
+                        help="a local job's progress (pass, files, records, rate, ETA) on the console at most this "
+                             "often; 0: none (default 5)")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress lines: the funnel, the result and errors only")
     return parser
 
 

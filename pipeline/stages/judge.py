@@ -46,6 +46,7 @@ from filters import nsfw, score_cut
 from filters.image import thumbnail_b64
 from filters.record import Judgement, judge_record
 from pipeline.funnel.accounting import records_of
+from pipeline.funnel import progress
 from pipeline.funnel.counts import HISTOGRAM_EDGES, METRICS_NAMESPACE, NSFW_MEASURE
 from pipeline.readers.file_records import FileRecords, input_patterns
 from pipeline.readers.rows import Columns, Rejection
@@ -266,6 +267,12 @@ class _JudgeBase(beam.DoFn):
         for tag, value in outputs:
             yield value if tag == ROWS else beam.pvalue.TaggedOutput(tag, value)
 
+    def _judged(self, batch) -> Iterator[object]:
+        """The batch's outputs; the console's progress told how many records it held and kept."""
+        outputs = self.judge.judge(batch)
+        progress.tally("judge", records=len(batch), kept=_kept(outputs))
+        return self._emit(outputs)
+
     def _emit_totals(self) -> Iterator[object]:
         for name, counts in self.judge.measures():
             yield beam.pvalue.TaggedOutput(MEASURES, (name, counts))
@@ -281,15 +288,23 @@ class _JudgeFiles(_JudgeBase):
         self.records = FileRecords(patterns, input_format, columns)
 
     def process(self, path: str):
-        batch = []
+        batch, records = [], 0
         for ordinal, (reader, source, record) in enumerate(self.records.read(path)):
             batch.append((record, reader, source, ordinal))
+            records += 1
             if len(batch) >= BATCH_SIZE:
-                yield from self._emit(self.judge.judge(batch))
+                yield from self._judged(batch)
                 batch = []
-        yield from self._emit(self.judge.judge(batch))
-        yield from self._emit(self.judge.finish())
+        yield from self._judged(batch)
+        finished = self.judge.finish()
+        progress.tally("judge", kept=_kept(finished), file=path, file_records=records)
+        yield from self._emit(finished)
         yield from self._emit_totals()
+
+
+def _kept(outputs) -> int:
+    """Rows that no per-record rule rejected (the second pass's upper bound on the console)."""
+    return sum(1 for tag, value in outputs if tag == ROWS and not value.reason)
 
 
 OUTPUT_TAGS = (MEASURES, PAIRS, EMBEDDINGS, NSFW_OUTCOMES, TO_FETCH)

@@ -43,6 +43,7 @@ from common.schema import CONCEPTS_DIR, SPLITS, Candidate, shard_filename, split
 from filters import stages
 from filters.image import Stored, read_header, stored_picture
 from pipeline.download import staging
+from pipeline.funnel import progress
 from pipeline.funnel.counts import METRICS_NAMESPACE
 from pipeline.funnel.stats_files import sample_row
 from pipeline.readers.file_records import file_records
@@ -194,6 +195,7 @@ class _WriteFileShards(beam.DoFn):
         for _, shards in sorted(splits.items()):
             yield from self._shards(shards.finish())
         self.copies.close()
+        progress.tally("write", file=source)  # what this process wrote reaches the console now
 
     def _late(self, row: LightRow, reason: str):
         Metrics.counter(METRICS_NAMESPACE, reason).inc()
@@ -225,6 +227,7 @@ class _WriteFileShards(beam.DoFn):
             format=row.format, width=row.width, height=row.height, stored_width=stored.width,
             stored_height=stored.height, sha256=row.sha256, phash=row.phash, concepts=concepts)
         Metrics.counter(METRICS_NAMESPACE, f"written/{shards.split}").inc()
+        progress.tally("write", records=1)
         closed, shard, offset = shards.write(row, written, self.carried, concepts)
         yield beam.pvalue.TaggedOutput(WRITTEN, (row.key, row.source, row.ordinal, shards.split, shard, offset))
         yield from self._shards(closed)

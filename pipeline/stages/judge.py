@@ -39,6 +39,7 @@ import numpy as np
 from apache_beam.metrics import Metrics
 from apache_beam.utils.shared import Shared
 
+from common import allocator
 from common.histogram import bin_index
 from common.schema import Candidate
 from dedup import preset_options as dedup_options
@@ -151,6 +152,7 @@ class RecordJudge:
         # spin between the small matrix products of each record's pHash (they
         # doubled the first pass's CPU time on 2 cores).
         threadpool_limits(1, user_api="blas")
+        allocator.keep_freed_buffers()
         preset = self.preset
         self.nsfw = nsfw.NsfwScoring.from_preset(preset, scorer_factory=self.nsfw_factory)
         self.nsfw.load()

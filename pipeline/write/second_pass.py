@@ -37,6 +37,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
+from common import allocator
 from common.corpus_dir import SHARDS_FILE
 from common.files import write_text
 from common.schema import CONCEPTS_DIR, SPLITS, Candidate, shard_filename, split_of
@@ -150,6 +151,7 @@ class _WriteFileShards(beam.DoFn):
         self.formats = tuple(formats)
 
     def setup(self):
+        allocator.keep_freed_buffers()  # a re-encode's buffers, reused instead of faulted in per record
         self.copies = StoredCopies()
         self.tagger = None
         if self.ontology is not None:

@@ -48,11 +48,11 @@ def main(argv=None) -> int:
     parser.add_argument("--photos", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", default="")
+    parser.add_argument("--json", default="", help="default benchmarks/results/selection_cost.json")
     args = parser.parse_args(argv)
     from common.corpus_dir import resolve
 
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=os.getcwd())
+    env = harness.python_env()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     results = {"command": "python -m benchmarks.selection_cost " + " ".join(sys.argv[1:] if argv is None else argv),
                "commit": commit, "machine": f"{record.cpu_model()}, {os.cpu_count()} cores", "photos": args.photos,
@@ -82,9 +82,10 @@ def main(argv=None) -> int:
                 "ratio": round(select["cpu_s"] / build["cpu_s"], 3)}
             print(setting, json.dumps(results["settings"][setting]), flush=True)
     results["load_after"] = record.load()[0]
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(results, handle, indent=1, sort_keys=True)
+    path = args.json or os.path.join(record.RESULTS_DIR, "selection_cost.json")
+    with open(path, "w") as handle:
+        json.dump(results, handle, indent=1, sort_keys=True)
+    print(f"wrote {path}", flush=True)
     return 0
 
 

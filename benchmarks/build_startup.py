@@ -94,6 +94,8 @@ def main(argv=None) -> None:
     parser.add_argument("--builds", type=int, default=3, help="in-process builds per process")
     parser.add_argument("--json", default="", help="default benchmarks/results/build_startup.json")
     args = parser.parse_args(argv)
+    if args.rounds < 1 or args.builds < 2:
+        parser.error("--rounds at least 1, --builds at least 2 (the first in-process build is told from the later ones)")
     run = record.Run()
     with tempfile.TemporaryDirectory(prefix="build-startup-") as work:
         pattern = write_records(os.path.join(work, "in"))

@@ -13,12 +13,13 @@ its ``write``. This module is the measuring side:
 - ``run_command``: one child command, its wall time and the CPU of it and
   every process below it that was reaped (``Timer.children_s``);
   ``run_build`` is ``python -m pipeline.build`` so, with the peak resident
-  size of its processes (``WorkerMemory``).
+  size of its processes (``WorkerMemory``); ``process_cpu_seconds`` reads a
+  process that still runs (a server beside the measured client).
 - ``timed`` and ``cpu_ms_per_item``: repeated passes of in-process work,
   medians; ``interleaved``: several arms repeated A, B, A, B ... so that a
   change of load in the machine falls on every arm alike; ``medians``.
 - ``sample_build_args``: ``pipeline.build``'s arguments for a sample of
-  ``samplegen`` built as the demo builds it.
+  ``samplegen`` built as the demo builds it (``make_sample`` makes one).
 """
 
 from __future__ import annotations

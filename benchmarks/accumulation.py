@@ -1,7 +1,7 @@
 r"""What feature-cached accumulation trades: memory per device against step time, same global batch.
 
 For each config and each K in ``--accumulation``, runs the real trainer
-(``benchmarks.train_throughput.measure``: the input pipeline from JPEG
+(``benchmarks.helpers.training.measure``: the input pipeline from JPEG
 shards, the jitted step, the host checks) for a few steps at one global
 batch with ``accumulation_steps=K``, and reports
 
@@ -27,15 +27,9 @@ import argparse
 import importlib
 import json
 import os
-import platform
-import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
-
-from benchmarks import record  # noqa: E402
-from benchmarks.train_throughput import WORK, measure, write_synthetic_corpus  # noqa: E402
+from benchmarks import record
+from benchmarks.helpers.training import corpus_for, measure
 
 DEFAULT_BATCH = {"tiny": 64, "b3_bert_mini": 8}
 MIB = 2 ** 20
@@ -139,10 +133,7 @@ def main(argv=None):
     for name in args.configs.split(","):
         config = importlib.import_module(f"trainer.configs.{name}").get_config()
         config.update(overrides.get(name, {}))
-        image_px = int(round(config.image_size * 346 / 289)) + 8
-        data_dir = os.path.join(WORK, f"corpus_{image_px}px")
-        if not os.path.exists(os.path.join(data_dir, "COMPLETED")):
-            write_synthetic_corpus(data_dir, num_pairs=max(256, 2 * batches[name]), image_px=image_px)
+        data_dir = corpus_for(config, batches[name])
         config.batch_size = batches[name]
         with open(os.path.join(data_dir, "vocab.txt")) as f:
             flops[name] = flop_counts(config, vocab_size=sum(1 for _ in f))
@@ -155,9 +146,8 @@ def main(argv=None):
             results.append(result)
             print(json.dumps(result), flush=True)
 
-    load = os.getloadavg()
-    print(f"\nmachine: {os.cpu_count()} cores, {platform.processor() or platform.machine()}, "
-          f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
+    print(f"\nmachine: {os.cpu_count()} cores, {record.cpu_model()}, "
+          f"load average {' '.join(f'{x:.1f}' for x in record.load())}")
     print("| config | compute | global batch | K | micro-batch | peak MiB/device | temp MiB | "
           "median step (s) | pairs/s | pairs per CPU-s | CPU-s per step / K=1's |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")

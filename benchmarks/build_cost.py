@@ -20,37 +20,24 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
-import subprocess
 import sys
 import tempfile
-import time
+
+from benchmarks import harness, record
 
 
 def build_once(size: int, work: str) -> dict:
     sample = os.path.join(work, f"sample{size}")
-    subprocess.run([sys.executable, "-m", "samplegen", "--out", sample, "--num_candidates", str(size), "--seed", "0"],
-                   check=True, capture_output=True)
-    with open(os.path.join(sample, "sample_info.json")) as handle:
-        info = json.load(handle)
-    args = ["--input", os.path.join(sample, "candidates", "*.parquet"), "--output", os.path.join(work, f"corpus{size}"),
-            "--preset", "align"]
-    for override in info.get("build_overrides", []):
-        args += ["--set", override]
-    name, path = info["eval_images"].split("=", 1)
-    args += ["--eval_images", f"{name}={os.path.join(sample, path)}",
-             "--direct_running_mode=multi_processing", "--direct_num_workers=2"]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.time()
-    subprocess.run([sys.executable, "-m", "pipeline.build", *args], check=True, capture_output=True,
-                   env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
-    wall = time.time() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    harness.make_sample(sample, size)
+    args = harness.sample_build_args(sample, os.path.join(work, f"corpus{size}"))
+    args += ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]
+    build = harness.run_command([sys.executable, "-m", "pipeline.build", *args], check=True, capture_output=True,
+                                env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     from common.corpus_dir import resolve
 
     with open(os.path.join(resolve(os.path.join(work, f"corpus{size}")), "stats", "funnel.json")) as handle:
         funnel = json.load(handle)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    cpu, wall = build.cpu_s, build.wall_s
     return {"num_candidates_arg": size, "input": funnel["input"], "written": sum(funnel["written"].values()),
             "cpu_s": round(cpu, 1), "wall_s": round(wall, 1), "cpu_ms_per_candidate": round(1000 * cpu / funnel["input"], 2)}
 
@@ -60,8 +47,6 @@ def main(argv=None) -> int:
     parser.add_argument("--sizes", default="400,3000", help="two or more samplegen --num_candidates values")
     parser.add_argument("--json", default="", help="default benchmarks/results/build_cost.json")
     args = parser.parse_args(argv)
-    from benchmarks import record
-
     started = record.Run()
     runs = []
     with tempfile.TemporaryDirectory(prefix="build_cost_") as work:

@@ -19,18 +19,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 
-from benchmarks import record
+from benchmarks import harness, record
 
 RECORDS = 20
 FLAGS = ["--set", "vocab_size=0", "--set", "nsfw_threshold=1.0"]
 
+# The child measures itself with nothing imported but the standard library: the harness's own imports would
+# be counted out of the launcher's.
 CHILD = """
 import json, os, resource, shutil, sys
 def cpu():
@@ -72,25 +73,19 @@ def write_records(directory: str) -> str:
     return os.path.join(directory, "*.parquet")
 
 
-def children_cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
-
-
 def in_process(mode: str, pattern: str, builds: int, work: str) -> dict:
     done = subprocess.run([sys.executable, "-c", CHILD, mode, pattern, str(builds), work, json.dumps(FLAGS)],
-                          cwd=record.REPO, capture_output=True, text=True, check=True,
-                          env={**os.environ, "PYTHONPATH": record.REPO})
+                          cwd=harness.REPO, capture_output=True, text=True, check=True,
+                          env={**os.environ, "PYTHONPATH": harness.REPO})
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def command(pattern: str, work: str) -> float:
     out = os.path.join(work, "command")
-    before = children_cpu()
-    subprocess.run([sys.executable, "-m", "pipeline.build", "--input", pattern, "--output", out, *FLAGS],
-                   cwd=record.REPO, capture_output=True, check=True)
+    done = harness.run_command([sys.executable, "-m", "pipeline.build", "--input", pattern, "--output", out, *FLAGS],
+                               cwd=harness.REPO, capture_output=True, check=True)
     shutil.rmtree(out)
-    return children_cpu() - before
+    return done.cpu_s
 
 
 def main(argv=None) -> None:
@@ -99,15 +94,18 @@ def main(argv=None) -> None:
     parser.add_argument("--builds", type=int, default=3, help="in-process builds per process")
     parser.add_argument("--json", default="", help="default benchmarks/results/build_startup.json")
     args = parser.parse_args(argv)
+    if args.rounds < 1 or args.builds < 2:
+        parser.error("--rounds at least 1, --builds at least 2 (the first in-process build is told from the later ones)")
     run = record.Run()
-    found = {"remembered": [], "plain": [], "command": []}
     with tempfile.TemporaryDirectory(prefix="build-startup-") as work:
         pattern = write_records(os.path.join(work, "in"))
-        for round_ in range(args.rounds):
-            for mode in ("remembered", "plain"):
-                found[mode].append(in_process(mode, pattern, args.builds, work))
-            found["command"].append(command(pattern, work))
-            print(f"round {round_ + 1}/{args.rounds}: command {found['command'][-1]:.2f} CPU-s", flush=True)
+        def report(arm, round_, result):
+            if arm == "command":
+                print(f"round {round_ + 1}/{args.rounds}: command {result:.2f} CPU-s", flush=True)
+
+        found = harness.interleaved({"remembered": lambda: in_process("remembered", pattern, args.builds, work),
+                                     "plain": lambda: in_process("plain", pattern, args.builds, work),
+                                     "command": lambda: command(pattern, work)}, args.rounds, report)
     median = statistics.median
     summary = {mode: {"import": median(r["import"] for r in found[mode]),
                       "first_build": median(r["builds"][0] for r in found[mode]),

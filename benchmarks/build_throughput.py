@@ -17,11 +17,11 @@ build. For each input it reports:
 - the floor and ``pipeline.build --preset align`` (no evaluation set), in
   candidates per wall second, and their ratio (the build's share of the floor);
 - CPU-ms per candidate of the build (user + system of the build process and
-  its workers) and of the floor;
+  its workers) and of the floor (this process and its decoding processes);
 - peak resident memory (``VmHWM``, polled) of the build's own process (the
   runner, and with one worker the whole job) and of each SDK worker process;
 - bytes shuffled per candidate: the build runs on
-  ``benchmarks.shuffle_bytes.ShuffleMeasuringRunner`` (Beam's FnApiRunner,
+  ``benchmarks.helpers.shuffles.ShuffleMeasuringRunner`` (Beam's FnApiRunner,
   which also notes what each GroupByKey receives), so the figure comes from
   the same run; the heaviest shuffles are named;
 - CPU-ms per candidate of the per-record steps (header parse; the first
@@ -34,8 +34,9 @@ build. For each input it reports:
   (what the build did before it hashed a reduced decode), and how many
   pHashes the reduced decode changes (Hamming distance to the full-size one).
 
-The machine is shared: record the load (``benchmarks.record`` does) and
-compare CPU-ms, which a busy machine inflates less than wall time.
+The floor and the build take turns, ``--repeats`` times (medians). The
+machine is shared: record the load (``benchmarks.record`` does) and compare
+CPU-ms, which a busy machine inflates less than wall time.
 """
 
 from __future__ import annotations
@@ -46,11 +47,7 @@ import io
 import json
 import multiprocessing
 import os
-import resource
 import shutil
-import statistics
-import subprocess
-import sys
 import tempfile
 import time
 import warnings
@@ -58,11 +55,10 @@ import warnings
 import pyarrow.parquet as pq
 from PIL import Image
 
-from benchmarks import record, shuffle_bytes
-from benchmarks.image_work import hamming
-from benchmarks.keyed_joins import WorkerMemory
+from benchmarks import harness, record
+from benchmarks.helpers import shuffles as shuffle_runner
+from benchmarks.helpers.images import hamming
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMAGE_COLUMNS = ("jpg", "image", "img", "png", "webp")
 
 
@@ -92,47 +88,15 @@ def _decode_file(path: str) -> int:
 
 
 def time_floor(files, workers: int) -> dict:
-    start_wall, start_cpu = time.perf_counter(), _children_cpu()
-    if workers == 1:
-        self_cpu = time.process_time()
-        rows = sum(_decode_file(f) for f in files)
-        cpu = time.process_time() - self_cpu
-    else:
-        # one file per task: the build also splits by file (and row group)
-        with multiprocessing.get_context("spawn").Pool(workers) as pool:
-            rows = sum(pool.map(_decode_file, files, chunksize=1))
-        cpu = _children_cpu() - start_cpu
-    wall = time.perf_counter() - start_wall
+    with harness.Timer() as timer:
+        if workers == 1:
+            rows = sum(_decode_file(f) for f in files)
+        else:
+            # one file per task: the build also splits by file (and row group)
+            with multiprocessing.get_context("spawn").Pool(workers) as pool:
+                rows = sum(pool.map(_decode_file, files, chunksize=1))
+    wall, cpu = timer.wall_s, timer.cpu_s
     return {"candidates": rows, "wall_s": wall, "per_s": rows / wall, "cpu_ms_per_candidate": 1000 * cpu / rows}
-
-
-def _children_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
-def run_build(argv, out: str, env=None, markers=(b"sdk_worker_main", b"pipeline.build")) -> dict:
-    """``python -m pipeline.build ARGV`` with its log in ``out``: wall and CPU seconds (it and its workers) and
-    the peak resident KB of the build's process (``driver_kb``) and of each other watched process (``peak_kb``).
-    A failed build ends the benchmark with its last line."""
-    from common.console import LOG_DIR_ENV
-
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", LOG_DIR_ENV: out, **(env or {})}
-    memory = WorkerMemory(markers=markers)
-    try:
-        cpu_before, start = _children_cpu(), time.perf_counter()
-        memory.start()
-        build = subprocess.Popen([sys.executable, "-m", "pipeline.build", *argv], cwd=REPO,
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
-        _, stderr = build.communicate()
-        wall, cpu = time.perf_counter() - start, _children_cpu() - cpu_before
-    finally:
-        memory.stop()
-    if build.returncode != 0:
-        last = stderr.decode(errors="replace").strip().splitlines()[-1:]
-        raise SystemExit(f"error: the build failed ({build.returncode}): {last} (log in {out})")
-    driver_kb = memory.peak_kb.pop(build.pid, 0)
-    return {"wall_s": wall, "cpu_s": cpu, "driver_kb": driver_kb, "peak_kb": memory.peak_kb}
 
 
 def time_build(pattern: str, workers: int, candidates: int) -> dict:
@@ -140,12 +104,12 @@ def time_build(pattern: str, workers: int, candidates: int) -> dict:
     out = tempfile.mkdtemp(prefix="build-throughput-")
     shuffles_path = os.path.join(out, "shuffles.json")
     argv = ["--input", pattern, "--output", os.path.join(out, "corpus"), "--preset", "align",
-            "--runner", shuffle_bytes.RUNNER]
+            "--runner", shuffle_runner.RUNNER]
     if workers > 1:
         argv += ["--direct_running_mode=multi_processing", f"--direct_num_workers={workers}"]
-    run = run_build(argv, out, {shuffle_bytes.OUTPUT_ENV: shuffles_path})
+    run = harness.run_build(argv, out, {shuffle_runner.OUTPUT_ENV: shuffles_path})
     with open(shuffles_path) as handle:
-        shuffles = shuffle_bytes.Shuffles.from_json(json.load(handle))
+        shuffles = shuffle_runner.Shuffles.from_json(json.load(handle))
     shutil.rmtree(out, ignore_errors=True)
     shuffles.candidates = candidates
     wall = run["wall_s"]
@@ -240,14 +204,11 @@ def main() -> None:
         candidates = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
         entry = {"files": len(files), "candidates": candidates, "runs": {}}
         for workers in [] if args.per_record_only else [int(w) for w in args.workers.split(",")]:
-            floors, builds = [], []
-            for _ in range(args.repeats):
-                floors.append(time_floor(files, workers))
-                builds.append(time_build(pattern, workers, candidates))
-            floor = {k: statistics.median(f[k] for f in floors) for k in floors[0]}
+            turns = harness.interleaved({"floor": lambda: time_floor(files, workers),
+                                         "build": lambda: time_build(pattern, workers, candidates)}, args.repeats)
+            floor = harness.medians(turns["floor"], turns["floor"][0])
             # Times are medians over the repeats; memory and shuffles are the first run's.
-            build = dict(builds[0], **{k: statistics.median(b[k] for b in builds)
-                                       for k in ("wall_s", "per_s", "cpu_ms_per_candidate")})
+            build = dict(turns["build"][0], **harness.medians(turns["build"], ("wall_s", "per_s", "cpu_ms_per_candidate")))
             entry["runs"][str(workers)] = {"floor": floor, "build": build, "share_of_floor": build["per_s"] / floor["per_s"]}
             workers_rss = ", ".join(f"{mb:,.0f}" for mb in build["worker_peak_rss_mb"]) or "none"
             print(f"{name}: {workers} worker(s): floor {floor['per_s']:,.0f}/s, build {build['per_s']:,.0f}/s "

@@ -37,34 +37,20 @@ on shared cores wall-clock rates fall with it, CPU-time rates much less.
 from __future__ import annotations
 
 import argparse
-import os
-import statistics
-import sys
-import time
 
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
-
-from benchmarks import record  # noqa: E402
-from dedup import buckets, cluster_lists, kmeans, verify  # noqa: E402
-from dedup.synthetic import planted_embeddings  # noqa: E402
+from benchmarks import harness, record
+from dedup import buckets, cluster_lists, kmeans, verify
+from dedup.synthetic import planted_embeddings
 
 PARTS = ("kmeans", "assign", "candidates", "verify", "exact", "exhaustive")
 
 
 def timed(fn, repeats):
     """(result of the last run, median wall seconds, median CPU seconds)."""
-    walls, cpus = [], []
-    result = None
-    for _ in range(repeats):
-        c0, w0 = time.process_time(), time.perf_counter()
-        result = fn()
-        walls.append(time.perf_counter() - w0)
-        cpus.append(time.process_time() - c0)
-    return result, statistics.median(walls), statistics.median(cpus)
+    timing = harness.timed(fn, repeats)
+    return timing.result, timing.wall_s, timing.cpu_s
 
 
 ROWS = []  # what the JSON records: every table row, as printed and as numbers
@@ -84,7 +70,7 @@ def row(name, count, unit, wall, cpu, target="", extra=""):
 
 
 def load():
-    return "load average %.1f %.1f %.1f" % os.getloadavg()
+    return "load average %.1f %.1f %.1f" % tuple(record.load())
 
 
 def main(argv=None):

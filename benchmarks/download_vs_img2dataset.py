@@ -8,7 +8,7 @@ The server runs in its own process and is not the bottleneck: every image
 is a distinct JPEG generated before the clock starts and served from
 memory by a threaded server on 127.0.0.1 (its CPU time is reported beside
 each run). ``--content photo`` (default): crops of real photographs,
-400-800 px, ~40 kB (``benchmarks.photo_candidates``); ``smooth``: blurred
+400-800 px, ~40 kB (``benchmarks.helpers.images.make_photos``); ``smooth``: blurred
 noise of the same sizes (~27 kB, decodes faster). The URL list is written as
 ``--shards`` TSV files, as URL lists usually come (img2dataset shards its
 input the same way).
@@ -64,89 +64,26 @@ from __future__ import annotations
 
 import argparse
 import functools
-import http.server
-import io
 import json
-import multiprocessing
 import os
-import resource
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 
-import numpy as np
-from PIL import Image
+from benchmarks import harness, record
+from benchmarks.helpers import loopback
+from benchmarks.helpers.images import make_images, make_photos
 
-from benchmarks import record
-
-REPO = record.REPO
+REPO = harness.REPO
 IMG2DATASET = os.environ.get("IMG2DATASET") or os.path.join(REPO, ".venv-img2dataset", "bin", "img2dataset")
 WORDS = ("red", "blue", "green", "old", "small", "tall", "quiet", "bright", "wooden", "stone", "river", "garden",
          "bridge", "house", "mountain", "street", "market", "harbour", "forest", "field")
 
 
-def make_images(count: int, seed: int = 0) -> list:
-    """Distinct JPEGs of web-typical sizes (400-800 px wide, aspect 0.6-1.6) with smooth content."""
-    rng = np.random.default_rng(seed)
-    images = []
-    for _ in range(count):
-        width = int(rng.integers(400, 801))
-        height = int(width / rng.uniform(0.6, 1.6))
-        small = rng.integers(0, 256, (6, 8, 3), dtype=np.uint8)  # a smooth picture, not noise
-        out = io.BytesIO()
-        Image.fromarray(small).resize((width, height), Image.BICUBIC).save(out, format="JPEG", quality=88)
-        images.append(out.getvalue())
-    return images
-
-
-def make_photos(count: int, seed: int = 0) -> list:
-    """Distinct JPEGs of photographs, 400-800 px, ~40 kB (``benchmarks.photo_candidates``)."""
-    from benchmarks.photo_candidates import candidate
-
-    return [candidate(seed, i)["jpg"] for i in range(count)]
-
-
 def caption(i: int) -> str:
     words = [WORDS[(i >> (2 * k)) % len(WORDS)] for k in range(5)]
     return f"a photo of the {words[0]} {words[1]} {words[2]} near the {words[3]} {words[4]} number {i}"
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    images: list = []
-
-    def do_GET(self):  # noqa: N802
-        try:
-            body = self.images[int(self.path.strip("/").split(".")[0])]
-        except (ValueError, IndexError):
-            self.send_error(404)
-            return
-        self.send_response(200)
-        self.send_header("Content-Type", "image/jpeg")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
-def serve(images, ready):
-    _Handler.images = images
-    http.server.ThreadingHTTPServer.request_queue_size = 1024
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    server.daemon_threads = True
-    ready.put(server.server_address[1])
-    server.serve_forever()
-
-
-def process_cpu_seconds(pid: int) -> float:
-    """User + system CPU of one process so far (``/proc/<pid>/stat``)."""
-    with open(f"/proc/{pid}/stat") as handle:
-        fields = handle.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def write_url_lists(directory: str, port: int, count: int, shards: int) -> str:
@@ -161,16 +98,10 @@ def write_url_lists(directory: str, port: int, count: int, shards: int) -> str:
 
 def timed(command, env=None) -> dict:
     """Run ``command``; wall seconds and the CPU seconds of its processes."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    load_before = record.load()
-    start = time.perf_counter()
-    done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=REPO)
-    wall = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    done = harness.run_command(command, env=env, capture_output=True, cwd=REPO)
     if done.returncode != 0:
         sys.exit(f"failed: {' '.join(command)}\n{done.stderr[-3000:]}")
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    figures = {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "load_before": load_before, "load_after": record.load()}
+    figures = {**done.cost(), "load_before": done.load_before, "load_after": done.load_after}
     for line in done.stdout.splitlines():  # a job may report its own count as one JSON line
         if line.startswith("{") and "downloaded" in line:
             figures.update(json.loads(line))
@@ -328,10 +259,7 @@ def main(argv=None) -> None:
     run = record.Run()
     print(f"generating {args.images:,} JPEGs ({args.content})", flush=True)
     images = (make_photos if args.content == "photo" else make_images)(args.images)
-    ready = multiprocessing.get_context("fork").Queue()
-    server = multiprocessing.get_context("fork").Process(target=serve, args=(images, ready), daemon=True)
-    server.start()
-    port = ready.get(timeout=30)
+    server, (port,) = loopback.start(images)
     work = tempfile.mkdtemp(prefix="download_bench_")
     tools = [("img2dataset", run_img2dataset, args.workers)]
     tools += [(f"ours_{w}w", functools.partial(run_ours, max_side=args.output_max_side), w) for w in our_workers]
@@ -351,9 +279,9 @@ def main(argv=None) -> None:
             for name, runner, workers, count in jobs:
                 out = os.path.join(work, f"{name}-{count}-{repeat}", "out")
                 os.makedirs(os.path.dirname(out))
-                server_cpu = process_cpu_seconds(server.pid)
+                server_cpu = harness.process_cpu_seconds(server.pid)
                 figures = per_second(runner(lists[count], out, workers, args.threads))
-                figures["server_cpu_s"] = round(process_cpu_seconds(server.pid) - server_cpu, 2)
+                figures["server_cpu_s"] = round(harness.process_cpu_seconds(server.pid) - server_cpu, 2)
                 runs[f"{name}@{count}"].append(figures)
                 print(f"{name:28s} {figures['images']:,} of {count:,} images in {figures['wall_s']} s: "
                       f"{figures['images_per_s']} images/s, {figures['images_per_cpu_s']} per CPU-s "

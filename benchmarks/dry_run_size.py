@@ -23,12 +23,11 @@ import argparse
 import contextlib
 import io
 import os
-import resource
 import tempfile
 
 import numpy as np
 
-from benchmarks import record
+from benchmarks import harness, record
 from dedup import index_sets
 from pipeline.build import dry_run, launcher, worker_requirements
 
@@ -56,11 +55,6 @@ def random_index(rows: int):
     return load
 
 
-def cpu_seconds() -> float:
-    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
-
-
 def one(scratch: str, pattern: str, rows: int, requirements: str) -> dict:
     evals = os.path.join(scratch, "eval")
     if not os.path.isdir(evals):
@@ -77,13 +71,12 @@ def one(scratch: str, pattern: str, rows: int, requirements: str) -> dict:
 
     dry_run.build_job, index_sets.load_index_sets, loader = recording, random_index(rows), index_sets.load_index_sets
     try:
-        start = cpu_seconds()
-        with contextlib.redirect_stdout(io.StringIO()):
+        with harness.Timer() as timer, contextlib.redirect_stdout(io.StringIO()):
             launcher.run(["--input", pattern, "--output", os.path.join(scratch, "corpus"), "--preset", "align",
                           "--download", "--model_score", "tests.pipeline.score_models:colour_words",
-                          "--eval_images", f"test={evals}", "--setup_file", os.path.join(record.REPO, "setup.py"),
+                          "--eval_images", f"test={evals}", "--setup_file", os.path.join(harness.REPO, "setup.py"),
                           "--requirements_file", requirements, *DATAFLOW])
-        cpu = cpu_seconds() - start
+        cpu = timer.cpu_s
     finally:
         dry_run.build_job, index_sets.load_index_sets = real, loader
     (job,) = jobs
@@ -104,7 +97,7 @@ def main(argv=None) -> None:
         requirements = os.path.join(scratch, "worker-requirements.txt")
         with open(requirements, "w") as handle:
             handle.write("\n".join(worker_requirements.worker_requirements(
-                os.path.join(record.REPO, "requirements", "lock.txt"))))
+                os.path.join(harness.REPO, "requirements", "lock.txt"))))
         patterns = {int(n): url_lists(os.path.join(scratch, f"in-{n}"), int(n)) for n in args.files.split(",")}
         one(scratch, patterns[min(patterns)], 10, requirements)  # warm-up: imports, Beam's first translation
         print("| input files | index rows | steps | graph bytes | request bytes | largest payload | CPU s |")

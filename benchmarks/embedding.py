@@ -25,13 +25,12 @@ import concurrent.futures
 import multiprocessing
 import os
 import statistics
-import time
 from typing import Callable, List
 
 import numpy as np
 from PIL import Image
 
-from benchmarks import record
+from benchmarks import harness, record
 from dedup import embedders
 from dedup.calibration_images import real_photographs
 from dedup.edits import encode_jpeg
@@ -55,13 +54,10 @@ def make_jpegs(count: int, width: int, height: int, seed: int = 0, quality: int 
     return out
 
 
-def median_rate(fn: Callable[[], None], count: int, repeats: int, clock=time.perf_counter) -> float:
-    rates = []
-    for _ in range(repeats):
-        start = clock()
-        fn()
-        rates.append(count / (clock() - start))
-    return statistics.median(rates)
+def median_rate(fn: Callable[[], None], count: int, repeats: int, cpu: bool = False) -> float:
+    """Median of ``count`` over each pass's wall seconds (CPU seconds of this process with ``cpu``)."""
+    timing = harness.timed(fn, repeats)
+    return statistics.median(count / seconds for seconds in (timing.cpus if cpu else timing.walls))
 
 
 # Worker side of the multi-process measurement: each process builds its own
@@ -109,29 +105,29 @@ def main(argv=None) -> dict:
         "images": len(images),
         "mean_jpeg_bytes": int(np.mean([len(b) for b in images])),
         "cores_visible": os.cpu_count(),
-        "load_average_at_start": os.getloadavg()[0],
+        "load_average_at_start": record.load()[0],
     }
     results["one_process_wall_images_per_s"] = median_rate(lambda: dct.embed(images), len(images), args.repeats)
     results["one_process_cpu_images_per_s"] = median_rate(
-        lambda: dct.embed(images), len(images), args.repeats, clock=time.process_time
+        lambda: dct.embed(images), len(images), args.repeats, cpu=True
     )
     results[f"{args.processes}_processes_wall_images_per_s"] = multi_process_rate(images, args.processes, args.repeats)
     thumbnails = [dct.decode(b) for b in images]
     results["decode_only_cpu_images_per_s"] = median_rate(
-        lambda: [dct.decode(b) for b in images], len(images), args.repeats, clock=time.process_time
+        lambda: [dct.decode(b) for b in images], len(images), args.repeats, cpu=True
     )
     results["dct_only_cpu_images_per_s"] = median_rate(
-        lambda: dct.embed_pil(thumbnails), len(images), args.repeats, clock=time.process_time
+        lambda: dct.embed_pil(thumbnails), len(images), args.repeats, cpu=True
     )
     index_images = [IndexImage("bench", str(i), b) for i, b in enumerate(images[:200])]
     results["index_side_cpu_images_per_s"] = median_rate(
         lambda: build_index(index_images, dct, preview_size=0), len(index_images), max(1, args.repeats // 2),
-        clock=time.process_time,
+        cpu=True,
     )  # fmt: skip
     results["large_1024x768_cpu_images_per_s"] = median_rate(
-        lambda: dct.embed(large), len(large), args.repeats, clock=time.process_time
+        lambda: dct.embed(large), len(large), args.repeats, cpu=True
     )
-    results["load_average_at_end"] = os.getloadavg()[0]
+    results["load_average_at_end"] = record.load()[0]
     results["target_images_per_s_on_2_cores"] = TARGET_IMAGES_PER_S
 
     width = max(len(k) for k in results)

@@ -6,7 +6,7 @@
 The fetch path alone, without Beam: a thread pool of ``--threads`` calls
 ``fetch`` through the ``DownloadWorker`` that the download DoFn's instances
 share (TLS context, host limiter, DNS cache). Its CPU is this process's
-(``time.process_time``, every thread); the server runs in its own process
+(every thread; ``benchmarks.harness.Timer``); the server runs in its own process
 (one port per host, the download benchmark's pictures served from memory)
 and is not counted. The per-host bounds are off by default, as in
 ``download_vs_img2dataset``: a loopback server answers faster than any
@@ -23,43 +23,14 @@ literal address and nothing is looked up.
 from __future__ import annotations
 
 import argparse
-import http.server
 import json
-import multiprocessing
 import socket
 import statistics
-import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
-from benchmarks import record
-from benchmarks.download_vs_img2dataset import make_images, process_cpu_seconds
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    images: list = []
-
-    def do_GET(self):  # noqa: N802
-        body = self.images[int(self.path.strip("/").split(".")[0]) % len(self.images)]
-        self.send_response(200)
-        self.send_header("Content-Type", "image/jpeg")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
-def serve(images, hosts: int, ready) -> None:
-    _Handler.images = images
-    http.server.ThreadingHTTPServer.request_queue_size = 1024
-    servers = [http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler) for _ in range(hosts)]
-    for server in servers:
-        server.daemon_threads = True
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-    ready.put([server.server_address[1] for server in servers])
-    threading.Event().wait()
+from benchmarks import harness, record
+from benchmarks.helpers import loopback
+from benchmarks.helpers.images import make_images
 
 
 def worker_client(per_host: int, per_host_rate: float, lookup):
@@ -80,10 +51,9 @@ def instant_lookup(host, port):
 def one_pass(urls, args) -> dict:
     threads = args.threads
     fetch_one = worker_client(args.per_host, args.per_host_rate, instant_lookup)
-    cpu, wall = time.process_time(), time.perf_counter()
-    with ThreadPoolExecutor(threads) as pool:
+    with harness.Timer() as timer, ThreadPoolExecutor(threads) as pool:
         results = list(pool.map(fetch_one, urls))
-    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    cpu, wall = timer.cpu_s, timer.wall_s
     ok = sum(1 for r in results if r.ok)
     if ok != len(urls):
         reasons = sorted({r.reason for r in results if not r.ok})
@@ -107,20 +77,16 @@ def main(argv=None) -> None:
 
     run = record.Run()
     images = make_images(args.images)
-    context = multiprocessing.get_context("fork")
-    ready = context.Queue()
-    server = context.Process(target=serve, args=(images, args.hosts, ready), daemon=True)
-    server.start()
-    ports = ready.get(timeout=30)
+    server, ports = loopback.start(images, args.hosts, cycle=True)
     host = (lambda k: f"host{k}.test") if args.names else (lambda k: "127.0.0.1")
     urls = [f"http://{host(i % args.hosts)}:{ports[i % args.hosts]}/{i}.jpg" for i in range(args.requests)]
     passes = []
     try:
         one_pass(urls[: min(200, len(urls))], args)  # warm-up: imports, first connections
         for _ in range(args.repeats):
-            server_cpu = process_cpu_seconds(server.pid)
+            server_cpu = harness.process_cpu_seconds(server.pid)
             figures = one_pass(urls, args)
-            figures["server_cpu_s"] = round(process_cpu_seconds(server.pid) - server_cpu, 2)
+            figures["server_cpu_s"] = round(harness.process_cpu_seconds(server.pid) - server_cpu, 2)
             figures["load"] = record.load()
             passes.append(figures)
             print(json.dumps(figures), flush=True)

@@ -11,7 +11,8 @@ The ALIGN preset with ``vocab_size`` = a tenth of the distinct n-grams, so the
 vocabulary join does real work.
 
 Every (mode, size, repeat) runs in a fresh process, so peak RSS
-(``getrusage``) is that run's own. Modes:
+(``getrusage``) is that run's own; per size the modes take turns, repeat
+after repeat. Modes:
 
 - ``multi``: FnApiRunner, ``direct_running_mode=multi_processing``,
   ``direct_num_workers=2`` (the 2 cores). Peak memory is the driver's plus the
@@ -27,18 +28,19 @@ including pipeline construction); generating the data is not timed.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import resource
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from benchmarks import harness, record
+
+REPO = harness.REPO
 MODES = ("multi", "inmemory", "reference")
 BOILERPLATE = ["alt img", "image may contain", "click to enlarge", "product photo", "1920x1080"]
 
@@ -134,23 +136,20 @@ def one_run(mode, size, seed, transform_kw):
     with tempfile.TemporaryDirectory() as directory:
         write_inputs(survivors, counted_only, directory)
         rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        start, cpu_start = time.perf_counter(), time.process_time()
-        if mode == "reference":
-            run_reference(directory, preset)
-        else:
-            run_beam(directory, preset, mode, transform_kw)
-        seconds = time.perf_counter() - start
-        cpu = time.process_time() - cpu_start
+        with harness.Timer() as timer:
+            if mode == "reference":
+                run_reference(directory, preset)
+            else:
+                run_beam(directory, preset, mode, transform_kw)
         out_dir = os.path.join(directory, "out")
         rejected = sum(sum(1 for _ in open(os.path.join(out_dir, f))) for f in os.listdir(out_dir))
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    workers = resource.getrusage(resource.RUSAGE_CHILDREN)  # the largest reaped child's peak
     print(json.dumps({
         "mode": mode, "size": size, "survivors": len(survivors), "rejected": rejected,
-        "seconds": seconds, "driver_cpu_seconds": cpu,
-        "worker_cpu_seconds": children.ru_utime + children.ru_stime,
+        "seconds": timer.wall_s, "driver_cpu_seconds": timer.self_s, "worker_cpu_seconds": timer.children_s,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "rss_before_mb": rss_before / 1024,
-        "largest_worker_rss_mb": children.ru_maxrss / 1024,
+        "largest_worker_rss_mb": workers.ru_maxrss / 1024,
     }))
 
 
@@ -167,25 +166,25 @@ def main(argv=None):
     if args.one:
         one_run(args.one[0], int(args.one[1]), int(args.one[2]), json.loads(args.transform_kw))
         return
-    from benchmarks import record
-
     run = record.Run()
     all_runs = []
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
+    env = harness.python_env()
     sizes = [int(s) for s in args.sizes.split(",")]
     modes = args.modes.split(",")
     results = {}
+
+    def one(mode, size):
+        proc = subprocess.run(
+            [sys.executable, "-m", "benchmarks.frequency", "--one", mode, str(size), "0",
+             "--transform-kw", args.transform_kw],
+            cwd=REPO, env=env, capture_output=True, text=True, check=True)
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
     for size in sizes:
-        for mode in modes:
-            runs = []
-            for _ in range(args.repeats):
-                proc = subprocess.run(
-                    [sys.executable, "-m", "benchmarks.frequency", "--one", mode, str(size), "0",
-                     "--transform-kw", args.transform_kw],
-                    cwd=REPO, env=env, capture_output=True, text=True, check=True)
-                runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        by_mode = harness.interleaved({mode: functools.partial(one, mode, size) for mode in modes}, args.repeats)
+        for mode, runs in by_mode.items():
             all_runs.extend(runs)
-            med = {k: statistics.median(r[k] for r in runs) for k in runs[0] if isinstance(runs[0][k], float)}
+            med = harness.medians(runs, [k for k in runs[0] if isinstance(runs[0][k], float)])
             med.update({k: runs[0][k] for k in ("survivors", "rejected")})
             results[(mode, size)] = med
             mem = med["peak_rss_mb"] + (med["largest_worker_rss_mb"] if mode == "multi" else 0)

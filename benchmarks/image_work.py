@@ -3,7 +3,7 @@
     python -m benchmarks.image_work [--images 600] [--repeats 5]
 
 Images: the download benchmark's web-typical JPEGs (400-800 px wide,
-aspect 0.6-1.6; ``benchmarks.download_vs_img2dataset.make_images``),
+aspect 0.6-1.6; ``benchmarks.helpers.images.make_images``),
 decoded once. CPU-ms per image (median of ``--repeats`` passes) of the decode, of the
 pHash (and of a cheaper pHash whose resize to 32x32
 box-reduces first, with how often it equals the full-size one), of the
@@ -23,13 +23,12 @@ from __future__ import annotations
 import argparse
 import io
 import statistics
-import time
 
 import numpy as np
 from PIL import Image
 
-from benchmarks import record
-from benchmarks.download_vs_img2dataset import make_images
+from benchmarks import harness, record
+from benchmarks.helpers.images import hamming, make_images
 from filters import image as image_rules
 from filters.presets import get_preset
 
@@ -57,23 +56,14 @@ def reduced_phash(img: Image.Image) -> str:
     return str(imagehash.phash(img.convert("L").resize((32, 32), Image.LANCZOS, reducing_gap=3.0)))
 
 
-def hamming(a: str, b: str) -> int:
-    return bin(int(a, 16) ^ int(b, 16)).count("1")
-
-
 def psnr(a: Image.Image, b: Image.Image) -> float:
     diff = np.asarray(a, np.float64) - np.asarray(b, np.float64)
     return float(10 * np.log10(255 ** 2 / max(np.mean(diff ** 2), 1e-12)))
 
 
 def cpu_ms(fn, items, repeats: int) -> float:
-    passes = []
-    for _ in range(repeats):
-        start = time.process_time()
-        for item in items:
-            fn(item)
-        passes.append(1000 * (time.process_time() - start) / len(items))
-    return statistics.median(passes)
+    """Median CPU-ms per item of ``fn`` over ``items`` (no warm-up pass: nothing here compiles or caches)."""
+    return harness.cpu_ms_per_item(lambda: [fn(item) for item in items], len(items), repeats, warmup=False)
 
 
 def main(argv=None) -> None:

@@ -28,8 +28,8 @@ import time
 import numpy as np
 from PIL import Image
 
+from benchmarks import harness, record
 from common import schema
-from benchmarks import record
 from common import tfrecord_io as tfrecord
 from pipeline.write.shards import write_contiguous_shards
 
@@ -84,11 +84,11 @@ def images_per_second(data_dir, tokenizer, image_size, resize_size, batch_size, 
     )
     iterator = dataset.as_numpy_iterator()
     next(iterator)  # iterator start-up and the first shuffle-buffer fill are not throughput
-    wall, cpu = time.perf_counter(), time.process_time()
-    for _ in range(num_batches):
-        next(iterator)
+    with harness.Timer() as timer:
+        for _ in range(num_batches):
+            next(iterator)
     images = num_batches * batch_size
-    return images / (time.perf_counter() - wall), images / (time.process_time() - cpu)
+    return images / timer.wall_s, images / timer.cpu_s
 
 
 def main(argv=None):
@@ -116,7 +116,7 @@ def main(argv=None):
               f"{sum(os.path.getsize(os.path.join(data_dir, f)) for f in os.listdir(data_dir)) / 2**20:.1f} MiB "
               f"({time.perf_counter() - start:.0f} s to generate)")
         tokenizer = Tokenizer(vocab, max_len=64)
-        print(f"cpus: {os.cpu_count()}, load average: {os.getloadavg()[0]:.1f}")
+        print(f"cpus: {os.cpu_count()} ({record.cpu_model()}), load average: {record.load()[0]:.1f}")
         print(f"{'config':<8} {'crop':>5} {'resize':>6} {'batch':>5}  {'images/s':>8}  {'images/cpu-s':>12}"
               f"  (medians of {args.runs} runs; per-run images/s)")
         for name in args.configs.split(","):

@@ -42,24 +42,18 @@ input with this harness at commit 603c976 and removed (benchmarks/RESULTS.md).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
-import resource
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
-
-from benchmarks import record  # noqa: E402
+from benchmarks import harness, record
 
 DIM = 143  # dedup.embedders.DctEmbedder
 SEARCHES = ("exact",)
@@ -119,60 +113,6 @@ def load_shard(path: str):
 
 def _pair_line(pair: dict) -> str:
     return f"{pair['key']} {pair['index_key']} {pair['cosine']:.6f}"
-
-
-def _descendants(root: int) -> list:
-    parents = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                parents[int(name)] = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-    found, frontier = [], [root]
-    while frontier:
-        pid = frontier.pop()
-        children = [p for p, parent in parents.items() if parent == pid]
-        found.extend(children)
-        frontier.extend(children)
-    return found
-
-
-class WorkerMemory(threading.Thread):
-    """Polls the peak resident size (VmHWM) of every SDK worker process below this one.
-
-    ``markers``: what a process's command line must contain to be watched
-    (add ``b"pipeline.build"`` to watch a build launched below this process too).
-    """
-
-    def __init__(self, interval: float = 0.2, markers=(b"sdk_worker_main",)):
-        super().__init__(daemon=True)
-        self.interval = interval
-        self.markers = tuple(markers)
-        self.peak_kb = {}
-        self._done = threading.Event()
-
-    def run(self):
-        while not self._done.is_set():
-            for pid in _descendants(os.getpid()):
-                try:
-                    with open(f"/proc/{pid}/cmdline", "rb") as f:
-                        cmdline = f.read().replace(b"\0", b" ")
-                    if not any(m in cmdline for m in self.markers) or cmdline.startswith(b"/bin/sh"):
-                        continue
-                    with open(f"/proc/{pid}/status") as f:
-                        for line in f:
-                            if line.startswith("VmHWM:"):
-                                self.peak_kb[pid] = max(self.peak_kb.get(pid, 0), int(line.split()[1]))
-                except OSError:
-                    continue
-            self._done.wait(self.interval)
-
-    def stop(self):
-        self._done.set()
-        self.join()
 
 
 def shuffle_and_side_inputs(pipeline, result) -> dict:
@@ -236,27 +176,22 @@ def run_one(search: str, data_dir: str, out_dir: str, threshold: float, workers:
         for name in os.listdir(os.path.join(data_dir, "corpus"))
         if name.startswith("vectors-")
     )
-    memory = WorkerMemory()
+    memory = harness.WorkerMemory()
     memory.start()
-    start_times, start_wall = os.times(), time.perf_counter()
-    options = PipelineOptions(direct_num_workers=workers, direct_running_mode="multi_processing")
-    p = beam.Pipeline(runner=FnApiRunner(), options=options)
-    corpus = p | "CorpusShards" >> beam.Create(shards) | "LoadCorpus" >> beam.FlatMap(load_shard)
-    index = p | "IndexDirectory" >> beam.Create([os.path.join(data_dir, "index")]) | "LoadIndexRows" >> beam.Map(
-        load_index_rows)
-    found = corpus | "RemoveNearDuplicates" >> RemoveNearDuplicates(index, threshold, search=search)
-    _ = found["rejected"] | "RejectedKey" >> beam.MapTuple(lambda key, reason: key) | "WriteRejected" >> beam.io.WriteToText(
-        os.path.join(out_dir, "rejected")
-    )
-    _ = found["pairs"] | "PairLine" >> beam.Map(_pair_line) | "WritePairs" >> beam.io.WriteToText(
-        os.path.join(out_dir, "pairs")
-    )
-    result = p.run()
-    result.wait_until_finish()
-    wall = time.perf_counter() - start_wall
-    end_times = os.times()
+    with harness.Timer() as timer:
+        options = PipelineOptions(direct_num_workers=workers, direct_running_mode="multi_processing")
+        p = beam.Pipeline(runner=FnApiRunner(), options=options)
+        corpus = p | "CorpusShards" >> beam.Create(shards) | "LoadCorpus" >> beam.FlatMap(load_shard)
+        index = p | "IndexDirectory" >> beam.Create([os.path.join(data_dir, "index")]) | "LoadIndexRows" >> beam.Map(
+            load_index_rows)
+        found = corpus | "RemoveNearDuplicates" >> RemoveNearDuplicates(index, threshold, search=search)
+        _ = (found["rejected"] | "RejectedKey" >> beam.MapTuple(lambda key, reason: key)
+             | "WriteRejected" >> beam.io.WriteToText(os.path.join(out_dir, "rejected")))
+        _ = found["pairs"] | "PairLine" >> beam.Map(_pair_line) | "WritePairs" >> beam.io.WriteToText(
+            os.path.join(out_dir, "pairs"))
+        result = p.run()
+        result.wait_until_finish()
     memory.stop()
-    cpu = sum(end_times[:4]) - sum(start_times[:4])
 
     def lines(prefix):
         out = []
@@ -272,9 +207,9 @@ def run_one(search: str, data_dir: str, out_dir: str, threshold: float, workers:
     sure, possible = set(expected["sure"]), set(expected["possible"])
     figures = {
         "search": search,
-        "wall_s": round(wall, 2),
-        "cpu_s": round(cpu, 2),
-        "driver_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "wall_s": round(timer.wall_s, 2),
+        "cpu_s": round(timer.cpu_s, 2),
+        "driver_peak_rss_mb": harness.peak_rss_mb(),
         "worker_peak_rss_mb": sorted(round(kb / 1024, 1) for kb in memory.peak_kb.values()),
         "rejected": len(rejected),
         "pairs": len(lines("pairs")),
@@ -300,7 +235,7 @@ def child(search, data_dir, threshold, workers, timeout):
     load_before = record.load()
     try:
         with open(log, "a") as f:
-            done = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=f, text=True, timeout=timeout)
+            done = harness.run_command(cmd, cwd=harness.REPO, stdout=subprocess.PIPE, stderr=f, timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"search": search, "timed_out_after_s": timeout, "load_before": load_before}
     finally:
@@ -308,7 +243,7 @@ def child(search, data_dir, threshold, workers, timeout):
     if done.returncode != 0:
         raise SystemExit(f"{search} failed (exit {done.returncode}); see {log}")
     figures = json.loads(done.stdout.strip().splitlines()[-1])
-    figures["load_before"], figures["load_after"] = load_before, record.load()
+    figures["load_before"], figures["load_after"] = done.load_before, done.load_after
     return figures
 
 
@@ -320,8 +255,7 @@ def medians(runs: list) -> dict:
     if not done:
         return {"runs": 0, "timed_out": len(runs)}
     out = {"runs": len(done), "timed_out": len(runs) - len(done)}
-    for field in MEDIAN_FIELDS:
-        out[field] = statistics.median(r[field] for r in done)
+    out.update(harness.medians(done, MEDIAN_FIELDS))
     out["max_worker_peak_rss_mb"] = statistics.median(max(r["worker_peak_rss_mb"] or [0]) for r in done)
     for field in ("rejected", "pairs", "lost", "extra"):
         out[field] = sorted({r[field] for r in done})
@@ -357,15 +291,16 @@ def main(argv=None):
             data = write_data(data_dir, args.corpus, size, args.threshold)
             print(f"index {size:,} rows, corpus {args.corpus:,}: {data['expected_rejected']:,} corpus rows to reject "
                   f"(load {record.load()[0]})", flush=True)
-            runs = {s: [] for s in searches}
-            for repeat in range(args.repeats):
-                for search in searches:
-                    figures = child(search, data_dir, args.threshold, args.workers, args.timeout)
-                    runs[search].append(figures)
-                    shown = {k: figures.get(k) for k in ("wall_s", "cpu_s", "worker_peak_rss_mb", "shuffle_bytes",
-                                                          "side_input_bytes", "rejected", "lost", "extra",
-                                                          "timed_out_after_s")}
-                    print(f"  {search:<11} repeat {repeat + 1}: {shown} load {figures['load_before'][0]}", flush=True)
+
+            def report(search, repeat, figures):
+                shown = {k: figures.get(k) for k in ("wall_s", "cpu_s", "worker_peak_rss_mb", "shuffle_bytes",
+                                                      "side_input_bytes", "rejected", "lost", "extra",
+                                                      "timed_out_after_s")}
+                print(f"  {search:<11} repeat {repeat + 1}: {shown} load {figures['load_before'][0]}", flush=True)
+
+            runs = harness.interleaved(
+                {search: functools.partial(child, search, data_dir, args.threshold, args.workers, args.timeout)
+                 for search in searches}, args.repeats, report)
             sizes.append(dict(data, threshold=args.threshold, dim=DIM, workers=args.workers,
                               medians={s: medians(r) for s, r in runs.items() if r}, runs=runs))
     run.write("keyed_joins", {"index_sizes": sizes}, args.json)

@@ -26,15 +26,11 @@ import shutil
 import sys
 import tempfile
 
-from benchmarks import record
-from benchmarks.build_throughput import run_build
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from benchmarks import harness, record
 
 
 def _shards(corpus: str) -> dict:
     """Shard count, records and the largest shard of the committed version, from the shard lists it carries."""
-    sys.path.insert(0, REPO)
     from common.corpus_dir import resolve
 
     version = resolve(corpus)
@@ -54,7 +50,7 @@ def build(name: str, pattern: str, per_shard: int) -> dict:
     argv = ["--input", pattern, "--output", corpus, "--preset", "align",
             "--set", f"max_records_per_shard={per_shard}", "--set", "validation_fraction=0"]
     try:
-        run = run_build(argv, out, markers=(b"pipeline.build",))
+        run = harness.run_build(argv, out, markers=(b"pipeline.build",))
         shards = _shards(corpus)
     finally:
         shutil.rmtree(out, ignore_errors=True)

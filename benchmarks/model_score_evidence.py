@@ -47,13 +47,13 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
 from typing import List, Optional
 
 from benchmarks import record
+from benchmarks.harness import cpu_children
 from common import cli
 
 REPO = record.REPO
@@ -91,12 +91,12 @@ class Harness:
 
     def run(self, what: str, command: List[str], record_to: Optional[str] = None) -> None:
         """One subprocess with its CPU and wall time (and the load) logged; a failure ends the harness."""
-        before, load, start = _children_cpu(), os.getloadavg(), time.time()
+        before, load, start = cpu_children(), os.getloadavg(), time.time()
         with open(self.path("commands.log"), "a", encoding="utf-8") as f:
             f.write(" ".join(command) + "\n")
         done = subprocess.run([sys.executable, *command], cwd=REPO, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
-        cpu, wall = _children_cpu() - before, time.time() - start
+        cpu, wall = cpu_children() - before, time.time() - start
         facts = {"cpu_s": round(cpu, 1), "wall_s": round(wall, 1), "load_before": [round(x, 2) for x in load],
                  "load_after": [round(x, 2) for x in os.getloadavg()]}
         self.log(f"{what}: exit {done.returncode}, {cpu:.0f} CPU-s, {wall:.0f} s wall, load {load[0]:.1f}")
@@ -216,11 +216,6 @@ class Harness:
             "--eval", f"heldout=retrieval:data_dir={self.corpus('heldout')},split=validation",
             "--eval", f"zeroshot=zeroshot:image_dir={pool}/eval/test",
             "--eval", f"knn=knn:train_dir={pool}/eval/train,test_dir={pool}/eval/test"])
-
-
-def _children_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 def main(argv=None) -> int:

@@ -21,29 +21,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
-import subprocess
 import sys
 import tempfile
-import time
+
+from benchmarks import harness, record
 
 MODES = {"in process": [], "2 worker processes": ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]}
 
 
 def build(sample: str, output: str, extra) -> dict:
-    with open(os.path.join(sample, "sample_info.json")) as handle:
-        info = json.load(handle)
-    args = ["--input", os.path.join(sample, "candidates", "*.parquet"), "--output", output, "--preset", "align"]
-    for override in info.get("build_overrides", []):
-        args += ["--set", override]
-    name, path = info["eval_images"].split("=", 1)
-    args += ["--eval_images", f"{name}={os.path.join(sample, path)}", *extra]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.time()
-    subprocess.run([sys.executable, "-m", "pipeline.build", *args], check=True, capture_output=True,
-                   env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
-    wall = time.time() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    args = harness.sample_build_args(sample, output) + list(extra)
+    done = harness.run_command([sys.executable, "-m", "pipeline.build", *args], check=True, capture_output=True,
+                               env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     from common.corpus_dir import resolve
     from pipeline.funnel.counts import NSFW_MEASURE
 
@@ -52,8 +41,7 @@ def build(sample: str, output: str, extra) -> dict:
         funnel = json.load(handle)
     with open(os.path.join(stats, "distributions.json")) as handle:
         scored = sum(json.load(handle).get(NSFW_MEASURE, {}).get("counts", []))
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"input": funnel["input"], "scored": scored, "cpu_s": round(cpu, 1), "wall_s": round(wall, 1)}
+    return {"input": funnel["input"], "scored": scored, **done.cost(1)}
 
 
 def main(argv=None) -> int:
@@ -62,11 +50,8 @@ def main(argv=None) -> int:
     parser.add_argument("--num_candidates", type=int, default=3000, help="samplegen's, when it makes the sample")
     parser.add_argument("--json", default="", help="default benchmarks/results/nsfw_build_cost.json")
     args = parser.parse_args(argv)
-    from benchmarks import record
-
     if not os.path.exists(os.path.join(args.sample, "sample_info.json")):
-        subprocess.run([sys.executable, "-m", "samplegen", "--out", args.sample, "--num_candidates",
-                        str(args.num_candidates), "--seed", "0"], check=True, capture_output=True)
+        harness.make_sample(args.sample, args.num_candidates)
     started = record.Run()
     modes = {}
     with tempfile.TemporaryDirectory(prefix="nsfw_build_cost_") as work:

@@ -48,14 +48,14 @@ import glob
 import hashlib
 import io
 import os
-import statistics
 import tempfile
-import time
 
 import numpy as np
 import pyarrow.parquet as pq
 
 from benchmarks import record
+from benchmarks.harness import cpu_ms_per_item
+from benchmarks.helpers.images import write_candidates
 from filters import open_nsfw
 from filters.presets import get_preset
 
@@ -95,18 +95,6 @@ def sample_images(directory: str, num_candidates: int, seed: int):
             continue
         groups[kind_of[row["key"]]].append(row["jpg"])
     return groups
-
-
-def cpu_ms_per_item(fn, count: int, repeats: int, wall: bool = False):
-    """Median CPU-ms per item over ``repeats`` passes after a warm-up one; with ``wall``, (CPU-ms, wall-ms)."""
-    fn()  # warm-up: sessions made, caches filled
-    passes, walls = [], []
-    for _ in range(repeats):
-        start, start_wall = time.process_time(), time.perf_counter()
-        fn()
-        passes.append(1000 * (time.process_time() - start) / count)
-        walls.append(1000 * (time.perf_counter() - start_wall) / count)
-    return (statistics.median(passes), statistics.median(walls)) if wall else statistics.median(passes)
 
 
 def differences(scores, reference, threshold: float) -> dict:
@@ -238,7 +226,6 @@ def main(argv=None) -> None:
 
 def make_images(args, scratch: str, with_sample: bool):
     """The photographs of each size (bytes) and, if asked, the sample's images by kind."""
-    from benchmarks.photo_candidates import write_candidates
     from samplegen.generate import write_sample
 
     sets = {}

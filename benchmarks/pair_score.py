@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import tempfile
-import time
 
 import numpy as np
 
 from benchmarks import record
+from benchmarks.harness import Timer, cpu_ms_per_item
 
 
 def make_pairs(count: int, seed: int = 0):
@@ -71,16 +70,6 @@ def initial_run(config_name: str, texts, workdir: str) -> str:
     return workdir
 
 
-def cpu_ms_per_item(fn, count: int, repeats: int) -> float:
-    fn()  # compiles, fills caches
-    passes = []
-    for _ in range(repeats):
-        start = time.process_time()
-        fn()
-        passes.append(1000 * (time.process_time() - start) / count)
-    return statistics.median(passes)
-
-
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", default="tiny", help="trainer config whose initial model is measured")
@@ -101,10 +90,10 @@ def main(argv=None) -> None:
         workdir = args.workdir or initial_run(args.config, texts, scratch)
         kwargs = {"workdir": workdir, **({"batch_size": args.batch_size} if args.batch_size else {})}
         scorer = model_score.PairScorer("checkpoint", **kwargs)
-        start_wall, start = time.time(), time.process_time()
-        scorer.check()
-        scorer.score(images[:1], texts[:1])  # the first batch compiles both towers
-        load_s, load_wall_s = time.process_time() - start, time.time() - start_wall
+        with Timer() as loading:
+            scorer.check()
+            scorer.score(images[:1], texts[:1])  # the first batch compiles both towers
+        load_s, load_wall_s = loading.cpu_s, loading.wall_s
         model = scorer.model
         encoders, size = model.encoders, model.batch_size
         decoded = [model_score.decode_for_model(data, model.decode_size) for data in images]

@@ -22,15 +22,14 @@ import os
 import statistics
 import tarfile
 import tempfile
-import time
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image
 
+from benchmarks import harness, record
 from common.schema import Candidate, make_key
-from benchmarks import record
 from pipeline import readers
 from pipeline.write import shards
 from common import tfrecord_io as tfrecord
@@ -107,15 +106,11 @@ def write_formats(rows, directory: str) -> dict:
 
 def measure(fmt: str, path: str, expected: int, repeats: int) -> dict:
     reader = readers.FORMATS[fmt]
-    per_cpu_s = []
-    for _ in range(repeats):
-        started = time.process_time()
-        count = sum(1 for _ in reader.read_file(path, Columns()))
-        spent = time.process_time() - started
-        if count != expected:
-            raise RuntimeError(f"{fmt}: read {count} records of {expected}")
-        per_cpu_s.append(count / spent)
-    return {"records": expected, "records_per_cpu_s": round(statistics.median(per_cpu_s), 1)}
+    counts = []
+    timing = harness.timed(lambda: counts.append(sum(1 for _ in reader.read_file(path, Columns()))), repeats)
+    if any(count != expected for count in counts):
+        raise RuntimeError(f"{fmt}: read {counts} records of {expected}")
+    return {"records": expected, "records_per_cpu_s": round(statistics.median(expected / s for s in timing.cpus), 1)}
 
 
 def main() -> None:

@@ -3,8 +3,9 @@
 Each harness ends with ``record.write(name, figures, args.json)``: the JSON
 (``benchmarks/results/<name>.json`` unless ``--json`` names another path)
 holds the command line that produced it, the commit of the tree it ran on
-(with ``dirty`` if the tree had uncommitted changes), the CPU model and core
-count, and the load average before and after, so a table in
+(with ``dirty`` if the tree had uncommitted changes), the CPU model, core
+count and vector instruction sets, and the load average before and after,
+so a table in
 ``benchmarks/RESULTS.md`` can be traced to a run and regenerated.
 """
 
@@ -57,6 +58,25 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+#: The vector instruction sets that change what XLA, oneDNN, faiss and libjpeg-turbo run: the same
+#: commit printed different trainer figures on an AMD EPYC and an Intel Xeon.
+INSTRUCTION_SETS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16",
+                    "amx_bf16", "amx_int8", "asimd", "sve")
+
+
+def instruction_sets() -> list:
+    """Which of ``INSTRUCTION_SETS`` the CPU has (``/proc/cpuinfo``'s flags; empty where it cannot be read)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    flags = set(line.split(":", 1)[1].split())
+                    return [name for name in INSTRUCTION_SETS if name in flags]
+    except OSError:
+        pass
+    return []
+
+
 def load() -> list:
     """1, 5 and 15 minute load averages, rounded to 0.01."""
     return [round(x, 2) for x in os.getloadavg()]
@@ -66,6 +86,7 @@ def machine() -> dict:
     return {
         "cpu_model": cpu_model(),
         "cpus": os.cpu_count(),
+        "instruction_sets": instruction_sets(),
         "python": platform.python_version(),
         "platform": platform.platform(),
     }

@@ -8,7 +8,8 @@ Measures, on the JPEG/PNG bytes of a generated sample (``samplegen``):
   reduced decode, sha256 and pHash) records/s, and the second pass's stored
   picture (``stored_picture``: the source JPEG as is, or a re-encode),
 - with ``--build``: the whole Beam job on the sample, in-process and with two
-  worker processes, records/s (input rows / wall time, including start-up).
+  worker processes (taking turns), records/s (input rows / wall time,
+  including start-up).
 Medians over ``--repeats`` runs; one core for the pure functions. Writes
 ``benchmarks/results/record_filters.json`` (``benchmarks.record``).
 """
@@ -16,17 +17,17 @@ Medians over ``--repeats`` runs; one core for the pure functions. Writes
 from __future__ import annotations
 
 import argparse
+import functools
 import glob
 import json
 import os
 import statistics
 import tempfile
-import time
 
 import pyarrow.parquet as pq
 
+from benchmarks import harness, record
 from common.schema import Candidate, make_key
-from benchmarks import record
 from filters import image as image_rules
 from filters.presets import get_preset
 from filters.record import judge_record
@@ -44,17 +45,6 @@ def load_candidates(sample_dir: str, limit: int):
             if len(out) >= limit:
                 return out
     return out
-
-
-def time_it(fn, repeats):
-    """Median (wall seconds, CPU seconds): on a shared machine CPU time is the stable one."""
-    walls, cpus = [], []
-    for _ in range(repeats):
-        start, cpu = time.perf_counter(), time.process_time()
-        fn()
-        walls.append(time.perf_counter() - start)
-        cpus.append(time.process_time() - cpu)
-    return statistics.median(walls), statistics.median(cpus)
 
 
 def main():
@@ -86,29 +76,29 @@ def main():
             if header:
                 image_rules.stored_picture(c.image, header, preset)
 
-    results = {"records": n, "loadavg_before": os.getloadavg()[0]}
+    results = {"records": n, "loadavg_before": record.load()[0]}
     for name, fn, repeats in [("header_only", headers, args.repeats), ("full_per_record", full, max(1, args.repeats // 2)),
                               ("stored_picture", stored, max(1, args.repeats // 2))]:
-        wall, cpu = time_it(fn, repeats)
-        results[f"{name}_records_per_s"] = n / wall
-        results[f"{name}_records_per_cpu_s"] = n / cpu
+        # Median wall and CPU seconds: on a shared machine CPU time is the stable one.
+        timing = harness.timed(fn, repeats)
+        results[f"{name}_records_per_s"] = n / timing.wall_s
+        results[f"{name}_records_per_cpu_s"] = n / timing.cpu_s
     results["header_vs_full_ratio_cpu"] = results["header_only_records_per_cpu_s"] / results["full_per_record_records_per_cpu_s"]
 
     if args.build:
         from pipeline.build import launcher
 
-        info = json.load(open(os.path.join(args.sample, "sample_info.json")))
         rows = sum(pq.ParquetFile(p).metadata.num_rows for p in glob.glob(os.path.join(args.sample, "candidates", "*.parquet")))
-        for label, extra in [("in_process", []), ("two_workers", ["--direct_running_mode=multi_processing", "--direct_num_workers=2"])]:
-            times = []
-            for _ in range(max(1, args.repeats // 2)):
-                with tempfile.TemporaryDirectory() as tmp:
-                    argv = ["--input", os.path.join(args.sample, "candidates", "*.parquet"), "--output", os.path.join(tmp, "c")]
-                    for o in info["build_overrides"]:
-                        argv += ["--set", o]
-                    start = time.perf_counter()
-                    launcher.run(argv + extra)
-                    times.append(time.perf_counter() - start)
+        modes = {"in_process": [], "two_workers": ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]}
+
+        def build(extra):
+            with tempfile.TemporaryDirectory() as tmp, harness.Timer() as timer:
+                launcher.run(harness.sample_build_args(args.sample, os.path.join(tmp, "c"), eval_images=False) + extra)
+            return timer.wall_s
+
+        walls = harness.interleaved({label: functools.partial(build, extra) for label, extra in modes.items()},
+                                    max(1, args.repeats // 2))
+        for label, times in walls.items():
             results[f"build_{label}_records_per_s"] = rows / statistics.median(times)
             results[f"build_{label}_seconds"] = statistics.median(times)
         results["build_rows"] = rows

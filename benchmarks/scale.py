@@ -30,19 +30,21 @@ Per run: wall and CPU seconds (driver plus reaped workers), the peak
 resident size (``VmHWM``) of each SDK worker process and of the driver (the
 runner's in-memory shuffle lives there), and the outcome counted in the job,
 which must be what the case's rows make (``expected_outcomes``): a run that
-lost records makes the command exit 1.
-``--tree DIR`` runs the same harness against another checkout (e.g. a commit
-from before a change to these stages) for comparison.
+lost records makes the command exit 1. Each run is a process of its own
+(``--run_case``), so the driver's peak is that run's.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
-import resource
+import subprocess
 import sys
-import time
+import tempfile
 import typing
+
+from benchmarks import harness, record
 
 CASES = ("text", "image", "pair", "kmeans")
 CHUNK = 10_000
@@ -153,25 +155,19 @@ def run_case(case: str, rows: int, total: int) -> dict:
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    from benchmarks.keyed_joins import WorkerMemory
-
     options = PipelineOptions(["--runner=FnApiRunner", "--direct_running_mode=multi_processing",
                                "--direct_num_workers=2"])
     outcomes = {}
-    memory = WorkerMemory()
-    start_wall, start_cpu = time.time(), time.process_time()
-    children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    memory = harness.WorkerMemory()
     memory.start()
-    p = beam.Pipeline(options=options)
-    counted = build_case(p, case, rows, total)
-    import tempfile
-
-    out_dir = tempfile.mkdtemp(prefix="scale_bench_")
-    _ = counted | "Format" >> beam.MapTuple(lambda k, v: f"{k}\t{v}") | "Write" >> beam.io.WriteToText(
-        os.path.join(out_dir, "outcomes"), shard_name_template="")
-    p.run().wait_until_finish()
+    with harness.Timer() as timer:
+        p = beam.Pipeline(options=options)
+        counted = build_case(p, case, rows, total)
+        out_dir = tempfile.mkdtemp(prefix="scale_bench_")
+        _ = counted | "Format" >> beam.MapTuple(lambda k, v: f"{k}\t{v}") | "Write" >> beam.io.WriteToText(
+            os.path.join(out_dir, "outcomes"), shard_name_template="")
+        p.run().wait_until_finish()
     memory.stop()
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
     with open(os.path.join(out_dir, "outcomes")) as handle:
         for line in handle:
             name, value = line.rstrip("\n").split("\t")
@@ -180,11 +176,10 @@ def run_case(case: str, rows: int, total: int) -> dict:
         "case": case,
         "hot_rows": rows,
         "total_rows": total,
-        "wall_s": round(time.time() - start_wall, 1),
-        "cpu_s": round(time.process_time() - start_cpu + children.ru_utime + children.ru_stime
-                       - children_before.ru_utime - children_before.ru_stime, 1),
+        "wall_s": round(timer.wall_s, 1),
+        "cpu_s": round(timer.cpu_s, 1),
         "worker_peak_rss_mb": sorted(round(kb / 1024, 1) for kb in memory.peak_kb.values()),
-        "driver_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "driver_peak_rss_mb": harness.peak_rss_mb(),
         "outcomes": dict(sorted(outcomes.items())),
     }
 
@@ -196,9 +191,11 @@ def main(argv=None) -> int:
     parser.add_argument("--total", type=int, default=1_000_000, help="rows in the input, hot key included")
     parser.add_argument("--json", default="", help="where to write the figures (default benchmarks/results/scale.json)")
     parser.add_argument("--label", default="", help="a name for this tree in the JSON (e.g. before)")
+    parser.add_argument("--run_case", nargs=2, metavar=("CASE", "ROWS"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    from benchmarks import record
-
+    if args.run_case:
+        print(json.dumps(run_case(args.run_case[0], int(args.run_case[1]), args.total)), flush=True)
+        return 0
     started = record.Run()
     runs = []
     for case in args.cases.split(","):
@@ -206,12 +203,8 @@ def main(argv=None) -> int:
             parser.error(f"unknown case {case!r}: {', '.join(CASES)}")
         for rows in (int(r) for r in args.rows.split(",")):
             # Each run in its own process: the driver's peak is per run.
-            import json
-            import subprocess
-
-            code = ("import json, sys; from benchmarks.scale import run_case; "
-                    f"print(json.dumps(run_case({case!r}, {rows}, {args.total})))")
-            done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+            done = subprocess.run([sys.executable, "-m", "benchmarks.scale", "--run_case", case, str(rows),
+                                   "--total", str(args.total)], capture_output=True, text=True,
                                   env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
             if done.returncode:
                 print(done.stderr[-2000:], file=sys.stderr)

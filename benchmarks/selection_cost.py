@@ -28,23 +28,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
-import time
+
+from benchmarks import harness, record
+from benchmarks.helpers.images import write_candidates
 
 
 def timed(argv, env) -> dict:
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.time()
-    done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=env)
-    wall = time.time() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    done = harness.run_command([sys.executable, *argv], capture_output=True, env=env)
     if done.returncode != 0:
         raise SystemExit(f"error: {' '.join(argv[:2])} failed: {done.stderr.strip()[-500:]}")
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"cpu_s": round(cpu, 2), "wall_s": round(wall, 1)}
+    return {"cpu_s": round(done.cpu_s, 2), "wall_s": round(done.wall_s, 1)}
 
 
 def main(argv=None) -> int:
@@ -52,16 +48,16 @@ def main(argv=None) -> int:
     parser.add_argument("--photos", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", default="")
+    parser.add_argument("--json", default="", help="default benchmarks/results/selection_cost.json")
     args = parser.parse_args(argv)
-    from benchmarks.photo_candidates import write_candidates
     from common.corpus_dir import resolve
 
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=os.getcwd())
+    env = harness.python_env()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     results = {"command": "python -m benchmarks.selection_cost " + " ".join(sys.argv[1:] if argv is None else argv),
-               "commit": commit, "machine": f"{os.cpu_count()} cores", "photos": args.photos, "seed": args.seed,
-               "load_before": os.getloadavg()[0], "settings": {}}
+               "commit": commit, "machine": f"{record.cpu_model()}, {os.cpu_count()} cores", "photos": args.photos,
+               "seed": args.seed,
+               "load_before": record.load()[0], "settings": {}}
     with tempfile.TemporaryDirectory() as work:
         write_candidates(os.path.join(work, "in"), args.photos, args.seed)
         pattern = os.path.join(work, "in", "*.parquet")
@@ -85,10 +81,11 @@ def main(argv=None) -> int:
                 "select_runs_cpu_s": [t["cpu_s"] for t in selects], "empty_select": empty,
                 "ratio": round(select["cpu_s"] / build["cpu_s"], 3)}
             print(setting, json.dumps(results["settings"][setting]), flush=True)
-    results["load_after"] = os.getloadavg()[0]
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(results, handle, indent=1, sort_keys=True)
+    results["load_after"] = record.load()[0]
+    path = args.json or os.path.join(record.RESULTS_DIR, "selection_cost.json")
+    with open(path, "w") as handle:
+        json.dump(results, handle, indent=1, sort_keys=True)
+    print(f"wrote {path}", flush=True)
     return 0
 
 

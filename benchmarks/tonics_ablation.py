@@ -31,11 +31,8 @@ import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+from benchmarks import harness, record
 
-from benchmarks import record  # noqa: E402
 KEYS = ("retrieval/i2t_R@1", "retrieval/i2t_R@5", "retrieval/t2i_R@1", "retrieval/t2i_R@5")
 
 
@@ -48,7 +45,7 @@ def train(workdir: str, corpus: str, cache: str, overrides: list) -> dict:
                 f"--config.data_dir={corpus}", f"--config.compilation_cache_dir={cache}",
                 "--config.evals.retrieval.every=0", *overrides]
         print("  " + " ".join(args[1:]), flush=True)
-        subprocess.run(args, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+        subprocess.run(args, check=True, cwd=harness.REPO, stdout=subprocess.DEVNULL)
     rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
     last = max(r["step"] for r in rows)
     merged = {}

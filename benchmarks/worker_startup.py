@@ -27,13 +27,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import subprocess
 import sys
 import tempfile
-import time
 
-from benchmarks import record
+from benchmarks import harness, record
 
 WORKER_MODULES = ("pipeline.stages.judge", "filters.open_nsfw", "pipeline.write.second_pass",
                   "pipeline.stages.eval_index", "dedup.transforms")
@@ -51,13 +49,7 @@ def directory_bytes(path: str) -> int:
 
 def timed(command, **kwargs) -> dict:
     """Wall and CPU seconds (children: pip and what it starts) of one command."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.perf_counter()
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, **kwargs)
-    wall = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"wall_s": round(wall, 1), "cpu_s": round(cpu, 1)}
+    return harness.run_command(command, check=True, stdout=subprocess.DEVNULL, **kwargs).cost(1)
 
 
 def main(argv=None) -> None:
@@ -87,7 +79,7 @@ def main(argv=None) -> None:
                    "--no-cache-dir"]
         figures["requirements"] = timed([python, "-m", "pip", "install", "-q", *offline, "-r", args.requirements])
         dist = os.path.join(scratch, "dist")
-        subprocess.run([sys.executable, "setup.py", "-q", "sdist", "--dist-dir", dist], cwd=record.REPO, check=True,
+        subprocess.run([sys.executable, "setup.py", "-q", "sdist", "--dist-dir", dist], cwd=harness.REPO, check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         (sdist,) = os.listdir(dist)
         figures["sdist_bytes"] = os.path.getsize(os.path.join(dist, sdist))

@@ -72,11 +72,11 @@ def sample_dir(pytestconfig):
 @pytest.fixture(scope="session")
 def measured_sample_build(sample_dir, pytestconfig):
     """The sample built by the real Beam job, in process on the FnApiRunner that also measures what each
-    shuffle receives (``benchmarks.shuffle_bytes``): (its committed version's directory, funnel, shuffles).
+    shuffle receives (``benchmarks.helpers.shuffles``): (its committed version's directory, funnel, shuffles).
 
     Built once per run; tests read it and never change it (copy it first).
     """
-    from benchmarks.shuffle_bytes import Shuffles
+    from benchmarks.helpers.shuffles import Shuffles
     from common.corpus_dir import resolve
 
     where = sample_corpus.sample_build(run_directory(pytestconfig))

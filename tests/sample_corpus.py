@@ -71,11 +71,11 @@ def sample(run_dir: pathlib.Path) -> pathlib.Path:
 
 def sample_build(run_dir: pathlib.Path) -> pathlib.Path:
     """The sample built by the real Beam job in process, on the FnApiRunner that also measures what each shuffle
-    receives (``benchmarks.shuffle_bytes``): a directory with ``corpus/`` and ``measured.json``."""
+    receives (``benchmarks.helpers.shuffles``): a directory with ``corpus/`` and ``measured.json``."""
     sample_dir = sample(run_dir)
 
     def build(where):
-        from benchmarks.shuffle_bytes import measured_build
+        from benchmarks.helpers.shuffles import measured_build
 
         funnel, shuffles = measured_build(build_args(sample_dir, where / "corpus"))
         (where / "measured.json").write_text(json.dumps({"funnel": funnel, "shuffles": shuffles.to_json()}))

@@ -2,7 +2,7 @@
 
 Every GroupByKey (CoGroupByKey, CombinePerKey and Reshuffle expand to one;
 a combine counts where it shuffles, after lifting: its accumulators) is
-measured by ``benchmarks.shuffle_bytes.ShuffleMeasuringRunner`` (the encoded
+measured by ``benchmarks.helpers.shuffles.ShuffleMeasuringRunner`` (the encoded
 bytes appended to its grouping buffer, the SDK's own element counts), on the
 session's sample build (``conftest.measured_sample_build``: the same job
 the other sample tests read, so no extra build).
@@ -25,7 +25,7 @@ import glob
 import apache_beam as beam
 import pyarrow.parquet as pq
 
-from benchmarks.shuffle_bytes import ShuffleMeasuringRunner
+from benchmarks.helpers.shuffles import ShuffleMeasuringRunner
 
 LIGHT_ROW_BYTES = 1024
 

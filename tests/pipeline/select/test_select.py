@@ -9,6 +9,8 @@ nothing.
 
 import glob
 import json
+import os
+import shutil
 
 import pytest
 
@@ -18,7 +20,7 @@ from pipeline.build import launcher
 from pipeline.funnel import candidate_counts
 from pipeline.select import selector
 from pipeline.write.candidate_table import read_table
-from tests.pipeline.build.test_build_safety import QUICK
+from tests.pipeline.build.test_build_safety import QUICK, snapshot
 from tests.pipeline.write.test_candidate_table import write_planted
 
 FEATURES = ("key", "image", "texts", "url", "width", "height", "sha256")
@@ -105,6 +107,35 @@ def test_a_corpus_without_a_table_is_refused_in_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit):
         selector.main([str(tmp_path), "--output", str(tmp_path / "new"), "--where", "words > 1"])
     assert capsys.readouterr().err.count("\n") == 1
+
+
+@pytest.mark.parametrize("state", ["no such path", "an empty directory", "a version never committed"])
+def test_a_source_that_is_not_a_committed_corpus_is_one_line_exit_2(source, tmp_path, capsys, state):
+    corpus = tmp_path / "corpus"
+    if state == "an empty directory":
+        corpus.mkdir()
+    elif state == "a version never committed":
+        shutil.copytree(source / "corpus", corpus)
+        os.remove(corpus / "dataset_info.json")  # the commit object: a build killed before its commit
+    before = snapshot(tmp_path)
+    with pytest.raises(SystemExit) as exited:
+        selector.main([str(corpus), "--output", str(tmp_path / "new"), "--where", "words > 1"])
+    assert exited.value.code == selector.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: {corpus}") and "selection failed" not in err, err
+    assert "--allow_incomplete" not in err, err  # select has no such option
+    assert snapshot(tmp_path) == before and not (tmp_path / "new").exists()
+
+
+def test_a_non_empty_output_is_refused_naming_no_option_select_lacks(source, tmp_path, capsys):
+    (tmp_path / "new").mkdir()
+    (tmp_path / "new" / "notes.txt").write_text("mine")
+    with pytest.raises(SystemExit) as exited:
+        selector.main([str(source / "corpus"), "--output", str(tmp_path / "new"), "--where", "words > 1"])
+    assert exited.value.code == selector.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "exists and is not empty" in err and "--overwrite" not in err, err
+    assert snapshot(tmp_path / "new") == {"notes.txt": b"mine"}
 
 
 def test_a_selection_copies_re_encoded_pictures_from_the_source_shards(tmp_path, monkeypatch):

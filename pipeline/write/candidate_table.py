@@ -39,7 +39,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
-from common.files import write_text
+from common.files import size_of, write_text
 from filters.text import repetition, words
 from pipeline.funnel.candidate_counts import FORMAT_VERSION, SUMMARY_FILE, table_file
 from pipeline.funnel.accounting import records_of
@@ -182,7 +182,7 @@ class _WriteFileTable(beam.DoFn):
         finally:
             writer.close()
             handle.close()
-        size = FileSystems.match([path])[0].metadata_list[0].size_in_bytes
+        size = size_of(path)
         yield {"files": {relative: {"rows": count, "bytes": size}}, "rows": count, "records": records,
                "fates": dict(fates)}
 

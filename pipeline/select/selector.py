@@ -157,8 +157,11 @@ def select(argv: Optional[List[str]] = None) -> dict:
         selection = {"set": list(args.overrides)}
     else:
         selection = {"keys": args.keys, "count": len(keys)}
+    # The build's command line with the selection's --set after its own: it resolves to the thresholds this
+    # corpus's records obey, which a later selection of it starts from and may only tighten.
+    argv = list(request["argv"]) + [arg for item in args.overrides or [] for arg in ("--set", item)]
     publisher.write_request(config.version_dir, dict(
-        request, version=config.version, expects=committed.token, replaces=previous, keep_previous=False,
+        request, argv=argv, version=config.version, expects=committed.token, replaces=previous, keep_previous=False,
         selected_from={"version": source, "selection": selection}))
     p = beam.Pipeline(options=options)
     _selection_graph(p, config, source, summary, args.where, args.keys, source_funnel, bool(args.overrides))

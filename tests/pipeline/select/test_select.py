@@ -185,6 +185,32 @@ def test_a_set_selection_writes_what_a_rebuild_with_the_same_set_writes(source):
     assert sum(got == "text_length/too_few_words" for got in fate["selected"].values()) == 3
 
 
+def test_a_selection_of_a_selection_records_and_checks_the_thresholds_its_records_obey(source, tmp_path, capsys):
+    """--set min_words=5, then --set max_words=19 on that: each new corpus's recorded config (its _BUILD.json's
+    command line, its funnel's preset) says min_words=5, so a later --set min_words=4 is looser, and refused;
+    7 is tighter, and its records hold 7 words or more."""
+    selector.select([str(source / "corpus"), "--output", str(tmp_path / "five"), "--set", "min_words=5"])
+    selector.select([str(tmp_path / "five"), "--output", str(tmp_path / "capped"), "--set", "max_words=19"])
+    for name, max_words in (("five", 20), ("capped", 19)):
+        version = resolve(str(tmp_path / name))
+        preset = json.loads(open(f"{version}/stats/funnel.json").read())["preset"]
+        request = json.loads(open(f"{version}/_BUILD.json").read())
+        config, _ = selector.source_config(request, str(tmp_path / "elsewhere"), [])
+        recorded = config.preset._by_name()
+        assert (preset["min_words"], preset["max_words"]) == (recorded["min_words"], recorded["max_words"]) == (
+            5, max_words), name
+    with pytest.raises(SystemExit) as exited:
+        selector.main([str(tmp_path / "capped"), "--output", str(tmp_path / "four"), "--set", "min_words=4"])
+    assert exited.value.code == selector.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "looser than the build's min_words=5" in err, err
+    assert not (tmp_path / "four").exists()
+    selector.select([str(tmp_path / "capped"), "--output", str(tmp_path / "seven"), "--set", "min_words=7"])
+    seven = resolve(str(tmp_path / "seven"))
+    assert json.loads(open(f"{seven}/stats/funnel.json").read())["preset"]["min_words"] == 7
+    assert records(seven) and all(len(features["texts"][0].split()) >= 7 for _, features in records(seven).values())
+
+
 @pytest.mark.parametrize("item,message", [
     ("min_shorter_side=300", "cannot answer this rule"),
     ("min_words=2", "looser than the build's min_words=3"),

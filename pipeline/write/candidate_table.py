@@ -254,9 +254,23 @@ class WriteCandidateTable(beam.PTransform):
         return (
             reports
             | "SumReports" >> beam.CombineGlobally(merge_summaries)
-            | "WriteSummary" >> beam.Map(lambda summary: write_text(
-                FileSystems.join(output_dir, SUMMARY_FILE), json.dumps(summary, sort_keys=True)))
+            | "WriteSummary" >> beam.Map(_write_summary, output_dir)
         )
+
+
+def _write_summary(summary: dict, output_dir: str) -> None:
+    if not summary["files"]:
+        # No input file had a row (nothing read, or a selection of nothing): one file of the schema and no rows,
+        # so that the directory still reads as the table, with its columns.
+        relative = table_file(0, 1)
+        path = FileSystems.join(output_dir, relative)
+        handle = FileSystems.create(path)
+        try:
+            pq.write_table(SCHEMA.empty_table(), pa.PythonFile(handle, mode="w"), compression="zstd")
+        finally:
+            handle.close()
+        summary = merge_summaries([summary, {"files": {relative: {"rows": 0, "bytes": size_of(path)}}}])
+    write_text(FileSystems.join(output_dir, SUMMARY_FILE), json.dumps(summary, sort_keys=True))
 
 
 def read_table(version_dir: str) -> "pa.Table":

@@ -71,6 +71,21 @@ def test_a_selection_is_a_committed_corpus_whose_table_accounts_for_it(source):
     assert request["selected_from"]["selection"] == {"where": "width > 0"}
 
 
+def test_an_empty_selection_writes_a_table_file_with_the_columns_and_no_rows(source, tmp_path):
+    import pandas as pd
+
+    from pipeline.write.candidate_table import SCHEMA
+
+    selector.select([str(source / "corpus"), "--output", str(tmp_path / "none"), "--where", "words > 10000"])
+    version = resolve(str(tmp_path / "none"))
+    assert records(version) == {}
+    table = pd.read_parquet(f"{version}/stats/candidates")  # the docs' snippet
+    assert list(table.columns) == SCHEMA.names and len(table) == 0
+    assert len(table[table["split"].isna()].groupby("reason").size()) == 0
+    summary = json.loads(open(f"{version}/{candidate_counts.SUMMARY_FILE}").read())
+    assert summary["rows"] == 0 and [entry["rows"] for entry in summary["files"].values()] == [0]
+
+
 def test_a_keys_selection_writes_exactly_those_keys(source):
     table = read_table(resolve(str(source / "corpus"))).to_pandas()
     keys = sorted(table[table["split"].notna()]["key"])[:2]

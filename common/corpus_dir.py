@@ -94,12 +94,14 @@ def list_versions(output: str) -> List[str]:
     return sorted(found)
 
 
-def resolve(data_dir: str, allow_incomplete: bool = False, flag: str = "--allow_incomplete") -> str:
+def resolve(data_dir: str, allow_incomplete: bool = False, flag: Optional[str] = "--allow_incomplete") -> str:
     """The directory to read the corpus in ``data_dir`` from; ``IncompleteCorpus`` (one line) if there is none.
 
     ``data_dir`` may be a build's output (the committed version is read), a
     version directory, or a corpus of the plain layout. With
     ``allow_incomplete`` an output with no commit yields its newest version.
+    The refusal names ``flag`` as the way to read it anyway; ``None`` for a
+    command that has no such way.
     """
     data_dir = data_dir.rstrip("/") or "/"
     commit = _join(data_dir, COMMIT)
@@ -118,12 +120,13 @@ def resolve(data_dir: str, allow_incomplete: bool = False, flag: str = "--allow_
     if versions:
         why = (f"its {COMMIT} is damaged (not the JSON a publication writes)" if info is None and fs.exists(commit)
                else "its build did not commit (killed, failed, or its job is still running)")
+        anyway = f"; or pass {flag} to read its newest version anyway" if flag else ""
         raise IncompleteCorpus(
-            f"{data_dir} has no committed corpus: {why}; if the job finished, run 'python -m pipeline.publish {data_dir}'; or pass {flag} to "
-            f"read its newest version anyway")
+            f"{data_dir} has no committed corpus: {why}; if the job finished, run 'python -m pipeline.publish {data_dir}'"
+            f"{anyway}")
+    anyway = f", or pass {flag} to use it anyway" if flag else ""
     raise IncompleteCorpus(
-        f"{data_dir} has no {COMPLETED}: the build that wrote it did not finish (killed or failed); "
-        f"rebuild it, or pass {flag} to use it anyway")
+        f"{data_dir} has no {COMPLETED}: the build that wrote it did not finish (killed or failed); rebuild it{anyway}")
 
 
 def read_dir(data_dir: str) -> str:

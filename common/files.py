@@ -41,6 +41,11 @@ def exists(path: str) -> bool:
     return FileSystems.exists(path)
 
 
+def size_of(path: str) -> int:
+    """The bytes of the file at ``path``, asked of its file system directly (no match: the path is literal)."""
+    return FileSystems.get_filesystem(path).metadata(path).size_in_bytes
+
+
 def open_raw(path: str):
     """A read stream of the bytes as stored (``read(n)``, ``seek``), whatever the file's extension."""
     return FileSystems.open(path, compression_type=RAW)

@@ -25,6 +25,8 @@ says which it skipped and why.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import re
 import shutil
@@ -64,6 +66,41 @@ def _first_sentence(error: BaseException) -> str:
     return text.split(". ")[0].rstrip(":.")[:200]
 
 
+class _AwaitingLoop(asyncio.SelectorEventLoop):
+    """An event loop that, when closed, first lets the tasks still running on it finish.
+
+    orbax runs a restore in a fresh loop and closes it as soon as the first
+    array read fails, with the other reads still pending: TensorStore then
+    completes them into a closed loop, and each one's coroutine, collected
+    later, prints a traceback ("Event loop is closed"), some thousand lines
+    for one damaged checkpoint. Waiting for them here (their errors taken,
+    not raised) leaves nothing behind.
+    """
+
+    def close(self):
+        if not self.is_closed() and not self.is_running():
+            pending = [task for task in asyncio.all_tasks(self) if not task.done()]
+            if pending:
+                self.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        super().close()
+
+
+class _AwaitingLoopPolicy(asyncio.DefaultEventLoopPolicy):
+    def new_event_loop(self):
+        return _AwaitingLoop()
+
+
+@contextlib.contextmanager
+def _reads_awaited():
+    """Within it, every event loop asyncio makes (orbax's, per restore) awaits its pending reads on close."""
+    previous = asyncio.get_event_loop_policy()
+    asyncio.set_event_loop_policy(_AwaitingLoopPolicy())
+    try:
+        yield
+    finally:
+        asyncio.set_event_loop_policy(previous)
+
+
 def _is_mismatch(error: BaseException) -> bool:
     """orbax's refusal of a checkpoint whose trees do not fit the model asked for (not damage)."""
     text = str(error)
@@ -96,10 +133,11 @@ class Checkpointer:
         """Restores onto the shapes, dtypes and shardings of ``like_state``; ``DamagedCheckpoint`` if it cannot."""
         like_model, like_train = jax.tree.map(_abstract, split_state(like_state))
         try:
-            restored = self.manager.restore(step, args=ocp.args.Composite(
-                model=ocp.args.StandardRestore(like_model),
-                train=ocp.args.StandardRestore(like_train),
-                meta=ocp.args.JsonRestore()))
+            with _reads_awaited():
+                restored = self.manager.restore(step, args=ocp.args.Composite(
+                    model=ocp.args.StandardRestore(like_model),
+                    train=ocp.args.StandardRestore(like_train),
+                    meta=ocp.args.JsonRestore()))
             meta = dict(restored.meta)
             if not isinstance(meta.get("batches_consumed"), int):
                 raise ValueError(f"meta: batches_consumed is {meta.get('batches_consumed')!r}, not a count")
@@ -216,8 +254,9 @@ def load_model(workdir: str, step: Optional[int] = None) -> tuple[Any, dict, ml_
         like = {"params": shapes["params"], "batch_stats": shapes.get("batch_stats", {})}
         like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), like)
         try:
-            variables = manager.restore(step, args=ocp.args.Composite(
-                model=ocp.args.StandardRestore(like))).model
+            with _reads_awaited():
+                variables = manager.restore(step, args=ocp.args.Composite(
+                    model=ocp.args.StandardRestore(like))).model
         except Exception as error:  # TensorStore's errors are plain Exceptions
             if _is_mismatch(error):
                 raise

@@ -118,10 +118,10 @@ def evaluate(workdir: str, *, step: Optional[int] = None, specs: Sequence[str] =
     data_dir = data_dir or config.get("data_dir")
     eval_dir = eval_dir or config.get("eval_dir") or None
     plan = evaluation_plan(config, specs, data_dir, eval_dir)
-    if data_dir and _reads_corpus(plan):
-        from common.corpus_dir import require_completed
+    from common.corpus_dir import require_completed
 
-        require_completed(data_dir, allow_incomplete, "--allow_incomplete")
+    for corpus in _corpora_read(plan, data_dir, eval_dir):
+        require_completed(corpus, allow_incomplete, "--allow_incomplete")
     encoders = checkpoint.Encoders(workdir, step)
     say(f"evaluating {workdir} at step {encoders.step} ({', '.join(plan) or 'nothing to run'})")
     batch_size = batch_size or int(config.get("eval_batch_size", 64))
@@ -149,14 +149,24 @@ def evaluate(workdir: str, *, step: Optional[int] = None, specs: Sequence[str] =
     return results
 
 
-def _reads_corpus(plan: dict) -> bool:
-    """Whether an evaluator of the plan reads shards of the corpus (its constructor takes ``data_dir``)."""
+def _corpora_read(plan: dict, data_dir: Optional[str], eval_dir: Optional[str]) -> list:
+    """The corpora the plan's evaluators read shards of (those whose constructor takes ``data_dir``): each
+    entry's own ``data_dir`` (``--eval NAME=retrieval:data_dir=...``), else the run's, as
+    ``trainer.evaluators.build`` fills it in."""
     import inspect
 
     from trainer import evaluators
 
-    return any("data_dir" in inspect.signature(evaluators.get(entry.get("type", name)).__init__).parameters
-               for name, entry in plan.items())
+    corpora = []
+    for name, entry in plan.items():
+        if "data_dir" not in inspect.signature(evaluators.get(entry.get("type", name)).__init__).parameters:
+            continue
+        corpus = entry.get("data_dir", data_dir)
+        if isinstance(corpus, str):
+            corpus = corpus.format(data_dir=data_dir, eval_dir=eval_dir)
+        if corpus and corpus not in corpora:
+            corpora.append(corpus)
+    return corpora
 
 
 def format_table(results: dict) -> str:

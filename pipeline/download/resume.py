@@ -35,6 +35,7 @@ from apache_beam.io import fileio
 from apache_beam.metrics import Metrics
 
 from common import tfrecord_io as tfrecord
+from common.files import escape_glob
 from pipeline.download import staging
 from pipeline.download.image_facts import ImageFactsRow, failed_facts
 
@@ -102,7 +103,7 @@ class PlanDownloads(beam.PTransform):
             empty = urls.pipeline | "NothingStaged" >> beam.Create([])
             return {TO_FETCH: urls, STAGED: empty,
                     SETTLED: empty | "NothingSettled" >> beam.Map(lambda x: x).with_output_types(ImageFactsRow)}
-        pattern = _literal(self.staging_dir.rstrip("/")) + "/*" + staging.INDEX
+        pattern = escape_glob(self.staging_dir.rstrip("/")) + "/*" + staging.INDEX
         entries = (
             urls.pipeline
             | "MatchStagingIndexes" >> fileio.MatchFiles(pattern, fileio.EmptyMatchTreatment.ALLOW)
@@ -122,11 +123,6 @@ class PlanDownloads(beam.PTransform):
 def _counted(facts: ImageFactsRow) -> ImageFactsRow:
     Metrics.counter(NAMESPACE, "reused").inc()
     return facts
-
-
-def _literal(path: str) -> str:
-    """``path`` as a match pattern that matches only itself."""
-    return re.sub(r"([*?\[])", r"[\1]", path)
 
 
 class _JudgeStaged(beam.DoFn):

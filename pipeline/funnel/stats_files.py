@@ -79,10 +79,55 @@ def _sum_losses(parts):
     return tuple(map(sum, zip((0, 0, 0), *parts)))
 
 
+#: Files the funnel's note names, of those that state rows they do not hold (the largest claims first).
+CLAIMS_NAMED = 3
+_CLAIMED = stages.reason("read", "inconsistent_metadata")
+
+
+def _claimed_rows(row):
+    """``(file, rows)`` of a marker for rows its file states and does not hold (none for any other row)."""
+    unread = losses_of(row)[0] if row.reason == _CLAIMED else 0
+    if unread > 0:
+        yield row.source or row.url.split("#", 1)[0], unread
+
+
+class _LargestClaims(beam.CombineFn):
+    """``(file, rows)`` per file -> ``(files, the CLAIMS_NAMED largest)``."""
+
+    def create_accumulator(self):
+        return 0, []
+
+    def add_input(self, accumulator, claim):
+        return self.merge_accumulators([accumulator, (1, [claim])])
+
+    def merge_accumulators(self, accumulators):
+        accumulators = list(accumulators)
+        largest = sorted((c for _, claims in accumulators for c in claims), key=lambda c: (-c[1], c[0]))
+        return sum(files for files, _ in accumulators), largest[:CLAIMS_NAMED]
+
+    def extract_output(self, accumulator):
+        return accumulator
+
+
+def claims_note(claims) -> str:
+    """The read stage's note naming the files that state rows they do not hold ("" for none): the funnel's input
+    counts what the files state, so one lying footer (2^40 rows) is the input's bulk, and this says whose it is."""
+    files, largest = claims
+    if not files:
+        return ""
+    named = ", ".join(f"{path} ({rows:,})" for path, rows in largest)
+    more = f" and {files - len(largest):,} more" if files > len(largest) else ""
+    return (f"{files:,} file(s) state rows they do not hold, counted in the input as "
+            f"{_CLAIMED}: {named}{more}")
+
+
 def _write_stats_files(_, output_dir, input_count, rejected, written, histograms, extra, samples, meta, notes=None,
-                       losses=(0, 0, 0)):
+                       losses=(0, 0, 0), claims=(0, [])):
     # The stages' own notes, made on the workers (e.g. whether NSFW scored), win over the launcher's.
     notes = dict(meta["notes"], **(notes or {}))
+    claimed = claims_note(claims)
+    if claimed:
+        notes["read"] = "; ".join(filter(None, [notes.get("read"), claimed]))
     funnel = stats_lib.build_funnel(
         input_count, {reason: n for reason, n in rejected.items() if n}, written, meta["ran"], notes,
         meta["dataset"], meta["preset"], meta["extras"], dict(zip(("unread", "unknown", "unstated"), losses)),
@@ -126,6 +171,9 @@ class WriteStats(beam.PTransform):
         reason_counts = (rejections | "ReasonAndRecords" >> beam.Map(lambda r: (r.reason, records_of(r)))
                          | "CountReasons" >> beam.CombinePerKey(sum))
         losses = rejections | "ReaderLosses" >> beam.Map(losses_of) | "SumLosses" >> beam.CombineGlobally(_sum_losses)
+        claims = (rejections | "ClaimedRows" >> beam.FlatMap(_claimed_rows)
+                  | "ClaimedPerFile" >> beam.CombinePerKey(sum)
+                  | "LargestClaims" >> beam.CombineGlobally(_LargestClaims()))
         p = input_count.pipeline
         return (
             p
@@ -142,6 +190,7 @@ class WriteStats(beam.PTransform):
                 self.meta,
                 beam.pvalue.AsDict(notes) if notes is not None else None,
                 beam.pvalue.AsSingleton(losses),
+                beam.pvalue.AsSingleton(claims),
             )
         )
 

@@ -185,8 +185,11 @@ class OutputPlan:
     files: List[str]
 
 
-def plan_output(output: str, overwrite: bool) -> OutputPlan:
-    """Decide, touching nothing, whether the build may use ``output``."""
+def plan_output(output: str, overwrite: bool, can_overwrite: bool = True) -> OutputPlan:
+    """Decide, touching nothing, whether the build may use ``output``.
+
+    ``can_overwrite``: whether the command has ``--overwrite`` for the refusal to point to.
+    """
     if not is_remote(output) and os.path.exists(output) and not os.path.isdir(output):
         raise OutputRefused(f"--output {output} is a file, not a directory")
     files = list_files(output) if (is_remote(output) or os.path.isdir(output)) else []
@@ -197,7 +200,8 @@ def plan_output(output: str, overwrite: bool) -> OutputPlan:
         committed = COMMIT in files or COMPLETED in files
         if name is not None and not committed and all(owned_by_build(f, name) for f in files):
             return OutputPlan(output, files)  # only failed builds' remains: nothing to replace
-        raise OutputRefused(f"--output {output} exists and is not empty; pass --overwrite to replace the corpus in it")
+        remedy = "pass --overwrite to replace the corpus in it" if can_overwrite else "choose a new or empty directory"
+        raise OutputRefused(f"--output {output} exists and is not empty; {remedy}")
     if name is None:
         raise OutputRefused(
             f"--output {output} is not a corpus built by pipeline.build (no {MARKER}); "

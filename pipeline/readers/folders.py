@@ -16,7 +16,7 @@ from typing import Iterator, Optional
 
 from apache_beam.io.filesystems import FileSystems
 
-from common.files import read_at_most
+from common.files import escape_glob, read_at_most
 from pipeline.readers.limits import ReadLimits
 from pipeline.readers.rows import Columns
 from pipeline.readers.webdataset import TEXT_FIELDS, Sample, read_shard, split_member_name
@@ -34,7 +34,7 @@ def metadata_of_member(path: str) -> Optional[str]:
 
 
 def folder_files(folder: str):
-    matched = FileSystems.match([FileSystems.join(folder, "*")])[0].metadata_list
+    matched = FileSystems.match([FileSystems.join(escape_glob(folder), "*")])[0].metadata_list
     return sorted(meta.path for meta in matched)
 
 
@@ -51,7 +51,7 @@ def folder_samples(folder: str, limits: ReadLimits = ReadLimits()) -> Iterator[S
     A file's size comes from the file system's listing and is checked again
     as it is read (at most one byte past its cap is ever read).
     """
-    matched = FileSystems.match([FileSystems.join(folder, "*")])[0].metadata_list
+    matched = FileSystems.match([FileSystems.join(escape_glob(folder), "*")])[0].metadata_list
     key, fields, held, problem, started = None, {}, 0, None, False
     for meta in sorted(matched, key=lambda m: m.path):
         name = posixpath.basename(meta.path)

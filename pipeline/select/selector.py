@@ -87,6 +87,19 @@ def _read_json(path: str) -> Optional[dict]:
         return json.loads(handle.read())
 
 
+def _committed_source(corpus: str) -> str:
+    """The committed version of ``corpus``; ``UsageError`` (one line) if there is none to select from."""
+    path = corpus.rstrip("/") or "/"
+    if "://" not in path and not os.path.isdir(path):
+        raise UsageError(f"{corpus}: no such directory")
+    try:
+        return corpus_dir.resolve(path, flag=None)
+    except corpus_dir.IncompleteCorpus as error:
+        if corpus_dir.list_versions(path):  # a build's output that never committed: say what to do about it
+            raise UsageError(str(error)) from None
+        raise UsageError(f"{corpus}: not a committed corpus of pipeline.build") from None
+
+
 def source_config(request: dict, output: str, beam_args: List[str], overrides: List[str] = ()):
     """The build's config, resolved again from its command line with ``--output`` ``output`` and ``overrides``
     after its own ``--set``."""
@@ -108,7 +121,7 @@ def select(argv: Optional[List[str]] = None) -> dict:
     """The selection; returns the new corpus's funnel. Raises ``UsageError``/``OutputRefused`` (nothing touched)
     or ``AccountingError``/``PublishError`` (the job ran, nothing committed)."""
     args, beam_args = build_parser().parse_known_args(list(sys.argv[1:] if argv is None else argv))
-    source = corpus_dir.resolve(args.corpus.rstrip("/"))
+    source = _committed_source(args.corpus)
     request = _read_json(FileSystems.join(source, output_contract.REQUEST))
     if request is None or not FileSystems.exists(FileSystems.join(source, "stats", "funnel.json")):
         raise UsageError(f"{args.corpus}: not a committed corpus of pipeline.build")
@@ -134,7 +147,7 @@ def select(argv: Optional[List[str]] = None) -> dict:
     source_funnel = _read_json(FileSystems.join(source, "stats", "funnel.json"))
     if args.overrides:
         check_thresholds(args.overrides, source_funnel["preset"], config.preset._by_name())
-    plan = output_contract.plan_output(config.output, overwrite=False)
+    plan = output_contract.plan_output(config.output, overwrite=False, can_overwrite=False)
     if output_contract.MARKER not in plan.files:
         output_contract.write_marker(config.output, config.flags.name)
     committed, previous = publisher.current(config.output)
@@ -144,8 +157,11 @@ def select(argv: Optional[List[str]] = None) -> dict:
         selection = {"set": list(args.overrides)}
     else:
         selection = {"keys": args.keys, "count": len(keys)}
+    # The build's command line with the selection's --set after its own: it resolves to the thresholds this
+    # corpus's records obey, which a later selection of it starts from and may only tighten.
+    argv = list(request["argv"]) + [arg for item in args.overrides or [] for arg in ("--set", item)]
     publisher.write_request(config.version_dir, dict(
-        request, version=config.version, expects=committed.token, replaces=previous, keep_previous=False,
+        request, argv=argv, version=config.version, expects=committed.token, replaces=previous, keep_previous=False,
         selected_from={"version": source, "selection": selection}))
     p = beam.Pipeline(options=options)
     _selection_graph(p, config, source, summary, args.where, args.keys, source_funnel, bool(args.overrides))

@@ -28,6 +28,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
+from common.files import escape_glob
 from common.files import read_bytes as _read
 from common.files import write_bytes as _write
 from dedup import preset_options as dedup_options
@@ -197,8 +198,8 @@ class AddIndexThumbnails(beam.PTransform):
             rows.pipeline
             # Not checked while the graph is built: the launcher writes the file before it runs the job, and
             # a dry run (pipeline.build.dry_run) builds the graph without writing it.
-            | "ReadThumbnails" >> beam.io.ReadFromText(FileSystems.join(self.directory, THUMBNAILS_FILE),
-                                                       validate=False)
+            | "ReadThumbnails" >> beam.io.ReadFromText(  # it takes a pattern: the output's path in it is literal
+                FileSystems.join(escape_glob(self.directory), THUMBNAILS_FILE), validate=False)
             | "ParseThumbnails" >> beam.Map(thumbnail_entry)
         )
         keyed = rows | "ByIndexImage" >> beam.Map(lambda row: ((row["index_set"], row["index_key"]), row))

@@ -39,7 +39,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
-from common.files import write_text
+from common.files import size_of, write_text
 from filters.text import repetition, words
 from pipeline.funnel.candidate_counts import FORMAT_VERSION, SUMMARY_FILE, table_file
 from pipeline.funnel.accounting import records_of
@@ -182,7 +182,7 @@ class _WriteFileTable(beam.DoFn):
         finally:
             writer.close()
             handle.close()
-        size = FileSystems.match([path])[0].metadata_list[0].size_in_bytes
+        size = size_of(path)
         yield {"files": {relative: {"rows": count, "bytes": size}}, "rows": count, "records": records,
                "fates": dict(fates)}
 
@@ -254,9 +254,23 @@ class WriteCandidateTable(beam.PTransform):
         return (
             reports
             | "SumReports" >> beam.CombineGlobally(merge_summaries)
-            | "WriteSummary" >> beam.Map(lambda summary: write_text(
-                FileSystems.join(output_dir, SUMMARY_FILE), json.dumps(summary, sort_keys=True)))
+            | "WriteSummary" >> beam.Map(_write_summary, output_dir)
         )
+
+
+def _write_summary(summary: dict, output_dir: str) -> None:
+    if not summary["files"]:
+        # No input file had a row (nothing read, or a selection of nothing): one file of the schema and no rows,
+        # so that the directory still reads as the table, with its columns.
+        relative = table_file(0, 1)
+        path = FileSystems.join(output_dir, relative)
+        handle = FileSystems.create(path)
+        try:
+            pq.write_table(SCHEMA.empty_table(), pa.PythonFile(handle, mode="w"), compression="zstd")
+        finally:
+            handle.close()
+        summary = merge_summaries([summary, {"files": {relative: {"rows": 0, "bytes": size_of(path)}}}])
+    write_text(FileSystems.join(output_dir, SUMMARY_FILE), json.dumps(summary, sort_keys=True))
 
 
 def read_table(version_dir: str) -> "pa.Table":

@@ -122,3 +122,20 @@ def concurrent_builds(pattern, out):
     assert files_of(out) == committed_a
     result = publish.publish(out, b, replace=True)
     assert result.replaced == a and visible(out)[0] == b and versions(out) == [b]
+
+
+def glob_characters_in_the_output(pattern, base):
+    """Outputs named with every glob character build, commit and are overwritten as the literal directories they
+    name, beside a neighbour their names match as patterns (``c1``), which stays as it was."""
+    neighbour = FileSystems.join(base, "c1")
+    build(pattern, neighbour)
+    theirs = files_of(neighbour)
+    for name in ("c[12]", "c?*"):
+        out = FileSystems.join(base, name)
+        funnel = build(pattern, out)
+        first, seen = visible(out)
+        assert sum(len(v) for v in seen.values()) == sum(funnel["written"].values()) > 0
+        build(pattern, out, "--overwrite")
+        second, again = visible(out)
+        assert second != first and again == seen and versions(out) == [second]
+        assert files_of(neighbour) == theirs

@@ -10,12 +10,15 @@ import glob
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import jax
 import numpy as np
 import pytest
 from conftest import tiny_train_config
 
+import repo_root
 from filters import model_score
 from trainer import checkpoint, train
 
@@ -123,6 +126,43 @@ def test_resume_after_a_truncated_checkpoint_continues_from_the_one_before(two_c
     workdir = _damaged_copy(two_checkpoints, tmp_path, _truncate)
     final, said = _resume(workdir, two_checkpoints[1], monkeypatch)
     _assert_resumed_like_the_run(two_checkpoints, workdir, final, said)
+
+
+#: Resumes (``restore_newest``) of damaged copies of a run, in a process of their own: what the console shows.
+#: The collection after each stands for the training that follows a resume (the reads a failed restore left
+#: behind printed their tracebacks when collected).
+_RESUMES = """
+import gc, sys
+import orbax.checkpoint as ocp
+from trainer import checkpoint
+
+whole = checkpoint.Checkpointer(sys.argv[1], every=1, keep=5)
+step_1 = whole.manager.restore(1, args=ocp.args.Composite(model=ocp.args.StandardRestore(),
+                                                          train=ocp.args.StandardRestore()))
+like = {**step_1.model, **step_1.train}
+whole.close()
+for workdir in sys.argv[2:]:
+    resumer = checkpoint.Checkpointer(workdir, every=1, keep=5)
+    step, _, meta = resumer.restore_newest(like, print)
+    resumer.close()
+    print("resumed from step", step)
+    gc.collect()
+"""
+
+
+def test_resume_from_a_truncated_checkpoint_leaves_no_noise_on_the_console(two_checkpoints, tmp_path):
+    runs = 10
+    workdirs = [_damaged_copy(two_checkpoints, tmp_path / str(run), _truncate) for run in range(runs)]
+    env = dict(os.environ, PYTHONPATH=repo_root.ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    done = subprocess.run([sys.executable, "-c", _RESUMES, two_checkpoints[0], *workdirs],
+                          cwd=repo_root.ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines.count("resumed from step 1") == runs, done.stdout
+    assert sum(line.startswith("skipped the checkpoint of step 2: ") for line in lines) == runs, done.stdout
+    noise = [line for line in (done.stdout + done.stderr).splitlines()
+             if "Traceback" in line or "Exception ignored" in line or "Event loop is closed" in line]
+    assert not noise, done.stderr[:3000]
 
 
 @pytest.mark.slow  # a training run each; the truncated case above is the default run's twin

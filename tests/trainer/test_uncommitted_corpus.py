@@ -77,6 +77,18 @@ def test_evaluation_on_it_refuses_it(killed_output, run_dir, capsys):
     _refused(capsys, killed_output)
 
 
+def test_an_evaluation_naming_it_in_its_own_arguments_refuses_it(killed_output, run_dir, capsys):
+    """``--eval NAME=retrieval:data_dir=OUT``: the run's own corpus is committed, the one named is not."""
+    from trainer import evaluate
+
+    spec = f"held_out=retrieval:data_dir={killed_output},split=validation"
+    assert _exit_status(evaluate.main, [run_dir, "--eval", spec]) == 2
+    _refused(capsys, killed_output)
+    assert not os.path.exists(os.path.join(run_dir, "eval"))
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):  # with the flag it goes on, to the checkpoint
+        evaluate.evaluate(run_dir, specs=[spec], allow_incomplete=True)
+
+
 def test_the_embedding_export_refuses_it(killed_output, run_dir, capsys, tmp_path):
     from trainer import embed
 

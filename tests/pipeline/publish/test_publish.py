@@ -37,6 +37,10 @@ def test_concurrent_builds(pattern, tmp_path):
     publish_cases.concurrent_builds(pattern, str(tmp_path / "out"))
 
 
+def test_glob_characters_in_the_output(pattern, tmp_path):
+    publish_cases.glob_characters_in_the_output(pattern, str(tmp_path))
+
+
 def test_tfds_reads_the_committed_version_and_the_cli_resumes(pattern, tmp_path):
     tfds = pytest.importorskip("tensorflow_datasets")
     out = tmp_path / "out"

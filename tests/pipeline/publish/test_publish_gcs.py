@@ -1,7 +1,8 @@
 """Publishing through Beam's GCS filesystem (``gs://``) against a storage emulator on loopback.
 
 The same cases as on local files (``publish_cases``): a commit, a build stopped between its shards and
-its commit, the resume, ``--overwrite`` after a failed rebuild, two concurrent builds. 10-12 s
+its commit, the resume, ``--overwrite`` after a failed rebuild, two concurrent builds, outputs named with glob
+characters. 10-12 s
 each on an idle 2-core machine (about a minute under load): every object is an HTTP request to the emulator.
 """
 
@@ -35,3 +36,8 @@ def test_failed_rebuild_leaves_the_previous_corpus_on_gcs(bucket, pattern, monke
 @pytest.mark.integration
 def test_concurrent_builds_on_gcs(bucket, pattern):
     publish_cases.concurrent_builds(pattern, f"{bucket}/concurrent")
+
+
+@pytest.mark.integration
+def test_glob_characters_in_the_output_on_gcs(bucket, pattern):
+    publish_cases.glob_characters_in_the_output(pattern, f"{bucket}/glob")

@@ -328,19 +328,26 @@ def test_own_corpus_directory_as_input_is_counted_against_dataset_info(tmp_path)
     assert_read(str(tmp_path / "*"), expected)
 
 
-def test_img2dataset_files_output_reads_folder_with_its_parquet(tmp_path):
-    """img2dataset's default ``files`` output: ``00000/KEY.{jpg,txt,json}`` beside ``00000.parquet``."""
+@pytest.mark.parametrize("name", ["shards", "shards[1]"])
+def test_img2dataset_files_output_reads_folder_with_its_parquet(tmp_path, name):
+    """img2dataset's default ``files`` output: ``00000/KEY.{jpg,txt,json}`` beside ``00000.parquet``; a folder
+    whose name holds glob characters is the folder it names (its pattern escapes them, ``escape_glob``)."""
+    from common.files import escape_glob
+
+    base = tmp_path / name
+    base.mkdir()
     rows = [meta("000", "https://e.x/0.jpg", "a dog on a beach"),
             meta("001", "https://e.x/1.jpg", "a page gone", "failed_to_download", "HTTP Error 404: Not Found")]
-    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "00000.parquet")
-    (tmp_path / "00000_stats.json").write_text("{}")
-    folder = tmp_path / "00000"
+    pq.write_table(pa.Table.from_pylist(rows), base / "00000.parquet")
+    (base / "00000_stats.json").write_text("{}")
+    folder = base / "00000"
     folder.mkdir()
     for field, data in sample("000", "https://e.x/0.jpg", "a dog on a beach")[1].items():
         (folder / f"000.{field}").write_bytes(data)
     expected = [("written", "https://e.x/0.jpg"), ("read/download_failed/http_404", "https://e.x/1.jpg")]
-    assert_read(str(tmp_path / "*"), expected)  # the folder's files are read once, with the shard
-    assert_read(str(tmp_path / "*.parquet"), expected)
+    directory = escape_glob(str(base))
+    assert_read(f"{directory}/*", expected)  # the folder's files are read once, with the shard
+    assert_read(f"{directory}/*.parquet", expected)
 
 
 def test_build_accounts_for_mixed_inputs(tmp_path):

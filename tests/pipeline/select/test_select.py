@@ -9,6 +9,8 @@ nothing.
 
 import glob
 import json
+import os
+import shutil
 
 import pytest
 
@@ -18,7 +20,7 @@ from pipeline.build import launcher
 from pipeline.funnel import candidate_counts
 from pipeline.select import selector
 from pipeline.write.candidate_table import read_table
-from tests.pipeline.build.test_build_safety import QUICK
+from tests.pipeline.build.test_build_safety import QUICK, snapshot
 from tests.pipeline.write.test_candidate_table import write_planted
 
 FEATURES = ("key", "image", "texts", "url", "width", "height", "sha256")
@@ -69,6 +71,21 @@ def test_a_selection_is_a_committed_corpus_whose_table_accounts_for_it(source):
     assert request["selected_from"]["selection"] == {"where": "width > 0"}
 
 
+def test_an_empty_selection_writes_a_table_file_with_the_columns_and_no_rows(source, tmp_path):
+    import pandas as pd
+
+    from pipeline.write.candidate_table import SCHEMA
+
+    selector.select([str(source / "corpus"), "--output", str(tmp_path / "none"), "--where", "words > 10000"])
+    version = resolve(str(tmp_path / "none"))
+    assert records(version) == {}
+    table = pd.read_parquet(f"{version}/stats/candidates")  # the docs' snippet
+    assert list(table.columns) == SCHEMA.names and len(table) == 0
+    assert len(table[table["split"].isna()].groupby("reason").size()) == 0
+    summary = json.loads(open(f"{version}/{candidate_counts.SUMMARY_FILE}").read())
+    assert summary["rows"] == 0 and [entry["rows"] for entry in summary["files"].values()] == [0]
+
+
 def test_a_keys_selection_writes_exactly_those_keys(source):
     table = read_table(resolve(str(source / "corpus"))).to_pandas()
     keys = sorted(table[table["split"].notna()]["key"])[:2]
@@ -105,6 +122,35 @@ def test_a_corpus_without_a_table_is_refused_in_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit):
         selector.main([str(tmp_path), "--output", str(tmp_path / "new"), "--where", "words > 1"])
     assert capsys.readouterr().err.count("\n") == 1
+
+
+@pytest.mark.parametrize("state", ["no such path", "an empty directory", "a version never committed"])
+def test_a_source_that_is_not_a_committed_corpus_is_one_line_exit_2(source, tmp_path, capsys, state):
+    corpus = tmp_path / "corpus"
+    if state == "an empty directory":
+        corpus.mkdir()
+    elif state == "a version never committed":
+        shutil.copytree(source / "corpus", corpus)
+        os.remove(corpus / "dataset_info.json")  # the commit object: a build killed before its commit
+    before = snapshot(tmp_path)
+    with pytest.raises(SystemExit) as exited:
+        selector.main([str(corpus), "--output", str(tmp_path / "new"), "--where", "words > 1"])
+    assert exited.value.code == selector.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: {corpus}") and "selection failed" not in err, err
+    assert "--allow_incomplete" not in err, err  # select has no such option
+    assert snapshot(tmp_path) == before and not (tmp_path / "new").exists()
+
+
+def test_a_non_empty_output_is_refused_naming_no_option_select_lacks(source, tmp_path, capsys):
+    (tmp_path / "new").mkdir()
+    (tmp_path / "new" / "notes.txt").write_text("mine")
+    with pytest.raises(SystemExit) as exited:
+        selector.main([str(source / "corpus"), "--output", str(tmp_path / "new"), "--where", "words > 1"])
+    assert exited.value.code == selector.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "exists and is not empty" in err and "--overwrite" not in err, err
+    assert snapshot(tmp_path / "new") == {"notes.txt": b"mine"}
 
 
 def test_a_selection_copies_re_encoded_pictures_from_the_source_shards(tmp_path, monkeypatch):
@@ -152,6 +198,32 @@ def test_a_set_selection_writes_what_a_rebuild_with_the_same_set_writes(source):
                       for r in table.itertuples()}
     assert fate["selected"] and all(fate["rebuilt"][place] == got for place, got in fate["selected"].items())
     assert sum(got == "text_length/too_few_words" for got in fate["selected"].values()) == 3
+
+
+def test_a_selection_of_a_selection_records_and_checks_the_thresholds_its_records_obey(source, tmp_path, capsys):
+    """--set min_words=5, then --set max_words=19 on that: each new corpus's recorded config (its _BUILD.json's
+    command line, its funnel's preset) says min_words=5, so a later --set min_words=4 is looser, and refused;
+    7 is tighter, and its records hold 7 words or more."""
+    selector.select([str(source / "corpus"), "--output", str(tmp_path / "five"), "--set", "min_words=5"])
+    selector.select([str(tmp_path / "five"), "--output", str(tmp_path / "capped"), "--set", "max_words=19"])
+    for name, max_words in (("five", 20), ("capped", 19)):
+        version = resolve(str(tmp_path / name))
+        preset = json.loads(open(f"{version}/stats/funnel.json").read())["preset"]
+        request = json.loads(open(f"{version}/_BUILD.json").read())
+        config, _ = selector.source_config(request, str(tmp_path / "elsewhere"), [])
+        recorded = config.preset._by_name()
+        assert (preset["min_words"], preset["max_words"]) == (recorded["min_words"], recorded["max_words"]) == (
+            5, max_words), name
+    with pytest.raises(SystemExit) as exited:
+        selector.main([str(tmp_path / "capped"), "--output", str(tmp_path / "four"), "--set", "min_words=4"])
+    assert exited.value.code == selector.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "looser than the build's min_words=5" in err, err
+    assert not (tmp_path / "four").exists()
+    selector.select([str(tmp_path / "capped"), "--output", str(tmp_path / "seven"), "--set", "min_words=7"])
+    seven = resolve(str(tmp_path / "seven"))
+    assert json.loads(open(f"{seven}/stats/funnel.json").read())["preset"]["min_words"] == 7
+    assert records(seven) and all(len(features["texts"][0].split()) >= 7 for _, features in records(seven).values())
 
 
 @pytest.mark.parametrize("item,message", [

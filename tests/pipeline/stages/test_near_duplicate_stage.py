@@ -89,10 +89,12 @@ def test_rows_and_vectors_must_agree(tmp_path):
         index_files.load_index_rows(str(tmp_path))
 
 
-def test_index_rows_and_thumbnails_are_read_on_workers(tmp_path):
+@pytest.mark.parametrize("name", ["index", "out[1]?*"])  # an --output with glob characters: a literal directory
+def test_index_rows_and_thumbnails_are_read_on_workers(tmp_path, name):
+    directory = tmp_path / name
     index = random_index(12)
     thumbnails = random_thumbnails(index)
-    index_files.write_index(index, str(tmp_path), thumbnails)
+    index_files.write_index(index, str(directory), thumbnails)
     known = ("coco", "img00001.png")  # has a thumbnail
     missing = ("coco", "img00002.png")  # written as null
     assert thumbnails[known] and thumbnails[missing] is None
@@ -104,11 +106,11 @@ def test_index_rows_and_thumbnails_are_read_on_workers(tmp_path):
     ]
     expected = [dict(rows[0], index_thumbnail=thumbnails[known]), dict(rows[1], index_thumbnail=thumbnails[known]),
                 dict(rows[2], index_thumbnail=None), dict(rows[3], index_thumbnail=None)]
-    loaded = index_files.load_index_rows(str(tmp_path))
+    loaded = index_files.load_index_rows(str(directory))
     assert (len(loaded), loaded.vectors.shape[1], tuple(loaded.keys), tuple(loaded.variants)) == (
         12, 143, tuple(index.keys), tuple(index.variants))
     with TestPipeline(runner="FnApiRunner") as p:
-        joined = p | beam.Create(rows) | index_files.AddIndexThumbnails(str(tmp_path))
+        joined = p | beam.Create(rows) | index_files.AddIndexThumbnails(str(directory))
         assert_that(joined, equal_to(expected), label="CheckThumbnails")
 
 

@@ -310,12 +310,15 @@ def resample(pixels: np.ndarray, size: Tuple[int, int]) -> np.ndarray:
     one output pixel, are left out of it); then a Lanczos-2 prefilter
     widened by the scale and bicubic sampling at the output pixels' centres
     in the whole picture.
-    Against a float64 Lanczos-3 resample it is closer than PIL's BICUBIC
-    thumbnail and than the earlier bicubic-prefilter + bilinear-sampling one
-    (``benchmarks/stored_picture.py``), at the cost of the earlier one's
-    filter; bicubic sampling alone, cheaper still, folds detail finer than
-    the output's pixels into coarse bands (moire). Cropping and slicing are
-    views, not copies.
+
+    Against a float64 Lanczos-3 resample it is closer than the earlier
+    resampler (PIL's bicubic kernel as a prefilter, sampled bilinearly: the
+    second blur) and about as close as PIL's BICUBIC ``thumbnail``
+    (``benchmarks/stored_picture.py``; tests/filters/test_image.py), for
+    the earlier one's filter cost, a fraction of PIL's. Bicubic sampling
+    alone, cheaper still and closer on smooth photographs, folds detail
+    finer than the output's pixels into coarse bands (moire) and loses on
+    sharp edges. Cropping and slicing are views, not copies.
     """
     import cv2
 

@@ -119,7 +119,7 @@ def now_picture(data: bytes, header, preset) -> Image.Image:
     """What ``stored_picture`` encodes, for a picture it downscales."""
     target = image_rules.thumbnail_size((header.width, header.height), preset.output_max_side)
     with image_rules.open_image(data) as img:
-        pixels = image_rules._decoded_pixels(img, header, target)
+        pixels = image_rules.decoded_pixels(img, header, target)
     swapped = header.orientation in image_rules.SWAPS_SIDES
     picture = orient(Image.fromarray(image_rules.resample(pixels, target[::-1] if swapped else target)),
                      header.orientation)
@@ -210,7 +210,7 @@ def main(argv=None) -> None:
     for data, header in items:
         target = image_rules.thumbnail_size((header.width, header.height), preset.output_max_side)
         with image_rules.open_image(data) as img:
-            raw.append((image_rules._decoded_pixels(img, header, target), target[::-1]
+            raw.append((image_rules.decoded_pixels(img, header, target), target[::-1]
                         if header.orientation in image_rules.SWAPS_SIDES else target))
     arms = {
         "stored picture, before": lambda: cpu_ms(lambda item: before_stored(item[0], item[1], preset), items),

@@ -295,9 +295,9 @@ def thumbnail_size(size: Tuple[int, int], max_side: int) -> Tuple[int, int]:
 def lanczos2_taps(scale: float) -> np.ndarray:
     """The antialiasing prefilter: Lanczos-2 widened by ``scale`` (>= 1), at whole-pixel offsets, summing to 1."""
     scale = max(scale, 1.0)
-    reach = int(math.ceil(2 * scale))
+    reach = int(math.ceil(2 * scale)) - 1  # the last offset inside the window (|x| < 2): no zero taps to filter with
     x = np.arange(-reach, reach + 1) / scale
-    taps = np.sinc(x) * np.sinc(x / 2)  # zero at |x| = 2, the window's end
+    taps = np.sinc(x) * np.sinc(x / 2)
     return (taps / taps.sum()).astype(np.float32)
 
 
@@ -395,7 +395,7 @@ def stored_picture(data: bytes, header: Header, preset) -> Tuple[Optional[Stored
                     upright = orient(img, header.orientation)
                     picture = upright if upright.mode == "RGB" else to_rgb(upright)
                 else:
-                    pixels = _decoded_pixels(img, header, target)
+                    pixels = decoded_pixels(img, header, target)
     except UnsupportedMode:
         return None, stages.reason("image_decode", "unsupported_mode")
     except Exception:
@@ -413,7 +413,7 @@ def stored_picture(data: bytes, header: Header, preset) -> Tuple[Optional[Stored
     return Stored(out.getvalue(), *picture.size), None
 
 
-def _decoded_pixels(img: Image.Image, header: Header, target: Tuple[int, int]) -> np.ndarray:
+def decoded_pixels(img: Image.Image, header: Header, target: Tuple[int, int]) -> np.ndarray:
     """The stored (not yet upright) pixels a downscale starts from: grey or RGB, one copy out of PIL.
 
     A JPEG at least twice ``target`` decodes at a DCT scale; libjpeg rounds

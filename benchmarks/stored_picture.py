@@ -1,6 +1,6 @@
 """The stored picture's resample: its fidelity to a float64 Lanczos-3 reference and its CPU, before and now.
 
-    python -m benchmarks.stored_picture [--photos 240] [--repeats 3] [--json PATH]
+    python -m benchmarks.stored_picture [--photos 280] [--repeats 3] [--json PATH]
 
 Pictures: photographs (``benchmarks.helpers.images.candidate``), half with
 the longer side 400-800 px (downscaled to the preset's ``output_max_side`` at
@@ -172,7 +172,8 @@ def cpu_ms(fn, items) -> float:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--photos", type=int, default=240, help="photographs, half of each size class (default 240)")
+    parser.add_argument("--photos", type=int, default=280,
+                        help="photographs, half of each size class (default 280: ~240 over output_max_side)")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats of the CPU arms (default 3)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default="")

@@ -217,8 +217,10 @@ def main(argv=None) -> None:
         "stored picture, before": lambda: cpu_ms(lambda item: before_stored(item[0], item[1], preset), items),
         "stored picture, now": lambda: cpu_ms(lambda item: image_rules.stored_picture(item[0], item[1], preset),
                                               items),
-        "resample alone, before (decoded upright RGB picture)": lambda: cpu_ms(lambda item: before_downscale(*item), rgb),
-        "resample alone, now (decoded pixels, grey or RGB)": lambda: cpu_ms(lambda item: image_rules.resample(*item), raw),
+        "resample alone, before (decoded upright RGB picture)":
+            lambda: cpu_ms(lambda item: before_downscale(*item), rgb),
+        "resample alone, now (decoded pixels, grey or RGB)":
+            lambda: cpu_ms(lambda item: image_rules.resample(*item), raw),
     }
     for arm in arms.values():  # warm-up: imports, caches
         arm()

@@ -15,7 +15,8 @@ def smooth_picture(size, seed=0):
     return Image.fromarray(rng.integers(0, 256, (30, 40, 3), dtype=np.uint8)).resize(size, Image.BICUBIC)
 
 
-@pytest.mark.parametrize("size, target", [((800, 600), (512, 384)), ((2000, 1100), (512, 282)), ((300, 700), (219, 512))])
+@pytest.mark.parametrize("size, target", [((800, 600), (512, 384)), ((2000, 1100), (512, 282)),
+                                          ((300, 700), (219, 512))])
 def test_the_reference_is_pillows_lanczos_in_float(size, target):
     picture = smooth_picture(size)
     reference = lanczos3_reference(np.asarray(picture), target)

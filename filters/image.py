@@ -23,7 +23,7 @@ from typing import Optional, Tuple
 import numpy as np
 from PIL import Image
 
-from common.images import exif_orientation, open_image, orient, upright_size
+from common.images import SWAPS_SIDES, exif_orientation, open_image, orient, upright_size
 from filters import stages
 from filters.presets import keeps
 
@@ -292,42 +292,66 @@ def thumbnail_size(size: Tuple[int, int], max_side: int) -> Tuple[int, int]:
     return max_side, round_aspect(max_side / aspect, key=lambda n: 0 if n == 0 else abs(aspect - max_side / n))
 
 
-def bicubic_taps(scale: float) -> np.ndarray:
-    """PIL's antialiased BICUBIC kernel (a = -0.5, support widened by ``scale``) at whole-pixel offsets, summing to 1."""
-    reach = int(math.ceil(2 * scale))
-    x = np.abs(np.arange(-reach, reach + 1) / scale)
-    a = -0.5
-    taps = np.where(x < 1, ((a + 2) * x - (a + 3)) * x * x + 1,
-                    np.where(x < 2, (((x - 5) * x + 8) * x - 4) * a, 0.0))
+def lanczos2_taps(scale: float) -> np.ndarray:
+    """The antialiasing prefilter: Lanczos-2 widened by ``scale`` (>= 1), at whole-pixel offsets, summing to 1."""
+    scale = max(scale, 1.0)
+    reach = int(math.ceil(2 * scale)) - 1  # the last offset inside the window (|x| < 2): no zero taps to filter with
+    x = np.arange(-reach, reach + 1) / scale
+    taps = np.sinc(x) * np.sinc(x / 2)
     return (taps / taps.sum()).astype(np.float32)
 
 
-def downscale(rgb: Image.Image, max_side: int, size: Optional[Tuple[int, int]] = None) -> Image.Image:
-    """The stored picture: longer side ``max_side``, the size ``thumbnail`` gives, filtered as PIL's BICUBIC.
+def resample(pixels: np.ndarray, size: Tuple[int, int]) -> np.ndarray:
+    """``pixels`` (rows x columns, uint8, grey or RGB) downscaled to ``size`` = (width, height), all in OpenCV.
 
-    As ``thumbnail(..., BICUBIC)`` does: an integer box reduction first while
-    the picture stays over twice the target (its ``reducing_gap=2``; the
-    last ``width % factor`` columns and ``height % factor`` rows, less than
-    one output pixel, are dropped so that every block is whole), then PIL's
-    antialiased bicubic kernel, applied as a separable filter by OpenCV and
-    sampled bilinearly at the output pixels' centres. Why not PIL itself: its
-    resampler is unvectorised, 6.3 CPU-ms per 400-800 px picture to 512 px
-    against 1.7 ms here, the largest per-record cost of a build; the two
-    differ by 55 dB PSNR on those pictures and by more than 40 dB on
-    photograph-like ones with sharp edges (benchmarks/RESULTS.md, "The
-    stored picture's downscale"; tests/filters/test_image.py).
+    An integer box reduction first while the picture stays over twice the
+    target (as ``thumbnail``'s ``reducing_gap=2``, over whole blocks: the
+    last ``columns % factor`` columns and ``rows % factor`` rows, less than
+    one output pixel, are left out of it); then a Lanczos-2 prefilter
+    widened by the scale and bicubic sampling at the output pixels' centres
+    in the whole picture.
+
+    Against a float64 Lanczos-3 resample it is closer than the earlier
+    resampler (PIL's bicubic kernel as a prefilter, sampled bilinearly: the
+    second blur) and about as close as PIL's BICUBIC ``thumbnail``
+    (``benchmarks/stored_picture.py``; tests/filters/test_image.py), for
+    the earlier one's filter cost, a fraction of PIL's. Bicubic sampling
+    alone, cheaper still and closer on smooth photographs, folds detail
+    finer than the output's pixels into coarse bands (moire) and loses on
+    sharp edges. Cropping and slicing are views, not copies.
     """
     import cv2
 
     cv2.setNumThreads(1)  # the runner's workers are the parallelism
-    width, height = size or thumbnail_size(rgb.size, max_side)
-    factor = int(min(rgb.width / width, rgb.height / height) / 2)
+    width, height = size
+    rows, columns = pixels.shape[:2]
+    scale_x, scale_y = columns / width, rows / height  # in the pixels being filtered, below
+    factor = int(min(scale_x, scale_y) / 2)
+    whole = factor > 1 and rows % factor == 0 and columns % factor == 0
     if factor > 1:
-        rgb = rgb.reduce(factor, box=(0, 0, rgb.width - rgb.width % factor, rgb.height - rgb.height % factor))
-    pixels = np.asarray(rgb)
-    filtered = cv2.sepFilter2D(pixels, -1, bicubic_taps(rgb.width / width), bicubic_taps(rgb.height / height),
+        kept_rows, kept_columns = rows - rows % factor, columns - columns % factor
+        pixels = cv2.resize(pixels[:kept_rows, :kept_columns], (kept_columns // factor, kept_rows // factor),
+                            interpolation=cv2.INTER_AREA)  # whole blocks: OpenCV's box-average path
+        scale_x, scale_y = scale_x / factor, scale_y / factor
+    filtered = cv2.sepFilter2D(pixels, -1, lanczos2_taps(scale_x), lanczos2_taps(scale_y),
                                borderType=cv2.BORDER_REFLECT)
-    return Image.fromarray(cv2.resize(filtered, (width, height), interpolation=cv2.INTER_LINEAR))
+    if factor <= 1 or whole:
+        return cv2.resize(filtered, (width, height), interpolation=cv2.INTER_CUBIC)
+    # The dropped rows or columns still belong to the picture: output pixels
+    # are sampled where they lie in the whole one (resize would stretch the
+    # kept part over the output, shifting the far edge by up to a pixel).
+    to_source = np.float64([[scale_x, 0, (scale_x - 1) / 2], [0, scale_y, (scale_y - 1) / 2]])
+    return cv2.warpAffine(filtered, to_source, (width, height), flags=cv2.INTER_CUBIC | cv2.WARP_INVERSE_MAP,
+                          borderMode=cv2.BORDER_REFLECT)
+
+
+def downscale(rgb: Image.Image, max_side: int, size: Optional[Tuple[int, int]] = None) -> Image.Image:
+    """``resample`` of a PIL picture to ``size``, by default the size ``thumbnail((max_side, max_side))`` gives.
+
+    For callers holding a PIL picture; ``stored_picture`` resamples the
+    decoded pixels directly.
+    """
+    return Image.fromarray(resample(np.asarray(rgb), size or thumbnail_size(rgb.size, max_side)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -348,41 +372,65 @@ def stored_picture(data: bytes, header: Header, preset) -> Tuple[Optional[Stored
     """The bytes the shard stores: ``(stored, None)`` or ``(None, image_decode/...)``.
 
     An upright RGB JPEG within ``output_max_side`` is stored as it came, not
-    decoded at all. Anything else is decoded, turned upright, made RGB and, if
-    larger, downscaled to the size ``thumbnail`` gives; a JPEG at least twice
-    that size is decoded at a DCT scale first (``draft``), as ``thumbnail``
-    does, which leaves it at least twice the target for ``downscale``.
+    decoded at all. Anything else is decoded once (PIL), turned upright, made
+    RGB and, if larger, downscaled to the size ``thumbnail`` gives, then
+    encoded (PIL, the preset's quality). A picture that is downscaled is
+    resampled as decoded (``resample`` on the decoded pixels: grey stays one
+    channel) and turned upright and made RGB at the output's size; a JPEG at
+    least twice that size is decoded at a DCT scale first (``draft``), as
+    ``thumbnail`` does, which leaves it at least twice the target.
     """
     if stored_as_read(header, preset):
         return Stored(data, header.width, header.height), None
     max_side = preset.output_max_side
     needs_resize = max_side > 0 and max(header.width, header.height) > max_side
     target = thumbnail_size((header.width, header.height), max_side) if needs_resize else None
+    pixels = None
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             with open_image(data) as img:
-                if target is not None and img.format in JPEG_FAMILY:
-                    # draft works on the stored pixels: their sides are the upright ones, maybe swapped.
-                    swapped = (img.width, img.height) != (header.width, header.height)
-                    wanted = (2 * target[1], 2 * target[0]) if swapped else (2 * target[0], 2 * target[1])
-                    drafted = img.draft("RGB", wanted)
+                if target is None:
                     img.load()
-                    if drafted is not None:  # libjpeg rounds up: drop the partial last row and column
-                        box = drafted[1]
-                        img = img.crop((0, 0, max(1, int(box[2])), max(1, int(box[3]))))
+                    upright = orient(img, header.orientation)
+                    picture = upright if upright.mode == "RGB" else to_rgb(upright)
                 else:
-                    img.load()
-                rgb = to_rgb(orient(img, header.orientation))
+                    pixels = decoded_pixels(img, header, target)
     except UnsupportedMode:
         return None, stages.reason("image_decode", "unsupported_mode")
     except Exception:
         return None, stages.reason("image_decode", "corrupt")
-    if target is not None:
-        rgb = downscale(rgb, max_side, target)
+    if pixels is not None:
+        # The stored pixels' sides are the upright ones, maybe swapped; the
+        # resample commutes with the turn (symmetric kernels, centred samples),
+        # so the small picture is turned, not the large one.
+        stored_size = target[::-1] if header.orientation in SWAPS_SIDES else target
+        picture = orient(Image.fromarray(resample(pixels, stored_size)), header.orientation)
+        if picture.mode != "RGB":  # grey, resampled as one channel
+            picture = picture.convert("RGB")
     out = io.BytesIO()
-    rgb.save(out, format="JPEG", quality=preset.output_jpeg_quality)
-    return Stored(out.getvalue(), *rgb.size), None
+    picture.save(out, format="JPEG", quality=preset.output_jpeg_quality)
+    return Stored(out.getvalue(), *picture.size), None
+
+
+def decoded_pixels(img: Image.Image, header: Header, target: Tuple[int, int]) -> np.ndarray:
+    """The stored (not yet upright) pixels a downscale starts from: grey or RGB, one copy out of PIL.
+
+    A JPEG at least twice ``target`` decodes at a DCT scale; libjpeg rounds
+    the scaled sides up, and the partial last row and column are left out
+    (a view). Modes other than grey and RGB go through ``to_rgb`` first.
+    """
+    columns, rows = img.size
+    if img.format in JPEG_FAMILY:
+        wanted = target[::-1] if header.orientation in SWAPS_SIDES else target
+        wanted = (2 * wanted[0], 2 * wanted[1])
+        if min(columns // wanted[0], rows // wanted[1]) >= 2:  # draft would reduce: otherwise it does nothing
+            drafted = img.draft(None, wanted)
+            if drafted is not None:
+                columns, rows = max(1, int(drafted[1][2])), max(1, int(drafted[1][3]))
+    img.load()  # raises on truncated or corrupt pixel data
+    pixels = np.asarray(img if img.mode in ("L", "RGB") else to_rgb(img))
+    return pixels[:rows, :columns]
 
 
 def thumbnail_b64(data: Optional[bytes], size: int = 128) -> Optional[str]:

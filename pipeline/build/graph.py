@@ -7,7 +7,7 @@ taken in between on light rows, as six composites:
     CorpusStages    ApplyCorpusFilters [-> ModelScore] [-> NearDuplicatesOfEvalImages]
                     [-> RemoveCorpusNearDuplicates]                                               -> Verdicts
     DecideFates     JoinVerdicts (first reason wins, one row per pair), WhatIfStats              -> Fates
-    SecondPass      [ChooseSamples ->] WriteShards -> WriteRejectionLedger
+    SecondPass      ChooseSamples -> WriteShards -> WriteRejectionLedger
                     [, WritePairsReport, ConceptStats, WriteNsfwGallery]                          -> Written
     WriteBuildStats the funnel, distributions, samples and stage notes -> stats/
     CandidateTable  every input record's facts and fate -> stats/candidates/

@@ -32,8 +32,9 @@ candidate table and the commit are a build's: the funnel's input is the
 records selected (a record whose source changed since is rejected late, as
 in a build), and the publication checks conservation against the new table.
 The manifest's ``selected_from`` names the source version and the selection.
-The build's relative paths are read from the directory the selection runs
-in (the build's, as its sources' paths in the table are).
+A relative path of the build's command line is read from the directory the
+selection runs in, as the table's source paths are: run it where the build
+ran.
 """
 
 from __future__ import annotations

@@ -323,7 +323,7 @@ class WriteShards(OptionalInputs):
             samples
             | "SamplesToReadAgain" >> beam.Filter(lambda r: bool(r.source))
             | "SamplesByFile" >> beam.Map(_keyed_by_source).with_output_types(FILE_AND_ROW)]
-        written = (
+        outputs = (
             [rows | "ByFile" >> beam.Map(_keyed_by_source).with_output_types(FILE_AND_ROW), *to_read]
             | "RowsToReadAgain" >> beam.Flatten()
             | "GroupByFile" >> beam.GroupByKey()
@@ -335,7 +335,7 @@ class WriteShards(OptionalInputs):
         tars = None
         empty = plan | "EmptyCorpusShards" >> beam.FlatMap(
             lambda p: [] if p[1] else [(split, 0, write_empty_shard(output_dir, name, split)) for split in SPLITS])
-        shards = (written[SHARDS], empty) | "AllShards" >> beam.Flatten()
+        shards = (outputs[SHARDS], empty) | "AllShards" >> beam.Flatten()
         _ = (
             shards
             | "CollectShardList" >> beam.combiners.ToList()
@@ -346,7 +346,7 @@ class WriteShards(OptionalInputs):
         if WEBDATASET in self.formats:
             empty_tars = plan | "EmptyCorpusTars" >> beam.FlatMap(
                 lambda p: [] if p[1] else [(split, 0, tar_shards.write_empty_tar(output_dir, split)) for split in SPLITS])
-            tars = (written[TARS], empty_tars) | "AllTars" >> beam.Flatten()
+            tars = (outputs[TARS], empty_tars) | "AllTars" >> beam.Flatten()
             _ = (
                 tars
                 | "CollectTarList" >> beam.combiners.ToList()
@@ -354,10 +354,10 @@ class WriteShards(OptionalInputs):
                     lambda infos: write_text(FileSystems.join(output_dir, tar_shards.TARS_FILE),
                                              json.dumps(tar_shards.tar_list(infos), sort_keys=True)))
             )
-        samples_out = written[SAMPLES]
+        samples_out = outputs[SAMPLES]
         if samples is not None:
             unread = samples | "SamplesWithoutSource" >> beam.Filter(lambda r: not r.source) | "SampleRows" >> (
                 beam.Map(_sample, None))
             samples_out = (samples_out, unread) | "AllSamples" >> beam.Flatten()
-        return ShardsWritten(shards=shards, samples=samples_out, late_rejections=holding_rows(written[LATE]),
-                             concept_counts=written[CONCEPT_COUNTS], placements=written[PLACEMENTS], tars=tars)
+        return ShardsWritten(shards=shards, samples=samples_out, late_rejections=holding_rows(outputs[LATE]),
+                             concept_counts=outputs[CONCEPT_COUNTS], placements=outputs[PLACEMENTS], tars=tars)

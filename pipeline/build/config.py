@@ -16,10 +16,11 @@ A run derived from a build (``pipeline.select``) resolves the build's
 command line with ``overrides``: flag values that replace those given
 (its output, the thresholds it tightens, what it does not do again).
 
-Every declared flag is on ``config.flags`` as given (``Flags``, read-only):
-a new option is its declaration (``pipeline.build.options``) and the code
-that reads ``config.flags.<name>``; one that needs checking or turns into an
-object gets a field here, resolved in ``resolve``.
+Every declared flag is on ``config.flags`` as given, or as ``overrides``
+replaced it (``Flags``, read-only): a new option is its declaration
+(``pipeline.build.options``) and the code that reads ``config.flags.<name>``;
+one that needs checking or turns into an object gets a field here, resolved
+in ``resolve``.
 """
 
 from __future__ import annotations

@@ -81,8 +81,10 @@ def build_pipeline(p: beam.Pipeline, config: BuildConfig, notes: dict,
     """Adds the whole build to ``p``; returns the stages applied (with ``notes``, the launcher's, for the funnel)."""
     judge = RecordJudge(config.preset, extra_stages.record_stages(config.extras), eval_index, config.flags.embedder,
                         config.embedder_args, scorer=config.scorer)
-    first_pass, corpus_stages, decide_fates = FirstPass(config, judge), CorpusStages(config, eval_index), DecideFates(
-        config)
+    # Each composite makes its stages when it is made: the funnel's list of them is known before any is applied.
+    first_pass = FirstPass(config, judge)
+    corpus_stages = CorpusStages(config, eval_index)
+    decide_fates = DecideFates(config)
     ran = StagesRun.of(first_pass.stages + corpus_stages.stages + decide_fates.stages, notes)
 
     judged = p | "FirstPass" >> first_pass

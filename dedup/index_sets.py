@@ -1,8 +1,9 @@
 """Evaluation ("index") image sets: read them, add edited copies, embed them.
 
 ALIGN removes training images that are near-duplicates of images in the test
-sets of downstream tasks. Those test sets are the *index*. Each set is given
-as ``name=path`` where path is
+sets of downstream tasks. Those test sets are the *index*. Each set is a
+``(name, path)`` pair (the build's ``--eval_images NAME=PATH``, parsed and
+checked by ``pipeline.build.config``) where path is
 
 - a folder of images (searched recursively; key = path relative to the folder),
 - a TFDS-style directory (or glob) of TFRecord shards written with
@@ -101,16 +102,6 @@ class IndexSet:
 # ---------------------------------------------------------------------------
 
 
-def parse_spec(spec: str) -> Tuple[str, str]:
-    """``name=path`` -> (name, path); a bare path is named after its last component."""
-    if "=" in spec:
-        name, path = spec.split("=", 1)
-        if name and "/" not in name:
-            return name, path
-    path = spec
-    return os.path.basename(path.rstrip("/")) or path, path
-
-
 def _kind_and_files(path: str) -> Tuple[str, List[str]]:
     if any(ch in path for ch in "*?["):
         files = match(path)
@@ -177,9 +168,8 @@ def _iter_parquet(set_name: str, files: Sequence[str]) -> Iterator[IndexImage]:
                 yield IndexImage(set_name, str(key), data if data is not None else b"")
 
 
-def read_index_images(spec: str) -> Iterator[IndexImage]:
-    """All images of one ``name=path`` spec, in a deterministic order."""
-    set_name, path = parse_spec(spec)
+def read_index_images(set_name: str, path: str) -> Iterator[IndexImage]:
+    """All images of the set ``set_name`` at ``path``, in a deterministic order."""
     kind, files = _kind_and_files(path)
     log.info("index set %s: %s, %d file(s) under %s", set_name, kind, len(files), path)
     if kind == "folder":
@@ -267,15 +257,17 @@ def build_index(
     )
 
 
-def load_index_sets(specs: Sequence[str], embedder, variants: Sequence[str] = DEFAULT_VARIANTS, **kwargs) -> IndexSet:
-    """Read and embed several named evaluation sets (``["coco=/data/coco_test", ...]``)."""
-    names = [parse_spec(s)[0] for s in specs]
+def load_index_sets(sets: Sequence[Tuple[str, str]], embedder, variants: Sequence[str] = DEFAULT_VARIANTS,
+                    **kwargs) -> IndexSet:
+    """Read and embed several named evaluation sets (``[("coco", "/data/coco_test"), ...]``, as the build's
+    config resolved them)."""
+    names = [name for name, _ in sets]
     if len(set(names)) != len(names):
         raise ValueError(f"index set names must be distinct, got {names}")
 
     def all_images():
-        for spec in specs:
-            yield from read_index_images(spec)
+        for name, path in sets:
+            yield from read_index_images(name, path)
 
     index = build_index(all_images(), embedder, variants, **kwargs)
     log.info("index: %d rows from %d images, %d skipped", len(index), index.num_images, len(index.skipped))

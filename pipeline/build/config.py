@@ -6,15 +6,21 @@
 ``resolve`` is the build's validation: a flag that cannot be honoured is a
 ``UsageError`` (one line) before the output is touched, and what it names
 (the preset with its overrides, the extra stages, the input columns and read
-limits, the download settings, the embedder's and the pair model's
-arguments, the TOnICS ontology, the corpus and version directories) is made
-here and nowhere else. The launcher and the job graph read the frozen
-``BuildConfig``; nothing downstream parses, defaults or rebuilds a flag.
+limits, the download settings, the evaluation sets, the embedder and the
+near-duplicate threshold it implies, the pair model, the TOnICS ontology,
+the corpus and version directories) is made here and nowhere else. The
+launcher and the job graph read the frozen ``BuildConfig``; nothing
+downstream parses, defaults or rebuilds a flag.
 
-Every declared flag is on ``config.flags`` as given (``Flags``, read-only):
-a new option is its declaration (``pipeline.build.options``) and the code
-that reads ``config.flags.<name>``; one that needs checking or turns into an
-object gets a field here, resolved in ``resolve``.
+A run derived from a build (``pipeline.select``) resolves the build's
+command line with ``overrides``: flag values that replace those given
+(its output, the thresholds it tightens, what it does not do again).
+
+Every declared flag is on ``config.flags`` as given, or as ``overrides``
+replaced it (``Flags``, read-only): a new option is its declaration
+(``pipeline.build.options``) and the code that reads ``config.flags.<name>``;
+one that needs checking or turns into an object gets a field here, resolved
+in ``resolve``.
 """
 
 from __future__ import annotations
@@ -74,7 +80,9 @@ class BuildConfig:
     columns: Columns                    # input columns, carried columns, read limits, whether to download
     download: Optional[DownloadOptions]  # --download's settings; None without --download
     embedder_args: Tuple[tuple, ...]    # --embedder_arg as sorted (key, value) pairs (part of the graph)
-    eval_sets: Tuple[Tuple[str, str], ...]  # --eval_images as (name, path)
+    embedder: object                    # --embedder made with them (dedup.embedders): this process's one
+    near_duplicate_threshold: float     # the cosine above which two images are near-duplicates (both searches)
+    eval_sets: Tuple[Tuple[str, str], ...]  # --eval_images as (name, path), names distinct
     scorer: object                      # --model_score as a filters.model_score.PairScorer, loaded; or None
     ontology: object                    # --concepts as a common.ontology.Ontology; or None
     input_files: Tuple[str, ...]        # what --input matches now (the job matches again on the workers)
@@ -99,13 +107,13 @@ def corpus_directory(output: str, layout: str, name: str, version: str) -> str:
     return output
 
 
-def _columns(args) -> Columns:
+def _columns(flags) -> Columns:
     """Which input columns hold what, and which are carried (with ``--download``, its HTTP status and final URL too)."""
-    carry = [c.strip() for c in args.carry_columns.split(",")]
-    if args.download:
+    carry = [c.strip() for c in flags.carry_columns.split(",")]
+    if flags.download:
         carry += list(download_settings.CARRIED)
-    columns = make_columns(args.url_col, args.caption_col, args.image_col, carry, args.tsv_columns)
-    return columns._replace(download=bool(args.download), limits=read_limits.from_options(args))
+    columns = make_columns(flags.url_col, flags.caption_col, flags.image_col, carry, flags.tsv_columns)
+    return columns._replace(download=bool(flags.download), limits=read_limits.from_options(flags))
 
 
 def _exists(path: str) -> bool:
@@ -128,115 +136,125 @@ def _eval_sets(specs) -> Tuple[Tuple[str, str], ...]:
         if not SET_NAME.match(name):
             raise UsageError(f"--eval_images {spec!r}: the set name {name!r} may hold letters, digits, '_', '-' "
                              "and '.' only (it names the rejection reason near_duplicate_eval/NAME)")
+        if name in dict(sets):
+            raise UsageError(f"--eval_images {spec!r}: the set name {name!r} is given twice (each set names its "
+                             "own rejection reason near_duplicate_eval/NAME)")
         if not _exists(path):
             raise UsageError(f"--eval_images {spec!r}: {path} does not exist")
         sets.append((name, path))
     return tuple(sets)
 
 
-def _embedder_args(args) -> Tuple[tuple, ...]:
-    from dedup import embedders
+def _embedder(flags) -> Tuple[Tuple[tuple, ...], object]:
+    """``(--embedder_arg as sorted pairs, the embedder)``: the one this process embeds with."""
+    from dedup import embedders, preset_options
 
-    if args.embedder not in embedders.names():
-        raise UsageError(f"--embedder {args.embedder!r}: known embedders are {', '.join(embedders.names())}")
+    if flags.embedder not in embedders.names():
+        raise UsageError(f"--embedder {flags.embedder!r}: known embedders are {', '.join(embedders.names())}")
     try:
-        parsed = tuple(sorted(embedders.parse_args(args.embedder_args).items()))
-        embedder = embedders.get(args.embedder, **dict(parsed))  # e.g. checkpoint without workdir=
+        parsed = tuple(sorted(embedders.parse_args(flags.embedder_args).items()))
+        embedder = preset_options.embedder(flags.embedder, parsed)  # e.g. checkpoint without workdir=
         if hasattr(embedder, "check"):  # a trained checkpoint: missing or damaged is refused before the job
             embedder.check()
     except (TypeError, ValueError) as error:
-        raise UsageError(f"--embedder {args.embedder}: {error}") from None
-    return parsed
+        raise UsageError(f"--embedder {flags.embedder}: {error}") from None
+    return parsed, embedder
 
 
-def _pair_scorer(args, preset):
+def _pair_scorer(flags, preset):
     """The ``--model_score`` model, loaded (one line if it cannot be), and the preset's score cuts checked against it."""
     from filters import model_score
     from filters.score_cut import cut_values
 
-    if not args.model_score:
+    if not flags.model_score:
         cuts = [name for name, value in zip(("model_score_threshold", "model_score_top_fraction"),
                                             cut_values(preset)) if value is not None]
         if cuts:
             raise UsageError(f"{' and '.join(cuts)} cut by a model's scores: name the model with --model_score "
                              "(e.g. --model_score checkpoint --model_score_arg workdir=DIR)")
-        if args.model_score_args:
+        if flags.model_score_args:
             raise UsageError("--model_score_arg needs --model_score")
         return None
     try:
-        scorer = model_score.PairScorer(args.model_score, **model_score.parse_args(args.model_score_args))
+        scorer = model_score.PairScorer(flags.model_score, **model_score.parse_args(flags.model_score_args))
     except (TypeError, ValueError) as error:
-        raise UsageError(f"--model_score {args.model_score}: {error}") from None
+        raise UsageError(f"--model_score {flags.model_score}: {error}") from None
     try:
         scorer.check()
     except (TypeError, ValueError) as error:  # a checkpoint's problems are one-line ValueErrors (trainer.pair_score)
-        raise UsageError(f"--model_score {args.model_score}: {error}") from None
+        raise UsageError(f"--model_score {flags.model_score}: {error}") from None
     return scorer
 
 
-def _ontology(args):
-    if not args.concepts:
+def _ontology(flags):
+    if not flags.concepts:
         return None
     from common.ontology import OntologyError, load
 
     try:
-        return load(args.concepts)
+        return load(flags.concepts)
     except OntologyError as error:
         raise UsageError(f"--concepts: {error}") from None
 
 
-def resolve(args, beam_args=()) -> tuple:
+def resolve(args, beam_args=(), overrides: Optional[Mapping[str, object]] = None) -> tuple:
     """``(BuildConfig, Beam's PipelineOptions)`` from parsed flags, or ``UsageError``; nothing is written.
 
-    The checks run in the order a person fixes a command line: Beam's flags,
-    the required ones, names and formats, the input and output locations, and
-    last the pair model (it loads the model).
+    ``overrides``: flag values that replace the parsed ones (a run derived
+    from a build's command line, e.g. a selection's output). The checks run
+    in the order a person fixes a command line: Beam's flags, the required
+    ones, names and formats, the input and output locations, and last the
+    pair model (it loads the model).
     """
+    from dedup import preset_options
     from pipeline import readers
     from pipeline.publish import output_contract
     from pipeline.readers.input_files import list_input_files
 
+    flags = Flags({**vars(args), **(overrides or {})})
     beam = beam_options(list(beam_args))
-    if not args.input or not args.output:
+    if not flags.input or not flags.output:
         raise UsageError("--input and --output are required")
-    problem = output_contract.valid_dataset_name(args.name)
+    problem = output_contract.valid_dataset_name(flags.name)
     if problem:
         raise UsageError(problem)
-    preset = resolve_preset(args)
-    if args.input_format and args.input_format not in readers.FORMATS:
-        raise UsageError(f"--input_format {args.input_format!r}: one of {', '.join(readers.FORMATS)}")
-    if not re.match(r"^\d+\.\d+\.\d+$", args.version or ""):
-        raise UsageError(f"--version {args.version!r}: expected MAJOR.MINOR.PATCH, e.g. 1.0.0")
+    preset = resolve_preset(flags)
+    if flags.input_format and flags.input_format not in readers.FORMATS:
+        raise UsageError(f"--input_format {flags.input_format!r}: one of {', '.join(readers.FORMATS)}")
+    if not re.match(r"^\d+\.\d+\.\d+$", flags.version or ""):
+        raise UsageError(f"--version {flags.version!r}: expected MAJOR.MINOR.PATCH, e.g. 1.0.0")
     try:
-        columns = _columns(args)
-        download = download_settings.from_args(args) if args.download else None
+        columns = _columns(flags)
+        download = download_settings.from_args(flags) if flags.download else None
     except ValueError as error:
         raise UsageError(str(error)) from None
-    if args.concept_labels_column and not args.concepts:
+    if flags.concept_labels_column and not flags.concepts:
         raise UsageError("--concept_labels_column needs --concepts")
-    if args.concept_labels_column and args.concept_labels_column not in columns.carry:
-        raise UsageError(f"--concept_labels_column {args.concept_labels_column!r}: also name it in --carry_columns")
-    embedder_args = _embedder_args(args)
-    eval_sets = _eval_sets(args.eval_images)
-    files = list_input_files(args.input)
+    if flags.concept_labels_column and flags.concept_labels_column not in columns.carry:
+        raise UsageError(f"--concept_labels_column {flags.concept_labels_column!r}: also name it in --carry_columns")
+    embedder_args, embedder = _embedder(flags)
+    eval_sets = _eval_sets(flags.eval_images)
+    files = list_input_files(flags.input)
     if not files:
-        raise UsageError(f"--input {args.input} matches no files")
+        raise UsageError(f"--input {flags.input} matches no files")
     try:
-        output_contract.check_location(args.output, [output_contract.input_location(args.input)]
+        output_contract.check_location(flags.output, [output_contract.input_location(flags.input)]
                                        + [path for _, path in eval_sets])
     except output_contract.OutputRefused as error:
         raise UsageError(str(error)) from None
-    scorer = _pair_scorer(args, preset)
+    scorer = _pair_scorer(flags, preset)
     try:
-        extras = extra_stages.load_all(tuple(preset.extra_stages) + tuple(args.extra_stages))
+        extras = extra_stages.load_all(tuple(preset.extra_stages) + tuple(flags.extra_stages))
     except ValueError as error:
         raise UsageError(str(error)) from None
-    ontology = _ontology(args)
-    output = corpus_directory(args.output, args.layout, args.name, args.version).rstrip("/")
+    ontology = _ontology(flags)
+    output = corpus_directory(flags.output, flags.layout, flags.name, flags.version).rstrip("/")
     version = output_contract.new_version_id(uuid.uuid4().hex[:8])
     config = BuildConfig(
-        flags=Flags(vars(args)), preset=preset, extras=extras, columns=columns, download=download,
-        embedder_args=embedder_args, eval_sets=eval_sets, scorer=scorer, ontology=ontology, input_files=tuple(files),
+        flags=flags, preset=preset, extras=extras, columns=columns, download=download,
+        embedder_args=embedder_args, embedder=embedder,
+        near_duplicate_threshold=preset_options.resolve_threshold(preset, embedder), eval_sets=eval_sets,
+        scorer=scorer, ontology=ontology, input_files=tuple(files),
         output=output, version=version, version_dir=corpus_dir.version_dir(output, version),
         download_staging=FileSystems.join(output, output_contract.DOWNLOADS),
     )

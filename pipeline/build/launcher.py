@@ -127,8 +127,9 @@ def run(argv: Optional[List[str]] = None) -> dict:
     notes = stage_notes(config)
     loaded = None
     if config.eval_sets:
-        say(f"embedding evaluation images: {', '.join(config.flags.eval_images)}")
-        loaded = embed_eval_sets(config.flags.eval_images, config.flags.embedder, config.preset, config.embedder_args)
+        say(f"embedding evaluation images: {', '.join(f'{name}={path}' for name, path in config.eval_sets)}")
+        loaded = embed_eval_sets(config.eval_sets, config.embedder, config.flags.embedder,
+                                 config.near_duplicate_threshold, config.preset)
     if options.view_as(TestOptions).dry_run:  # Dataflow's translation of the job, nothing touched
         job = dry_run.build_job(config, options, notes, loaded)
         say(dry_run.summary(job, config, loaded))

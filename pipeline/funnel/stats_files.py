@@ -26,6 +26,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from common import state_files as sf
 from common.files import to_json, write_text
+from common.optional_inputs import OptionalInputs
 from filters import stages
 from filters.image import thumbnail_b64
 from pipeline.funnel import counts as stats_lib
@@ -146,13 +147,14 @@ def _write_stats_files(_, output_dir, input_count, rejected, written, histograms
     yield funnel
 
 
-class WriteStats(beam.PTransform):
+class WriteStats(OptionalInputs):
     """``(input count, rejections, written per split, histograms, extra stats, samples[, stage notes])`` -> the funnel, once written.
 
     ``samples`` are ``sample_row`` dicts (``ChooseSamples``, then the second pass).
 
-    ``stage notes`` (optional) are ``(stage, text)`` made in the job; they
-    replace the launcher's note of that stage.
+    ``histograms``, ``extra stats`` and ``stage notes`` may be None (a job
+    that measured nothing, e.g. a selection). ``stage notes`` are ``(stage,
+    text)`` made in the job; they replace the launcher's note of that stage.
 
     ``meta``: ``ran`` (the stage names that ran), ``notes`` ({stage: text}),
     ``dataset``, ``preset`` and ``extras`` (the extra stages), as
@@ -184,8 +186,8 @@ class WriteStats(beam.PTransform):
                 beam.pvalue.AsSingleton(input_count),
                 beam.pvalue.AsDict(reason_counts),
                 beam.pvalue.AsDict(written_counts),
-                beam.pvalue.AsDict(histograms),
-                beam.pvalue.AsDict(extra),
+                beam.pvalue.AsDict(histograms) if histograms is not None else {},
+                beam.pvalue.AsDict(extra) if extra is not None else {},
                 beam.pvalue.AsList(samples),
                 self.meta,
                 beam.pvalue.AsDict(notes) if notes is not None else None,

@@ -18,17 +18,23 @@ one line.
 
 The new corpus is written as a build writes one, from the same sources:
 the build's own command line (kept in its ``_BUILD.json``) resolves the same
-config with ``--output NEW``; each table file's selected rows become light
-rows again, and the build's second pass (``pipeline.write.second_pass``)
-reads each record from its source, checks its sha256 against the table and
-copies its stored picture from the source corpus's shard at the table's
-offset (``pipeline.write.stored_copies``) instead of decoding, resizing and
-encoding it again. The records go to the same splits (a function of the
-key). The funnel, the rejection ledger, the candidate table and the commit
-are a build's: the funnel's input is the records selected (a record whose
-source changed since is rejected late, as in a build), and the publication
-checks conservation against the new table. The manifest's
-``selected_from`` names the source version and the selection.
+config with the selection's overrides (``--output NEW``, its ``--set`` after
+the build's, nothing scored or searched again: ``pipeline.build.config.resolve``);
+each table file's selected rows become light rows again, and the build's
+own composites write them (``pipeline.build.graph``: ``SecondPass`` without
+the build's reports, ``WriteBuildStats``, the candidate table). The second
+pass (``pipeline.write.second_pass``) reads each record from its source,
+checks its sha256 against the table and copies its stored picture from the
+source corpus's shard at the table's offset (``pipeline.write.stored_copies``)
+instead of decoding, resizing and encoding it again. The records go to the
+same splits (a function of the key). The funnel, the rejection ledger, the
+candidate table and the commit are a build's: the funnel's input is the
+records selected (a record whose source changed since is rejected late, as
+in a build), and the publication checks conservation against the new table.
+The manifest's ``selected_from`` names the source version and the selection.
+A relative path of the build's command line is read from the directory the
+selection runs in, as the table's source paths are: run it where the build
+ran.
 """
 
 from __future__ import annotations
@@ -45,22 +51,20 @@ from apache_beam.io.filesystems import FileSystems
 
 from common import cli, corpus_dir
 from pipeline.build.config import resolve
+from pipeline.build.graph import SecondPass, WriteBuildStats, candidate_table
 from pipeline.build.options import UsageError, parse
 from pipeline.funnel.candidate_counts import SUMMARY_FILE
-from pipeline.funnel.counts import SumHistograms
-from pipeline.funnel.stats_files import WriteStats
 from pipeline.publish import output_contract, publisher
 from pipeline.select.chosen import ReadSelection, check_keys, check_where, read_keys
 from pipeline.select.thresholds import ApplyThresholds, check_thresholds
-from pipeline.stages.light_rows import LightRow, holding_rows
-from pipeline.write.candidate_table import WriteCandidateTable
-from pipeline.write.ledger import WriteRejectionLedger
-from pipeline.write.second_pass import SHARDS, WRITTEN, WriteShards
-from pipeline.write.tar_shards import TFRECORD, WEBDATASET
+from pipeline.stages.light_rows import holding_rows
+from pipeline.stages.verdicts import StagesRun
+from pipeline.write.candidate_table import TableInputs
 
 EXIT_SELECTED, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-#: Flags of the build that a selection does not take over: it writes a new output, attached, scoring nothing.
-_NOT_TAKEN = {"overwrite": False, "keep_previous": False, "detached": False}
+#: Flags of the build that a selection does not take over: it writes a new output, attached, and judges nothing
+#: again (the table holds the scores and the evaluation matches: no model is loaded, no set embedded).
+_NOT_TAKEN = {"overwrite": False, "keep_previous": False, "detached": False, "model_score": "", "eval_images": []}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -101,20 +105,11 @@ def _committed_source(corpus: str) -> str:
 
 
 def source_config(request: dict, output: str, beam_args: List[str], overrides: List[str] = ()):
-    """The build's config, resolved again from its command line with ``--output`` ``output`` and ``overrides``
-    after its own ``--set``."""
-    args, stored_beam = parse(list(request["argv"]))
-    args.output = output
-    args.overrides = list(args.overrides or []) + list(overrides)
-    for name, value in _NOT_TAKEN.items():
-        setattr(args, name, value)
-    args.model_score = ""  # the scores are in the table; nothing is scored again
-    here = os.getcwd()
-    os.chdir(request.get("cwd") or here)  # the build's relative paths are the build's directory's
-    try:
-        return resolve(args, list(beam_args))
-    finally:
-        os.chdir(here)
+    """The build's config, resolved again from its command line with the selection's overrides: ``--output``
+    ``output``, ``overrides`` after the build's own ``--set``, and what a selection does not take over."""
+    args, _ = parse(list(request["argv"]))
+    return resolve(args, list(beam_args), overrides=dict(
+        _NOT_TAKEN, output=output, overrides=[*(args.overrides or []), *overrides]))
 
 
 def select(argv: Optional[List[str]] = None) -> dict:
@@ -172,40 +167,28 @@ def select(argv: Optional[List[str]] = None) -> dict:
 
 def _selection_graph(p, config, source: str, summary: dict, where, keys_path, source_funnel: dict,
                      thresholds: bool = False) -> None:
-    output, preset = config.version_dir, config.preset
+    """The selected rows, written by the build's second pass, stats and candidate table."""
     files = [FileSystems.join(source, relative) for relative in sorted(summary["files"])]
     read = p | "TableFiles" >> beam.Create(files) | "ReadSelection" >> ReadSelection(
         source, where, keys_path, measured=thresholds)
     if thresholds:
-        rows = holding_rows(read | "ApplyThresholds" >> ApplyThresholds(preset._by_name()))
+        rows = holding_rows(read | "ApplyThresholds" >> ApplyThresholds(config.preset._by_name()))
         kept = holding_rows(rows | "StillKept" >> beam.Filter(lambda row: not row.reason))
         decided = holding_rows(rows | "NowRejected" >> beam.Filter(lambda row: bool(row.reason)))
     else:
         rows = kept = holding_rows(read)
-        decided = holding_rows(p | "NoneRejected" >> beam.Create([]).with_output_types(LightRow))
-    input_count = rows | "CountSelected" >> beam.combiners.Count.Globally()
-    no_samples = p | "NoSamples" >> beam.Create([]).with_output_types(LightRow)
-    formats = (TFRECORD, WEBDATASET) if config.flags.webdataset else (TFRECORD,)
-    written = (kept, no_samples) | "WriteShards" >> WriteShards(
-        output, config.flags.name, preset, config.columns, config.columns.carry, config.ontology,
-        config.flags.concept_labels_column, formats)
-    late = written["rejected"]
-    rejections = holding_rows((decided, late) | "AllRejections" >> beam.Flatten())
-    _ = (rejections, input_count) | "WriteRejectionLedger" >> WriteRejectionLedger(output)
-    per_split = (
-        written[SHARDS]
-        | "RecordsPerShard" >> beam.Map(lambda shard: (shard[0], shard[2]["records"]))
-        | "WrittenPerSplit" >> beam.CombinePerKey(sum)
-    )
-    nothing = p | "NoHistograms" >> beam.Create([])
-    ran = [stage["stage"] for stage in source_funnel.get("stages", []) if stage.get("ran")]
-    notes = {"read": f"a selection of {source}: no rule judged again"}
-    meta = {"ran": ran, "notes": notes, "dataset": config.flags.name, "preset": preset, "extras": tuple(config.extras)}
-    _ = (input_count, rejections, per_split, nothing | "Distributions" >> SumHistograms(), p | "NoExtraStats" >> beam.Create([]),
-         written["samples"]) | "WriteStats" >> WriteStats(output, meta)
-    none = p | "NoVerdicts" >> beam.Create([])
-    _ = {"rows": rows, "key_verdicts": none, "lowest_ngram_counts": p | "NoCounts" >> beam.Create([]),
-         "written": written[WRITTEN], "late": late} | "CandidateTable" >> WriteCandidateTable(output)
+        decided = None
+    selected = rows | "CountSelected" >> beam.combiners.Count.Globally()
+    written = SecondPass.Inputs(survivors=kept, decided_rejections=decided, row_count=selected, pairs=None) | (
+        "SecondPass" >> SecondPass(config, eval_index=None, reports=False))
+    # The funnel lists the source build's stages as ran: the selection stands on their verdicts.
+    ran = StagesRun([stage["stage"] for stage in source_funnel.get("stages", []) if stage.get("ran")],
+                    {"read": f"a selection of {source}: no rule judged again"})
+    _ = WriteBuildStats.Inputs(
+        input_count=selected, rejections=written.rejections, shards=written.shards, samples=written.samples,
+    ) | "WriteBuildStats" >> WriteBuildStats(config, ran)
+    _ = TableInputs(rows=rows, placements=written.placements, late_rejections=written.late_rejections) | (
+        "CandidateTable" >> candidate_table(config))
 
 
 def main(argv: Optional[List[str]] = None) -> None:

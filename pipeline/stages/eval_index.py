@@ -49,19 +49,18 @@ class EvalIndex(NamedTuple):
     note: str
 
 
-def embed_eval_sets(specs: Sequence[str], embedder_name: str, preset, embedder_args=()):
-    """The evaluation sets read and embedded in memory, in the launcher (the output is not touched yet).
+def embed_eval_sets(sets: Sequence[Tuple[str, str]], embedder, embedder_name: str, threshold: float, preset):
+    """The evaluation sets (``(name, path)``, names distinct) read and embedded in memory with ``embedder``, in the
+    launcher (the output is not touched yet).
 
     Returns ``(index, threshold, note)`` for ``write_eval_index``.
     """
     from dedup.index_sets import load_index_sets
 
-    embedder = dedup_options.embedder(embedder_name, embedder_args)
-    index = load_index_sets(specs, embedder)
-    threshold = dedup_options.resolve_threshold(preset, embedder)
+    index = load_index_sets(sets, embedder)
     note = (
         f"{index.num_images} evaluation images ({len(index)} rows with variants) "
-        f"from {', '.join(specs)}; embedder {embedder_name}, cosine > {threshold}, "
+        f"from {', '.join(f'{name}={path}' for name, path in sets)}; embedder {embedder_name}, cosine > {threshold}, "
         f"{preset.near_duplicate_search} search"
     )
     return index, threshold, note

@@ -12,14 +12,14 @@ read them); splits inside it are tagged outputs. Two kinds of rejections:
   ``DropKeys``; ``JoinVerdicts`` applies them all to the light rows.
 
 Each stage declares the stage names it ``decides`` (``filters.stages``);
-``StagesRun`` collects them as the graph is built, so the funnel's "ran"
-flags and notes come from the stages that were applied.
+``StagesRun`` collects them from the stages a job applies, so the funnel's
+"ran" flags and notes come from the stages that were applied.
 """
 
 from __future__ import annotations
 
 import operator
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
@@ -40,23 +40,26 @@ from pipeline.stages.light_rows import (
 )
 
 
-class StagesRun:
-    """The stages applied to the graph so far: the names they decide, and their notes.
+class StagesRun(NamedTuple):
+    """The stages a job applies: the names they decide, in the order they run, and their notes for the funnel.
 
-    ``p | "Label" >> ran(Stage(...))`` applies a stage and records it. A stage
-    says what it decides in ``decides`` (names of ``filters.stages``, or of
-    extra stages, ``filters.extra_stages``) and may say more for the funnel
-    in ``notes`` (``{stage name: text}``).
+    A stage says what it decides in ``decides`` (names of ``filters.stages``,
+    or of extra stages, ``filters.extra_stages``) and may say more in
+    ``notes`` (``{stage name: text}``); both are known once it is made, before
+    the graph is built. ``StagesRun.of(stages, notes)`` collects them: the
+    launcher's ``notes`` first, a stage's own note of the same name wins.
     """
 
-    def __init__(self, notes: Dict[str, str] = None):
-        self.names: List[str] = []
-        self.notes: Dict[str, str] = dict(notes or {})
+    names: List[str]
+    notes: Dict[str, str]
 
-    def __call__(self, stage: beam.PTransform) -> beam.PTransform:
-        self.names.extend(stage.decides)
-        self.notes.update(getattr(stage, "notes", {}))
-        return stage
+    @classmethod
+    def of(cls, applied: Sequence[beam.PTransform], notes: Optional[Dict[str, str]] = None) -> "StagesRun":
+        names, merged = [], dict(notes or {})
+        for stage in applied:
+            names.extend(stage.decides)
+            merged.update(getattr(stage, "notes", {}))
+        return cls(names, merged)
 
 
 class DropKeys(beam.PTransform):

@@ -32,7 +32,7 @@ from __future__ import annotations
 import collections
 import json
 import math
-from typing import Dict, Iterable, Optional, Tuple
+from typing import Dict, Iterable, NamedTuple, Optional, Tuple
 
 import apache_beam as beam
 import pyarrow as pa
@@ -40,6 +40,7 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
 from common.files import size_of, write_text
+from common.optional_inputs import OptionalInputs
 from filters.text import repetition, words
 from pipeline.funnel.candidate_counts import FORMAT_VERSION, SUMMARY_FILE, table_file
 from pipeline.funnel.accounting import records_of
@@ -205,15 +206,27 @@ def _by_source(row: LightRow):
     return row.source, row
 
 
-class WriteCandidateTable(beam.PTransform):
-    """``{"rows", "key_verdicts", "lowest_ngram_counts", "written", "late"}`` -> the table files and summary.
+class TableInputs(NamedTuple):
+    """What the candidate table is made of.
 
-    ``rows``: every input record's first-pass row; ``key_verdicts``: every
-    corpus stage's ``(key, reason)``; ``lowest_ngram_counts``:
-    ``(key, count)``; ``written``: the second pass's ``(key, source,
-    ordinal, split, shard, offset)``; ``late``: its late rejections (rows).
-    ``rank``: the stage order (``filters.extra_stages.stage_rank``).
+    ``rows``: every input record's first-pass row; ``placements``: the
+    second pass's ``(key, source, ordinal, split, shard, offset)`` of each
+    record written; ``late_rejections``: the rows it could not write;
+    ``key_verdicts``: every corpus stage's ``(key, reason)`` and
+    ``lowest_ngram_counts``: ``(key, count)``, None where no corpus stage
+    ran (a selection: its rows carry their fates already).
     """
+
+    rows: beam.PCollection
+    placements: beam.PCollection
+    late_rejections: beam.PCollection
+    key_verdicts: Optional[beam.PCollection] = None
+    lowest_ngram_counts: Optional[beam.PCollection] = None
+
+
+class WriteCandidateTable(OptionalInputs):
+    """``TableInputs`` -> the table files and summary. ``rank``: the stage order
+    (``filters.extra_stages.stage_rank``)."""
 
     def __init__(self, output_dir: str, rank=None):
         super().__init__()
@@ -223,19 +236,20 @@ class WriteCandidateTable(beam.PTransform):
         from common.hot_keys import JoinDecisions
 
         output_dir = self.output_dir
-        rows = inputs["rows"]
+        rows = inputs.rows
         rejected = rows | "FirstPassRejections" >> beam.Filter(lambda row: bool(row.reason))
-        running = rows | "InTheRunning" >> beam.Filter(lambda row: not row.reason)
-        decisions = (
-            (inputs["key_verdicts"] | "VerdictDecisions" >> beam.MapTuple(lambda key, reason: (key, (reason, 0))),
-             inputs["lowest_ngram_counts"] | "NgramDecisions" >> beam.MapTuple(lambda key, n: (key, ("", int(n)))))
-            | "AllKeyDecisions" >> beam.Flatten()
-        )
-        decided = (
-            {"rows": running | "KeyRows" >> beam.Map(lambda row: (row.key, row)), "decisions": decisions}
-            | "JoinKeyDecisions" >> JoinDecisions(combine=_KeyDecision(self.rank), label="candidate_table")
-            | "ApplyKeyDecisions" >> beam.Map(_decided)
-        )
+        decided = running = rows | "InTheRunning" >> beam.Filter(lambda row: not row.reason)
+        if inputs.key_verdicts is not None:
+            decisions = (
+                (inputs.key_verdicts | "VerdictDecisions" >> beam.MapTuple(lambda key, reason: (key, (reason, 0))),
+                 inputs.lowest_ngram_counts | "NgramDecisions" >> beam.MapTuple(lambda key, n: (key, ("", int(n)))))
+                | "AllKeyDecisions" >> beam.Flatten()
+            )
+            decided = (
+                {"rows": running | "KeyRows" >> beam.Map(lambda row: (row.key, row)), "decisions": decisions}
+                | "JoinKeyDecisions" >> JoinDecisions(combine=_KeyDecision(self.rank), label="candidate_table")
+                | "ApplyKeyDecisions" >> beam.Map(_decided)
+            )
         all_rows = (rejected, decided) | "AllCandidates" >> beam.Flatten()
         sources = (
             all_rows
@@ -244,9 +258,9 @@ class WriteCandidateTable(beam.PTransform):
         )
         grouped = {
             "rows": all_rows | "RowsBySource" >> beam.Map(_by_source),
-            "written": inputs["written"] | "WrittenBySource" >> beam.Map(
+            "written": inputs.placements | "WrittenBySource" >> beam.Map(
                 lambda w: (w[1], (w[0], w[2], w[3], w[4], w[5]))),
-            "late": inputs["late"] | "LateBySource" >> beam.Map(
+            "late": inputs.late_rejections | "LateBySource" >> beam.Map(
                 lambda row: (row.source, (row.ordinal, row.key, row.reason))),
         } | "GroupBySource" >> beam.CoGroupByKey()
         reports = grouped | "WriteTableFiles" >> beam.ParDo(

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
@@ -40,6 +40,7 @@ from apache_beam.metrics import Metrics
 from common import allocator
 from common.corpus_dir import SHARDS_FILE
 from common.files import write_text
+from common.optional_inputs import OptionalInputs
 from common.schema import CONCEPTS_DIR, SPLITS, Candidate, shard_filename, split_of
 from filters import stages
 from filters.image import Stored, read_header, stored_picture
@@ -58,7 +59,7 @@ from pipeline.write.tar_shards import TFRECORD, WEBDATASET, TarShardWriter
 
 SHARDS, SAMPLES, LATE, CONCEPT_COUNTS = "shards", "samples", "late_rejections", "concept_counts"
 #: ``(key, source, ordinal, split, shard, offset)`` of each record written (the candidate table's); the tars' infos.
-WRITTEN, TARS = "written", "tars"
+PLACEMENTS, TARS = "placements", "tars"
 SOURCE_CHANGED = stages.reason("read", "source_changed")
 
 
@@ -231,7 +232,7 @@ class _WriteFileShards(beam.DoFn):
         Metrics.counter(METRICS_NAMESPACE, f"written/{shards.split}").inc()
         progress.tally("write", records=1)
         closed, shard, offset = shards.write(row, written, self.carried, concepts)
-        yield beam.pvalue.TaggedOutput(WRITTEN, (row.key, row.source, row.ordinal, shards.split, shard, offset))
+        yield beam.pvalue.TaggedOutput(PLACEMENTS, (row.key, row.source, row.ordinal, shards.split, shard, offset))
         yield from self._shards(closed)
 
     def _shards(self, closed):
@@ -268,20 +269,31 @@ def _keyed_by_source(row: LightRow):
 FILE_AND_ROW = Tuple[str, LightRow]
 
 
-class WriteShards(beam.PTransform):
-    """``(kept light rows, sampled rejections)`` -> ``{"shards", "samples", "rejected", "concepts", "written",
-    "tars"}``.
+class ShardsWritten(NamedTuple):
+    """What ``WriteShards`` hands on (see there)."""
+
+    shards: beam.PCollection
+    samples: beam.PCollection
+    late_rejections: beam.PCollection
+    concept_counts: beam.PCollection
+    placements: beam.PCollection
+    tars: Optional[beam.PCollection]
+
+
+class WriteShards(OptionalInputs):
+    """``(kept light rows, sampled rejections or None)`` -> ``ShardsWritten``.
 
     ``shards``: one ``(split, index, {"records", "bytes", "crc32c"})`` per
     shard file; the list is also written to ``stats/_shards.json`` for the
     launcher (``pipeline.write.shards.shard_list``). ``samples``: audit sample
-    rows with thumbnails. ``rejected``: records the pass could not write.
-    ``concepts``: ``((split, class), records)`` per shard with ``--concepts``.
-    ``written``: ``(key, source, ordinal, split, shard, offset)`` of each
-    record written (the candidate table's, ``pipeline.write.candidate_table``).
-    ``formats`` (``pipeline.write.tar_shards.FORMATS``): the TFRecord
-    shards always; with ``webdataset`` the same records also go to tars,
-    listed in ``stats/_webdataset.json`` (``tars``: their infos).
+    rows with thumbnails (none without sampled rejections). ``late_rejections``:
+    records the pass could not write. ``concept_counts``: ``((split, class),
+    records)`` per shard with ``--concepts``. ``placements``: ``(key, source,
+    ordinal, split, shard, offset)`` of each record written (the candidate
+    table's, ``pipeline.write.candidate_table``). ``formats``
+    (``pipeline.write.tar_shards.FORMATS``): the TFRecord shards always; with
+    ``webdataset`` the same records also go to tars, listed in
+    ``stats/_webdataset.json`` (``tars``: their infos; None without).
     """
 
     def __init__(self, output_dir: str, name: str, preset, columns: Columns = Columns(), carried: Sequence[str] = (),
@@ -312,21 +324,23 @@ class WriteShards(beam.PTransform):
         # One entry per input file: small beside the rows, read by every writer.
         firsts = beam.pvalue.AsSingleton(plan | "FirstShards" >> beam.Map(lambda p: p[0]))
         totals = beam.pvalue.AsSingleton(plan | "ShardsPerSplit" >> beam.Map(lambda p: p[1]))
-        to_read = samples | "SamplesToReadAgain" >> beam.Filter(lambda r: bool(r.source))
-        written = (
-            (rows | "ByFile" >> beam.Map(_keyed_by_source).with_output_types(FILE_AND_ROW),
-             to_read | "SamplesByFile" >> beam.Map(_keyed_by_source).with_output_types(FILE_AND_ROW))
+        to_read = [] if samples is None else [
+            samples
+            | "SamplesToReadAgain" >> beam.Filter(lambda r: bool(r.source))
+            | "SamplesByFile" >> beam.Map(_keyed_by_source).with_output_types(FILE_AND_ROW)]
+        outputs = (
+            [rows | "ByFile" >> beam.Map(_keyed_by_source).with_output_types(FILE_AND_ROW), *to_read]
             | "RowsToReadAgain" >> beam.Flatten()
             | "GroupByFile" >> beam.GroupByKey()
             | "WriteFileShards" >> beam.ParDo(
                 _WriteFileShards(output_dir, name, self.preset, self.columns, self.carried, self.ontology,
                                  self.labels_column, self.formats), firsts, totals)
-            .with_outputs(SHARDS, SAMPLES, LATE, CONCEPT_COUNTS, WRITTEN, TARS)
+            .with_outputs(SHARDS, SAMPLES, LATE, CONCEPT_COUNTS, PLACEMENTS, TARS)
         )
         tars = None
         empty = plan | "EmptyCorpusShards" >> beam.FlatMap(
             lambda p: [] if p[1] else [(split, 0, write_empty_shard(output_dir, name, split)) for split in SPLITS])
-        shards = (written[SHARDS], empty) | "AllShards" >> beam.Flatten()
+        shards = (outputs[SHARDS], empty) | "AllShards" >> beam.Flatten()
         _ = (
             shards
             | "CollectShardList" >> beam.combiners.ToList()
@@ -337,7 +351,7 @@ class WriteShards(beam.PTransform):
         if WEBDATASET in self.formats:
             empty_tars = plan | "EmptyCorpusTars" >> beam.FlatMap(
                 lambda p: [] if p[1] else [(split, 0, tar_shards.write_empty_tar(output_dir, split)) for split in SPLITS])
-            tars = (written[TARS], empty_tars) | "AllTars" >> beam.Flatten()
+            tars = (outputs[TARS], empty_tars) | "AllTars" >> beam.Flatten()
             _ = (
                 tars
                 | "CollectTarList" >> beam.combiners.ToList()
@@ -345,13 +359,10 @@ class WriteShards(beam.PTransform):
                     lambda infos: write_text(FileSystems.join(output_dir, tar_shards.TARS_FILE),
                                              json.dumps(tar_shards.tar_list(infos), sort_keys=True)))
             )
-        unread = samples | "SamplesWithoutSource" >> beam.Filter(lambda r: not r.source) | "SampleRows" >> beam.Map(
-            _sample, None)
-        return {
-            SHARDS: shards,
-            SAMPLES: (written[SAMPLES], unread) | "AllSamples" >> beam.Flatten(),
-            "rejected": holding_rows(written[LATE]),
-            "concepts": written[CONCEPT_COUNTS],
-            WRITTEN: written[WRITTEN],
-            **({TARS: tars} if tars is not None else {}),
-        }
+        samples_out = outputs[SAMPLES]
+        if samples is not None:
+            unread = samples | "SamplesWithoutSource" >> beam.Filter(lambda r: not r.source) | "SampleRows" >> (
+                beam.Map(_sample, None))
+            samples_out = (samples_out, unread) | "AllSamples" >> beam.Flatten()
+        return ShardsWritten(shards=shards, samples=samples_out, late_rejections=holding_rows(outputs[LATE]),
+                             concept_counts=outputs[CONCEPT_COUNTS], placements=outputs[PLACEMENTS], tars=tars)

@@ -9,7 +9,7 @@ from PIL import Image, ImageOps
 from dedup import embedders
 from dedup.calibration_images import real_photographs
 from dedup.edits import crop_fraction, encode_jpeg
-from dedup.index_sets import DEFAULT_VARIANTS, IndexImage, build_index, load_index_sets, parse_spec
+from dedup.index_sets import DEFAULT_VARIANTS, IndexImage, build_index, load_index_sets
 
 
 @pytest.fixture(scope="module")
@@ -30,12 +30,6 @@ def png(image):
     return buffer.getvalue()
 
 
-def test_parse_spec():
-    assert parse_spec("coco=/data/coco/test") == ("coco", "/data/coco/test")
-    assert parse_spec("/data/flickr30k/") == ("flickr30k", "/data/flickr30k/")
-    assert parse_spec("gs://bucket/imagenet_val") == ("imagenet_val", "gs://bucket/imagenet_val")
-
-
 def test_folder_set_is_read_recursively_with_variants_and_reasons(tmp_path, pictures, dct):
     root = tmp_path / "eval"
     (root / "sub" / "deeper").mkdir(parents=True)
@@ -46,7 +40,7 @@ def test_folder_set_is_read_recursively_with_variants_and_reasons(tmp_path, pict
     (root / "sub" / "notes.txt").write_text("not an image")
     (root / "flat.png").write_bytes(png(Image.new("RGB", (100, 80), (90, 90, 90))))
 
-    index = load_index_sets([f"eval={root}"], dct)
+    index = load_index_sets([("eval", str(root))], dct)
 
     assert index.vectors.shape == (3 * len(DEFAULT_VARIANTS), dct.dim) and index.vectors.dtype == np.float32
     np.testing.assert_allclose(np.linalg.norm(index.vectors, axis=1), 1.0, atol=1e-5)
@@ -100,7 +94,8 @@ def test_tfds_shards_and_parquet_sets_load_together(tmp_path, pictures, dct):
     )
     pq.write_table(table, tmp_path / "flickr.parquet")
 
-    index = load_index_sets([f"coco={shards}", f"flickr={tmp_path / 'flickr.parquet'}"], dct, variants=("original",))
+    index = load_index_sets([("coco", str(shards)), ("flickr", str(tmp_path / "flickr.parquet"))], dct,
+                            variants=("original",))
 
     assert list(zip(index.set_names, index.keys)) == [("coco", "k0"), ("coco", "k1"), ("flickr", "p0"), ("flickr", "p1")]
     assert not index.skipped
@@ -113,7 +108,7 @@ def test_tfds_shards_and_parquet_sets_load_together(tmp_path, pictures, dct):
 
 def test_set_names_must_be_distinct(tmp_path, dct):
     with pytest.raises(ValueError, match="distinct"):
-        load_index_sets([f"a={tmp_path}", f"a={tmp_path}/x"], dct)
+        load_index_sets([("a", str(tmp_path)), ("a", f"{tmp_path}/x")], dct)
 
 
 def test_unknown_variant_is_rejected(dct):

@@ -487,7 +487,7 @@ def test_near_duplicates_of_eval_images(generated, rows):
     out, info = generated
     embedder = embedders.get(plan_lib.NEAR_DUPLICATE_EMBEDDER)
     name, path = info["eval_images"].split("=", 1)
-    index = load_index_sets([f"{name}={os.path.join(out, path)}"], embedder)  # as the build does
+    index = load_index_sets([(name, os.path.join(out, path))], embedder)  # as the build does
     assert index.num_images == len(scenes.SHAPES) * evalset.EVAL_PER_CLASS["test"]
     copies = [(r, m) for r, m in rows.values() if m["expected"] == f"near_duplicate_eval/{name}"]
     assert 10 <= len(copies) <= 20

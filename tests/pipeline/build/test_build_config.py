@@ -56,6 +56,52 @@ def test_a_mistake_is_one_usage_error_before_anything_is_written(tmp_path, extra
     assert not (tmp_path / "out").exists()
 
 
+def test_a_duplicate_evaluation_set_name_is_one_usage_line_before_anything_is_touched(tmp_path, capsys):
+    """Two sets of one name would share the reason near_duplicate_eval/NAME: refused as the command line is read."""
+    from pipeline.build import launcher
+
+    pattern = write_candidates(tmp_path / "in")
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    with pytest.raises(SystemExit) as exited:
+        launcher.main(["--input", str(pattern), "--output", str(tmp_path / "out"),
+                       "--eval_images", f"test={tmp_path / 'a'}", "--eval_images", f"test={tmp_path / 'b'}"])
+    assert exited.value.code == launcher.EXIT_USAGE
+    error, *usage = capsys.readouterr().err.splitlines()
+    assert error == (f"error: --eval_images 'test={tmp_path / 'b'}': the set name 'test' is given twice (each set "
+                     "names its own rejection reason near_duplicate_eval/NAME)")
+    assert usage == [options.SHORT_USAGE]
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_launcher_makes_the_embedder_once(tmp_path, monkeypatch):
+    """The config's embedder checks its arguments, embeds the evaluation sets and gives both searches their cosine."""
+    import numpy as np
+    from PIL import Image
+
+    from dedup import embedders
+    from pipeline.build import launcher
+
+    made, get, build = [], embedders.get, launcher.build_pipeline
+    monkeypatch.setattr(embedders, "get", lambda name, **kwargs: made.append(name) or get(name, **kwargs))
+
+    class Built(Exception):
+        pass
+
+    def build_and_stop(*args):  # the whole graph, with both near-duplicate searches; nothing runs
+        build(*args)
+        raise Built
+
+    monkeypatch.setattr(launcher, "build_pipeline", build_and_stop)
+    (tmp_path / "eval").mkdir()
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (48, 64, 3), dtype=np.uint8)).save(
+        tmp_path / "eval" / "0.jpg")
+    with pytest.raises(Built):
+        launcher.run(["--input", str(write_candidates(tmp_path / "in")), "--output", str(tmp_path / "out"),
+                      "--eval_images", f"test={tmp_path / 'eval'}", "--set", "dedup_in_corpus=true"])
+    assert made == ["dct"]
+
+
 def test_an_option_declared_in_one_place_reaches_the_graph(tmp_path, monkeypatch):
     """Declaring a flag is all it takes for the graph's composites to read it: no resolver, no launcher change."""
     declare = options.BuildOptions._add_argparse_args.__func__

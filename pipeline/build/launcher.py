@@ -147,7 +147,7 @@ def run(argv: Optional[List[str]] = None) -> dict:
     build_pipeline(p, config, notes, eval_index)
     say(f"running the job on {runner} into {directory}")
     local = not config.flags.detached and not is_dataflow(runner)
-    seconds = 0 if args.quiet or not local else args.progress_seconds
+    seconds = 0 if config.flags.quiet or not local else config.flags.progress_seconds
     with progress.ProgressBoard(config.input_files, say, seconds):  # the local runners' only progress report
         result = p.run()
         if config.flags.detached:

@@ -20,13 +20,11 @@ from tests.pipeline.stages.test_model_score_stage import MODEL, QUICK, _jpeg
 COLOURS = ("red", "green", "blue", "yellow")
 
 
-@pytest.fixture(scope="module")
-def server():
+def SERVER():  # noqa: N802 (the name the fixture ``server`` reads, tests/pipeline/conftest.py)
     rng = np.random.default_rng(0)
     images = {f"{name}.jpg": _jpeg(score_models.COLOURS[name], rng, size=(64, 48)) for name in COLOURS}
     images["good.jpg"] = images["red.jpg"]  # the server's routes expect one
-    with MisbehavingServer(images) as running:
-        yield running
+    return MisbehavingServer(images)
 
 
 def test_downloaded_pairs_are_scored_per_row_and_cut(tmp_path, server, monkeypatch):

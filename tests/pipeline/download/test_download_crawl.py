@@ -8,7 +8,6 @@ served about half of its URLs.
 """
 
 import glob
-import io
 import json
 import os
 import signal
@@ -16,13 +15,12 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import pytest
-from PIL import Image
 
 from common import tfrecord_io as tfrecord
 from corpus_paths import committed
 from pipeline.build import launcher
+from tests import images as made
 from tests.pipeline.download_server import MisbehavingServer
 
 NAME = "crawled"
@@ -30,16 +28,11 @@ COMMON = ["--name", NAME, "--download", "--download_allow_loopback", "--download
           "--download_retries", "0", "--set", "min_ngram_count=0"]
 
 
-def noise_jpeg(seed: int) -> bytes:
-    """A distinct 240x240 JPEG (a different sha256 and pHash per seed)."""
-    pixels = np.random.default_rng(seed).integers(0, 256, (30, 30, 3), dtype=np.uint8)
-    out = io.BytesIO()
-    Image.fromarray(pixels).resize((240, 240), Image.NEAREST).save(out, format="JPEG", quality=90)
-    return out.getvalue()
-
-
 def images(first: int, count: int) -> dict:
-    return {f"p{i}.jpg": noise_jpeg(i) for i in range(first, first + count)} | {"good.jpg": noise_jpeg(10_000 + first)}
+    def noise(seed):  # a distinct 240x240 JPEG: a different sha256 and pHash per seed
+        return made.noise(seed, (240, 240), cells=(30, 30), quality=90)
+
+    return {f"p{i}.jpg": noise(i) for i in range(first, first + count)} | {"good.jpg": noise(10_000 + first)}
 
 
 def write_tsv(path, rows):

@@ -121,3 +121,19 @@ def sample_build(measured_sample_build):
     """The sample built by the real Beam job (in-process FnApiRunner): (its committed version's directory, funnel)."""
     output, funnel, _ = measured_sample_build
     return output, funnel
+
+
+@pytest.fixture(scope="module")
+def server(request):
+    """A loopback image server on 127.0.0.1 for the tests that download, started once for the module that asks.
+
+    ``MisbehavingServer`` with its one good JPEG unless the module names
+    another in ``SERVER``: a function of no arguments that returns the server
+    to start (``LoopbackImages`` for img2dataset's cases, or a
+    ``MisbehavingServer`` of the module's own images).
+    """
+    from tests.pipeline.download_server import MisbehavingServer
+
+    make = getattr(request.module, "SERVER", MisbehavingServer)
+    with make() as running:
+        yield running

@@ -1,12 +1,12 @@
 """Shared ground: file access and EXIF orientation."""
 
-import io
 
 import numpy as np
 import pytest
 from PIL import Image, ImageOps
 
 from common import files, images
+from tests import images as made
 
 
 def test_files_round_trip_raw_bytes_and_make_folders(tmp_path):
@@ -27,20 +27,12 @@ def test_match_keeps_relative_paths_and_recurses(tmp_path, monkeypatch):
     assert not files.is_remote("a/x.png") and files.is_remote("gs://bucket/x")
 
 
-def jpeg_with_orientation(stored: Image.Image, orientation: int) -> bytes:
-    exif = Image.Exif()
-    exif[images.EXIF_ORIENTATION_TAG] = orientation
-    out = io.BytesIO()
-    stored.save(out, format="PNG", exif=exif.tobytes())
-    return out.getvalue()
-
-
 @pytest.mark.parametrize("orientation", range(1, 9))
 def test_orientation_agrees_with_pil_and_unorient_inverts_it(orientation):
     upright = Image.fromarray(np.arange(5 * 7 * 3, dtype=np.uint8).reshape(5, 7, 3))
     stored = images.unorient(upright, orientation)
     assert images.upright_size(stored.size, orientation) == upright.size
-    opened = images.open_image(jpeg_with_orientation(stored, orientation))
+    opened = images.open_image(made.with_orientation(stored, orientation, "PNG"))
     assert images.exif_orientation(opened) == orientation
     ours = images.orient(opened, orientation)
     assert np.array_equal(np.asarray(ours), np.asarray(upright))

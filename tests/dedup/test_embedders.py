@@ -1,6 +1,5 @@
 """Embedder interface, the "dct" descriptor, the checkpoint adapter and the ONNX embedder."""
 
-import io
 import json
 import pickle
 
@@ -10,6 +9,7 @@ from PIL import Image, ImageEnhance
 
 from dedup import embedders
 from dedup.calibration_images import real_photographs
+from tests import images as made
 
 
 @pytest.fixture(scope="module")
@@ -20,9 +20,7 @@ def photos():
 
 
 def jpeg(pixels, quality=90, **save_args):
-    buffer = io.BytesIO()
-    Image.fromarray(pixels).save(buffer, "JPEG", quality=quality, **save_args)
-    return buffer.getvalue()
+    return made.encode(pixels, quality=quality, **save_args)
 
 
 def cosine(a, b):

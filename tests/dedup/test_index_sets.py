@@ -10,6 +10,7 @@ from dedup import embedders
 from dedup.calibration_images import real_photographs
 from dedup.edits import crop_fraction, encode_jpeg
 from dedup.index_sets import DEFAULT_VARIANTS, IndexImage, build_index, load_index_sets
+from tests import images as made
 
 
 @pytest.fixture(scope="module")
@@ -24,21 +25,15 @@ def dct():
     return embedders.get("dct")
 
 
-def png(image):
-    buffer = io.BytesIO()
-    image.save(buffer, "PNG")
-    return buffer.getvalue()
-
-
 def test_folder_set_is_read_recursively_with_variants_and_reasons(tmp_path, pictures, dct):
     root = tmp_path / "eval"
     (root / "sub" / "deeper").mkdir(parents=True)
     (root / "a.jpg").write_bytes(encode_jpeg(pictures[0]))
-    (root / "sub" / "b.png").write_bytes(png(pictures[1]))
+    (root / "sub" / "b.png").write_bytes(made.encode(pictures[1], "PNG"))
     (root / "sub" / "deeper" / "c.jpeg").write_bytes(encode_jpeg(pictures[2]))
     (root / "sub" / "broken.jpg").write_bytes(b"\xff\xd8\xff not really a jpeg")
     (root / "sub" / "notes.txt").write_text("not an image")
-    (root / "flat.png").write_bytes(png(Image.new("RGB", (100, 80), (90, 90, 90))))
+    (root / "flat.png").write_bytes(made.encode(Image.new("RGB", (100, 80), (90, 90, 90)), "PNG"))
 
     index = load_index_sets([("eval", str(root))], dct)
 

@@ -9,6 +9,7 @@ from PIL import Image
 from benchmarks.helpers.images import lanczos3_reference
 from filters import image
 from filters.presets import get_preset
+from tests import images as made
 
 ALIGN = get_preset("align")
 CC12M = get_preset("cc12m")
@@ -296,9 +297,7 @@ def test_large_jpeg_is_stored_downscaled():
 
 
 def jpeg_bytes(picture, **kw):
-    out = io.BytesIO()
-    picture.save(out, format="JPEG", quality=92, **kw)
-    return out.getvalue()
+    return made.encode(picture, quality=92, **kw)
 
 
 def hamming(a: str, b: str) -> int:

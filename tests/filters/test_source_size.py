@@ -1,20 +1,17 @@
 """Size and aspect judge the source size the input states, not the downloader's resized image."""
 
-import io
 
 import pytest
-from PIL import Image
 
 from common.schema import Candidate
 from filters.presets import get_preset
 from filters.image import read_header, stored_picture
 from filters.record import judge_record
+from tests import images as made
 
 
 def stored_jpeg(size=(256, 256)):
-    out = io.BytesIO()
-    Image.new("RGB", size, (90, 120, 30)).save(out, format="JPEG")
-    return out.getvalue()
+    return made.solid(size, (90, 120, 30))
 
 
 def candidate(source=(0, 0)):

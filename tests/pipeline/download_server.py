@@ -38,13 +38,12 @@ from __future__ import annotations
 
 import collections
 import http.server
-import io
 import socket
 import threading
 import time
 from urllib.parse import parse_qs, urlsplit
 
-from PIL import Image
+from tests import images as made
 
 DRIP_SECONDS = 0.05
 MAX_HANDLER_SECONDS = 20.0
@@ -54,11 +53,7 @@ SLOW_IMAGE_SECONDS = 0.2
 
 def jpeg(width: int, height: int, seed: int = 0, fmt: str = "JPEG") -> bytes:
     """A gradient image (real content, so decoders and hashes have work)."""
-    img = Image.new("RGB", (width, height))
-    img.putdata([((x * 7 + seed) % 256, (y * 5 + seed) % 256, ((x + y) * 3) % 256) for y in range(height) for x in range(width)])
-    out = io.BytesIO()
-    img.save(out, format=fmt, quality=90) if fmt == "JPEG" else img.save(out, format=fmt)
-    return out.getvalue()
+    return made.gradient(width, height, seed, fmt)
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):

@@ -8,12 +8,11 @@ the image's *source* size whatever the downloader stored.
 from __future__ import annotations
 
 import http.server
-import io
 import threading
 import time
 from typing import NamedTuple, Optional
 
-from PIL import Image
+from tests import images as made
 
 SLOW_SECONDS = 4.0  # longer than the downloader's --timeout in the test
 
@@ -45,13 +44,7 @@ CASES = (
 def image_bytes(case: Case) -> bytes:
     if case.format == "HTML":
         return b"<html><body>not an image</body></html>"
-    width, height = case.size
-    img = Image.new("RGB", (width, height))
-    # A gradient, so the downloader's resize and re-encode have real content.
-    img.putdata([((x * 7) % 256, (y * 5) % 256, ((x + y) * 3) % 256) for y in range(height) for x in range(width)])
-    out = io.BytesIO()
-    img.save(out, format=case.format, quality=90) if case.format == "JPEG" else img.save(out, format=case.format)
-    return out.getvalue()
+    return made.gradient(*case.size, fmt=case.format)  # the downloader's resize and re-encode have real content
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):

@@ -12,7 +12,6 @@ the test is skipped. Set ``AUDIT_SCREENSHOT_DIR`` to keep the screenshots.
 
 import base64
 import importlib.util
-import io
 import json
 import os
 import select
@@ -25,6 +24,7 @@ import pytest
 from PIL import Image
 
 from pipeline.audit import auditor as audit
+from tests import images as made
 
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 TIMEOUT_S = 90.0
@@ -223,7 +223,7 @@ def test_browser_check_catches_a_broken_image(tmp_path, profile_dir):
     # The checks above must be able to fail: a page with an undecodable
     # data: image and an external image reports both.
     page = tmp_path / "broken.html"
-    good = "data:image/png;base64," + base64.b64encode(_tiny_png()).decode()
+    good = "data:image/png;base64," + base64.b64encode(made.solid((4, 3), (10, 200, 30), "PNG")).decode()
     page.write_text(
         f'<!DOCTYPE html><html><body><img src="{good}"><img src="data:image/jpeg;base64,AAAA">'
         '<img src="http://127.0.0.1:9/nothing.png"></body></html>'
@@ -231,12 +231,6 @@ def test_browser_check_catches_a_broken_image(tmp_path, profile_dir):
     images, events, _ = open_page("file://" + str(page), profile_dir)
     assert [i["width"] > 0 for i in images] == [True, False, False]
     assert any(u.startswith("http://127.0.0.1") for u in _requested_urls(events))
-
-
-def _tiny_png():
-    buf = io.BytesIO()
-    Image.new("RGB", (4, 3), (10, 200, 30)).save(buf, "PNG")
-    return buf.getvalue()
 
 
 def test_the_threshold_explorer_renders_in_chromium(sample_build, tmp_path, profile_dir):

@@ -20,7 +20,8 @@ from corpus_paths import committed
 from pipeline.build import launcher
 from pipeline.funnel import accounting as finish
 from pipeline.publish import output_contract as output
-from tests.pipeline.readers.test_file_records import jpeg, make_input_tree
+from tests import images as made
+from tests.pipeline.readers.test_file_records import make_input_tree
 
 ROOT = repo_root.ROOT
 QUICK = ["--set", "vocab_size=0", "--set", "nsfw_threshold=1.0"]
@@ -31,7 +32,7 @@ def write_candidates(directory, rows=6):
     table = pa.table({
         "url": [f"https://e.x/{i}.jpg" for i in range(rows)],
         "caption": [f"a small test picture number {i}" for i in range(rows)],
-        "jpg": [jpeg(i) for i in range(rows)],
+        "jpg": [made.swatch(i) for i in range(rows)],
     })
     pq.write_table(table, directory / "part-0.parquet")
     return directory / "*.parquet"

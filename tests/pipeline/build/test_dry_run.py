@@ -25,10 +25,8 @@ import io
 import os
 import re
 
-import numpy as np
 import pytest
 from apache_beam.options import pipeline_options
-from PIL import Image
 
 import repo_root
 from benchmarks.dry_run_size import random_index, url_lists
@@ -37,17 +35,11 @@ from filters import nsfw
 from filters.presets import get_preset
 from pipeline.build import dry_run, launcher
 from pipeline.build import worker_requirements
+from tests import images as made
 
 DATAFLOW = ["--runner", "DataflowRunner", "--project", "my-project", "--region", "us-central1",
             "--temp_location", "gs://my-bucket/tmp", "--dry_run=true"]
 ALIGN = ["--preset", "align", "--download", "--model_score", "tests.pipeline.score_models:colour_words"]
-
-
-def noise_jpeg(seed: int) -> bytes:
-    """An image the evaluation index keeps (it skips featureless ones)."""
-    out = io.BytesIO()
-    Image.fromarray(np.random.default_rng(seed).integers(0, 256, (48, 64, 3), dtype=np.uint8)).save(out, "JPEG")
-    return out.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +48,7 @@ def inputs(tmp_path_factory):
     evals = root / "eval"
     evals.mkdir()
     for i in range(2):
-        (evals / f"{i}.jpg").write_bytes(noise_jpeg(i))
+        (evals / f"{i}.jpg").write_bytes(made.noise(i, (64, 48)))
     requirements = root / "worker-requirements.txt"
     lock = os.path.join(repo_root.ROOT, "requirements", "lock.txt")
     requirements.write_text("\n".join(worker_requirements.worker_requirements(lock)))
@@ -152,7 +144,7 @@ def test_dry_run_of_the_docs_command_on_gcs(tmp_path, capsys):
 
     with gcs_emulator.running(str(tmp_path / "emulator.log")) as bucket:
         put(f"{bucket}/candidates/a.tsv", b"url\tcaption\nhttps://e.x/0.jpg\ta red picture\n")
-        put(f"{bucket}/eval/0.jpg", noise_jpeg(0))
+        put(f"{bucket}/eval/0.jpg", made.noise(0, (64, 48)))
         launcher.main(["--input", f"{bucket}/candidates/*.tsv", "--output", f"{bucket}/corpus", *ALIGN,
                        "--eval_images", f"test={bucket}/eval", *DATAFLOW[:-3],
                        "--temp_location", f"{bucket}/tmp", "--dry_run=true"])

@@ -2,7 +2,6 @@
 
 import collections
 import glob
-import io
 import json
 import os
 import re
@@ -13,7 +12,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
-from PIL import Image
 
 import repo_root
 from corpus_paths import committed
@@ -23,6 +21,7 @@ from filters.record import Candidate, judge_record
 from pipeline.audit import auditor as audit
 from pipeline.build import launcher
 from pipeline.build.options import UsageError
+from tests import images as made
 from tests.pipeline.build.test_build_safety import write_candidates
 
 ROOT = repo_root.ROOT
@@ -38,11 +37,7 @@ def manual_example():
 
 
 def jpeg(index, size=(480, 420)):
-    img = Image.new("RGB", size, ((37 * index) % 256, (91 * index) % 256, (53 * index) % 256))
-    img.putpixel((index % size[0], 0), (255 - (37 * index) % 256, 0, 0))
-    out = io.BytesIO()
-    img.save(out, format="JPEG", quality=90)
-    return out.getvalue()
+    return made.tinted(index, size, ((index % size[0], 0), (255 - (37 * index) % 256, 0, 0)))
 
 
 # English captions from a small vocabulary (every word seen >= 20 times, so

@@ -31,12 +31,6 @@ OPTIONS = FetchOptions(
 BOUND_S = 12.0  # far above OPTIONS.deadline: only a hang crosses it
 
 
-@pytest.fixture(scope="module")
-def server():
-    with MisbehavingServer() as running:
-        yield running
-
-
 def timed(url, options=OPTIONS, **kwargs):
     start = time.monotonic()
     result = fetch(url, options, **kwargs)

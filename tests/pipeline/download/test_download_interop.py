@@ -42,10 +42,7 @@ pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(not os.path.exists(TOOL), reason=f"img2dataset not installed at {TOOL}")]
 
 
-@pytest.fixture(scope="module")
-def server():
-    with LoopbackImages() as running:
-        yield running
+SERVER = LoopbackImages  # the fixture ``server`` (tests/conftest.py) serves img2dataset's cases
 
 
 def run_img2dataset(url_list, output):

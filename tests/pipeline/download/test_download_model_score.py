@@ -12,21 +12,20 @@ from corpus_paths import committed
 from filters import model_score, score_cut
 from filters.text import normalize_text
 from pipeline.build import launcher
+from tests import images as made
 from tests.pipeline import score_models
 from tests.pipeline.download.test_download_stage import LIMITS
 from tests.pipeline.download_server import MisbehavingServer
-from tests.pipeline.stages.test_model_score_stage import MODEL, QUICK, _jpeg
+from tests.pipeline.stages.test_model_score_stage import MODEL, QUICK
 
 COLOURS = ("red", "green", "blue", "yellow")
 
 
-@pytest.fixture(scope="module")
-def server():
+def SERVER():  # noqa: N802 (the name the fixture ``server`` reads, tests/conftest.py)
     rng = np.random.default_rng(0)
-    images = {f"{name}.jpg": _jpeg(score_models.COLOURS[name], rng, size=(64, 48)) for name in COLOURS}
+    images = {f"{name}.jpg": made.noisy_colour(score_models.COLOURS[name], rng, (64, 48)) for name in COLOURS}
     images["good.jpg"] = images["red.jpg"]  # the server's routes expect one
-    with MisbehavingServer(images) as running:
-        yield running
+    return MisbehavingServer(images)
 
 
 def test_downloaded_pairs_are_scored_per_row_and_cut(tmp_path, server, monkeypatch):

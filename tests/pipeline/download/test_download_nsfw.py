@@ -20,10 +20,8 @@ IMAGES = {f"{i}.jpg": jpeg(240 + 40 * i, 200, seed=7 * i) for i in range(4)}
 QUICK = ["--set", "vocab_size=0", "--set", "min_shorter_side=0", "--set", "min_words=1"]
 
 
-@pytest.fixture(scope="module")
-def server():
-    with MisbehavingServer(dict(IMAGES, **{"good.jpg": IMAGES["0.jpg"]})) as running:
-        yield running
+def SERVER():  # noqa: N802 (the name the fixture ``server`` reads, tests/conftest.py)
+    return MisbehavingServer(dict(IMAGES, **{"good.jpg": IMAGES["0.jpg"]}))
 
 
 def test_downloaded_images_are_scored_once_and_each_row_keeps_the_score(tmp_path, server, monkeypatch):

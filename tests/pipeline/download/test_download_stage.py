@@ -63,10 +63,8 @@ def cases(server):
     ]
 
 
-@pytest.fixture(scope="module")
-def server():
-    with MisbehavingServer(dict(IMAGES)) as running:
-        yield running
+def SERVER():  # noqa: N802 (the name the fixture ``server`` reads, tests/conftest.py)
+    return MisbehavingServer(dict(IMAGES))
 
 
 def write_tsv(path, rows):

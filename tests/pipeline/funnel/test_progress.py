@@ -19,7 +19,7 @@ import pytest
 import repo_root
 from pipeline.build import launcher
 from pipeline.funnel import progress
-from tests.pipeline.readers.test_file_records import jpeg
+from tests import images as made
 
 ROOT = repo_root.ROOT
 #: Tiny pictures pass every rule but the shorter side's; NSFW and the vocabulary off.
@@ -33,7 +33,7 @@ def write_files(directory, files, rows):
         pq.write_table(pa.table({
             "url": [f"https://e.x/{i}.jpg" for i in numbers],
             "caption": [f"a small test picture number {i}" for i in numbers],
-            "jpg": [jpeg(i) for i in numbers],
+            "jpg": [made.swatch(i) for i in numbers],
         }), directory / f"part-{f:03d}.parquet")
     return str(directory / "*.parquet")
 

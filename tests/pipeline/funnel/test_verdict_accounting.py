@@ -6,24 +6,21 @@ count what they emit and the join what it receives (``pipeline.stages.verdicts``
 apart from the data, and the publication refuses a build whose counts differ.
 """
 
-import io
 
 import apache_beam as beam
 import pyarrow as pa
 import pyarrow.parquet as pq
-from PIL import Image
 
 import repo_root
 from pipeline.build import launcher
 from pipeline.stages import verdicts as verdicts_lib
+from tests import images as made
 
 SHARED = "a logo that many pages share"
 
 
 def picture(i):
-    out = io.BytesIO()
-    Image.new("RGB", (240, 240), (i * 9 % 256, 60, 200 - i)).save(out, format="JPEG")
-    return out.getvalue()
+    return made.solid((240, 240), (i * 9 % 256, 60, 200 - i))
 
 
 def candidates(directory):

@@ -6,7 +6,6 @@ non-Parquet files, binary and numeric urls.
 """
 
 import collections
-import io
 
 import apache_beam as beam
 import pyarrow as pa
@@ -14,7 +13,6 @@ import pyarrow.parquet as pq
 import pytest
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.testing.util import assert_that, equal_to
-from PIL import Image
 
 from common.schema import Candidate
 from pipeline.funnel.accounting import READ_NAMESPACE
@@ -22,12 +20,7 @@ from pipeline.readers.file_records import ReadCandidates
 from pipeline.readers.input_files import list_input_files
 from pipeline.readers.parquet import read_file as read_parquet_file
 from pipeline.readers.rows import Rejection
-
-
-def jpeg(seed=0):
-    out = io.BytesIO()
-    Image.new("RGB", (8, 8), (seed % 256, 10, 20)).save(out, format="JPEG")
-    return out.getvalue()
+from tests import images as made
 
 
 def reasons(records):
@@ -45,7 +38,7 @@ def write_bad_utf8_file(path, rows=300, bad_row=150):
     table = pa.table({
         "url": [f"https://e.x/{i}.jpg" for i in range(rows)],
         "caption": string_column_with_bad_utf8(captions),
-        "jpg": [jpeg(i) for i in range(rows)],
+        "jpg": [made.swatch(i) for i in range(rows)],
     })
     pq.write_table(table, path, row_group_size=100)
     return rows
@@ -53,7 +46,7 @@ def write_bad_utf8_file(path, rows=300, bad_row=150):
 
 def write_corrupt_second_row_group(path):
     """Two row groups of 20 rows; the second one's image pages overwritten with garbage."""
-    rows = [{"url": f"https://e.x/rg{i}.jpg", "caption": f"row group row {i}", "jpg": jpeg(i)} for i in range(40)]
+    rows = [{"url": f"https://e.x/rg{i}.jpg", "caption": f"row group row {i}", "jpg": made.swatch(i)} for i in range(40)]
     pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=20)
     meta = pq.ParquetFile(path).metadata
     column = meta.row_group(1).column(2)
@@ -97,22 +90,22 @@ def test_image_column_of_another_type_rejects_each_row(tmp_path, column):
 def test_hugging_face_image_struct(tmp_path):
     path = tmp_path / "hf.parquet"
     image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
-    images = pa.array([{"bytes": jpeg(1), "path": "a.jpg"}, {"bytes": None, "path": "b.jpg"}, None], type=image_type)
+    images = pa.array([{"bytes": made.swatch(1), "path": "a.jpg"}, {"bytes": None, "path": "b.jpg"}, None], type=image_type)
     pq.write_table(pa.table({"url": ["u1", "u2", "u3"], "text": ["one two three"] * 3, "image": images}), path)
     records = list(read_parquet_file(str(path)))
     assert reasons(records) == {"written": 1, "read/no_image": 2}
-    assert records[0].image == jpeg(1)
+    assert records[0].image == made.swatch(1)
 
 
 def test_url_cells_that_are_not_text(tmp_path):
     path = tmp_path / "urls.parquet"
     urls = pa.array([b"https://e.x/ok.jpg", b"\xff\xfe", None], type=pa.binary())
-    pq.write_table(pa.table({"url": urls, "caption": ["a b c"] * 3, "jpg": [jpeg()] * 3}), path)
+    pq.write_table(pa.table({"url": urls, "caption": ["a b c"] * 3, "jpg": [made.swatch()] * 3}), path)
     records = list(read_parquet_file(str(path)))
     assert reasons(records) == {"written": 2, "read/url_not_text": 1}
     assert records[0].url == "https://e.x/ok.jpg"  # UTF-8 bytes become text, never "b'...'"
     numeric = tmp_path / "numeric_urls.parquet"
-    pq.write_table(pa.table({"url": [1, 2], "caption": ["a b c"] * 2, "jpg": [jpeg()] * 2}), numeric)
+    pq.write_table(pa.table({"url": [1, 2], "caption": ["a b c"] * 2, "jpg": [made.swatch()] * 2}), numeric)
     assert reasons(read_parquet_file(str(numeric))) == {"read/url_not_text": 2}
 
 
@@ -135,7 +128,7 @@ def make_input_tree(root):
     spark = root / "c.parquet"
     spark.mkdir()
     for part in range(2):
-        rows = [{"url": f"https://e.x/s{part}-{i}.jpg", "caption": "spark part row", "jpg": jpeg(i)} for i in range(7)]
+        rows = [{"url": f"https://e.x/s{part}-{i}.jpg", "caption": "spark part row", "jpg": made.swatch(i)} for i in range(7)]
         pq.write_table(pa.Table.from_pylist(rows), spark / f"part-0000{part}-abc.snappy.parquet")
     (spark / "_SUCCESS").write_bytes(b"")
     (spark / ".part-00000-abc.snappy.parquet.crc").write_bytes(b"crc")

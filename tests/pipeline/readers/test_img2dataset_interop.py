@@ -100,10 +100,7 @@ def readme_snippet_loads(data_dir, version):
     assert scope["builder"].info.name == NAME and scope["ds"] is not None
 
 
-@pytest.fixture(scope="module")
-def server():
-    with LoopbackImages() as running:
-        yield running
+SERVER = LoopbackImages  # the fixture ``server`` (tests/conftest.py) serves img2dataset's cases
 
 
 def test_default_img2dataset_webdataset_output_by_source_size_and_loaded_by_name(tmp_path, server):

@@ -18,7 +18,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
-from PIL import Image
 
 import repo_root
 from common import tfrecord_io as tfrecord
@@ -29,12 +28,7 @@ from pipeline.readers import jsonl, tsv, webdataset
 from pipeline.readers import tfrecord as tfrecord_reader
 from pipeline.readers.rows import Columns, download_failure, make_columns
 from pipeline.write import shards
-
-
-def jpeg(size=(8, 8), seed=0):
-    out = io.BytesIO()
-    Image.new("RGB", size, (seed % 256, 10, 20)).save(out, format="JPEG")
-    return out.getvalue()
+from tests import images as made
 
 
 def fates(records):
@@ -141,7 +135,7 @@ def test_example_codec_reads_what_tensorflow_writes():
 def own_shard_record(i):
     record = Candidate(
         key=make_key(f"https://e.x/{i}.jpg", f"caption number {i} here"), url=f"https://e.x/{i}.jpg",
-        alt_text=f"caption number {i} here", image=jpeg((16, 12), i), text=f"caption number {i} here",
+        alt_text=f"caption number {i} here", image=made.swatch(i, (16, 12)), text=f"caption number {i} here",
         width=640 + i, height=480, stored_width=16, stored_height=12, sha256="ab" * 32, phash="0" * 16,
         carried=(("key", f"k{i}"),),
     )
@@ -209,7 +203,7 @@ def meta(key, url, caption, status="success", error=None, size=(800, 600)):
 
 def sample(key, url, caption, size=(800, 600)):
     return key, {
-        "jpg": jpeg((256, 256)),
+        "jpg": made.swatch(size=(256, 256)),
         "txt": caption.encode(),
         "json": json.dumps(meta(key, url, caption, size=size)).encode(),
     }

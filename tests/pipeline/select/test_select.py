@@ -173,23 +173,27 @@ def test_a_selection_copies_re_encoded_pictures_from_the_source_shards(tmp_path,
     assert records(resolve(str(tmp_path / "sel"))) == before
 
 
-def test_a_where_on_a_rules_measure_writes_what_a_rebuild_with_that_threshold_writes(source):
+@pytest.fixture(scope="module")
+def rebuilt7(source):
+    """The source's input rebuilt with --set min_words=7 (once for the tests that compare a selection with it)."""
+    launcher.run(["--input", str(source / "in" / "*.parquet"), "--output", str(source / "rebuilt7"), *QUICK,
+                  "--set", "min_words=7"])
+    return resolve(str(source / "rebuilt7"))
+
+
+def test_a_where_on_a_rules_measure_writes_what_a_rebuild_with_that_threshold_writes(source, rebuilt7):
     """words >= 7 over the table, and a rebuild with --set min_words=7: the same keys in the same splits, the same
     bytes (a per-record text rule, with the corpus-wide counts over the raw pool, which it does not change)."""
-    launcher.run(["--input", str(source / "in" / "*.parquet"), "--output", str(source / "rebuilt"), *QUICK,
-                  "--set", "min_words=7"])
     selector.select([str(source / "corpus"), "--output", str(source / "seven"), "--where", "words >= 7"])
-    rebuilt, selected = records(resolve(str(source / "rebuilt"))), records(resolve(str(source / "seven")))
+    rebuilt, selected = records(rebuilt7), records(resolve(str(source / "seven")))
     assert len(selected) == 2 and selected == rebuilt
 
 
-def test_a_set_selection_writes_what_a_rebuild_with_the_same_set_writes(source):
+def test_a_set_selection_writes_what_a_rebuild_with_the_same_set_writes(source, rebuilt7):
     """--set min_words=7 re-applied to the table: the same written records and bytes as the rebuild, and the
     records it now rejects under the rebuild's reasons."""
-    launcher.run(["--input", str(source / "in" / "*.parquet"), "--output", str(source / "rebuilt7"), *QUICK,
-                  "--set", "min_words=7"])
     selector.select([str(source / "corpus"), "--output", str(source / "set7"), "--set", "min_words=7"])
-    rebuilt, selected = resolve(str(source / "rebuilt7")), resolve(str(source / "set7"))
+    rebuilt, selected = rebuilt7, resolve(str(source / "set7"))
     assert records(selected) == records(rebuilt) and len(records(selected)) == 2
     fate = {}
     for name, version in (("rebuilt", rebuilt), ("selected", selected)):

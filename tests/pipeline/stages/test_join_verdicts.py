@@ -12,6 +12,7 @@ from common.schema import make_key
 from filters import stages
 from pipeline.stages import verdicts as v
 from pipeline.stages.light_rows import LightRow, ngram_count_row, rejected, verdict_row
+from pipeline.stages.verdicts import JoinVerdicts, resolve_group
 
 URL, TEXT = "https://e.x/logo.png", "company logo"
 KEY = make_key(URL, TEXT)
@@ -126,3 +127,38 @@ def test_a_key_several_stages_reject_is_counted_under_the_first_and_reported_as_
             "model_score/outside_top_fraction",
             ("images_per_text/shared_text", "rare_ngrams/rare_ngram", "near_duplicate_eval/a", "near_duplicate_eval/b"),
             0.125, 3)]))
+
+
+def cand(url, caption, sha="a", ordinal=0):
+    """A record that passed the per-record stages, as its light row."""
+    return LightRow(make_key(url, caption), url, caption, "", True, sha, "", 300, 200, "JPEG", "part.parquet",
+                    "parquet", ordinal)
+
+
+def test_resolve_group_keeps_one_and_names_repeats():
+    a, b = cand("u", "three word caption", sha="b"), cand("u", "three word caption", sha="a")
+    keep, reject = resolve_group(a.key, [a, b], [])
+    assert keep == [b] and reject == [(a, "duplicate_pair/repeat")]
+    # Arrival order does not matter.
+    assert resolve_group(a.key, [b, a], []) == (keep, reject)
+
+
+def test_resolve_group_verdict_applies_to_all_and_earliest_stage_wins():
+    a = cand("u", "three word caption")
+    keep, reject = resolve_group(a.key, [a, a], ["rare_ngrams/rare_ngram", "images_per_text/shared_text"])
+    assert keep == [] and [r for _, r in reject] == ["images_per_text/shared_text"] * 2
+
+
+def test_join_verdicts_transform():
+    a, b, c = cand("u1", "one two three"), cand("u2", "four five six"), cand("u3", "seven eight nine")
+    with TestPipeline(runner="FnApiRunner") as p:
+        survivors = p | "S" >> beam.Create([a, b, c, c])
+        verdicts = p | "V" >> beam.Create([(b.key, "images_per_text/shared_text")])
+        joined = (survivors, verdicts) | JoinVerdicts()
+        written, rejected = joined["survivors"], joined["rejected"]
+        assert_that(written | beam.Map(lambda r: r.key), equal_to([a.key, c.key]), label="written")
+        assert_that(
+            rejected | beam.Map(lambda r: (r.key, r.reason)),
+            equal_to([(b.key, "images_per_text/shared_text"), (c.key, "duplicate_pair/repeat")]),
+            label="rejected",
+        )

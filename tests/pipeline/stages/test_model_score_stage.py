@@ -8,7 +8,6 @@ cosines in ``tests/trainer/test_pair_score.py``.
 """
 
 import glob
-import io
 import json
 import os
 import socket
@@ -17,7 +16,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from PIL import Image
 
 import repo_root
 from common.schema import make_key
@@ -26,6 +24,7 @@ from filters import model_score, score_cut
 from filters.text import normalize_text
 from pipeline.audit import auditor as audit
 from pipeline.build import launcher
+from tests import images as made
 from tests.pipeline import score_models
 from tests.pipeline.build.test_build_safety import cli, write_candidates
 
@@ -33,13 +32,6 @@ ROOT = repo_root.ROOT
 MODEL = "tests.pipeline.score_models:colour_words"
 QUICK = ["--set", "vocab_size=0", "--set", "nsfw_threshold=1.0", "--set", "min_shorter_side=0"]
 SHARED = "a red thing seen here"  # on 12 distinct pictures: images_per_text rejects it (more than 10)
-
-
-def _jpeg(colour, rng, size=(40, 30)):
-    pixels = np.clip(np.asarray(colour, np.float32) + rng.normal(0, 12, (size[1], size[0], 3)), 0, 255)
-    out = io.BytesIO()
-    Image.fromarray(pixels.astype(np.uint8)).save(out, "JPEG", quality=90)
-    return out.getvalue()
 
 
 def write_pairs(directory, rows=150, files=3, seed=0):
@@ -55,11 +47,11 @@ def write_pairs(directory, rows=150, files=3, seed=0):
         shown = names[i % len(names)]
         said = rng.choice([shown, names[(i * 3 + 1) % len(names)], "plain"], p=[0.5, 0.3, 0.2])
         repeat = i % 10 == 0 and i > 0  # every tenth: the last pair again, under another URL
-        image = pairs[-1][2] if repeat else _jpeg(score_models.COLOURS[shown], rng)
+        image = pairs[-1][2] if repeat else made.noisy_colour(score_models.COLOURS[shown], rng)
         caption = pairs[-1][3] if repeat else f"a {said} thing number {i}"
         pairs.append((f"https://e.x/{i}.jpg", caption, image, caption))
     for j in range(12):
-        pairs.append((f"https://e.x/shared/{j}.jpg", SHARED, _jpeg(score_models.COLOURS[names[j % 5]], rng), SHARED))
+        pairs.append((f"https://e.x/shared/{j}.jpg", SHARED, made.noisy_colour(score_models.COLOURS[names[j % 5]], rng), SHARED))
     directory.mkdir(parents=True, exist_ok=True)
     for f in range(files):
         part = pairs[f::files]

@@ -26,6 +26,7 @@ from filters.presets import get_preset
 from pipeline.build import graph as build
 from pipeline.build import launcher
 from pipeline.stages import eval_index as index_files
+from tests import images as made
 from tests.pipeline.build.test_build_safety import write_candidates
 
 
@@ -114,12 +115,6 @@ def test_index_rows_and_thumbnails_are_read_on_workers(tmp_path, name):
         assert_that(joined, equal_to(expected), label="CheckThumbnails")
 
 
-def _red_jpeg(shade):
-    buffer = io.BytesIO()
-    Image.new("RGB", (32, 24), (shade, 0, 0)).save(buffer, "JPEG")
-    return buffer.getvalue()
-
-
 def test_pairs_report_is_written_in_sharded_files(tmp_path):
     from filters.image import thumbnail_b64
     from pipeline.audit import read_stats
@@ -129,7 +124,7 @@ def test_pairs_report_is_written_in_sharded_files(tmp_path):
     index = random_index(12)
     index_files.write_index(index, str(tmp_path / "index"), random_thumbnails(index))
     pairs = [dict(key=f"c{i}", index_set="coco", index_key="img00001.png", variant="flip", cosine=0.95 + i / 100,
-                  thumbnail=thumbnail_b64(_red_jpeg(i))) for i in range(6)]
+                  thumbnail=thumbnail_b64(made.solid((32, 24), (i, 0, 0)))) for i in range(6)]
     reason = "near_duplicate_eval/coco"
 
     def rejected(key, why):
@@ -218,12 +213,6 @@ def test_preset_search_parameters_reach_the_search_options():
 # ---------------------------------------------------------------------------
 
 
-def _jpeg(image, quality=85):
-    out = io.BytesIO()
-    image.save(out, format="JPEG", quality=quality)
-    return out.getvalue()
-
-
 def _cosine(embedder, a, b):
     x, y = np.asarray(embedder.embed([a, b]), np.float64)
     return float(x @ y / np.linalg.norm(x) / np.linalg.norm(y))
@@ -244,8 +233,9 @@ def planted_copies(rows, embedder):
         image = Image.open(io.BytesIO(original["jpg"])).convert("RGB")
         w, h = image.size
         for method, data in (
-            ("phash", _jpeg(image, 60)),
-            ("embedding", _jpeg(image.crop((w // 100 + 2, h // 100 + 2, w - w // 100 - 2, h - h // 100 - 2)).resize((w, h)))),
+            ("phash", made.encode(image, quality=60)),
+            ("embedding", made.encode(image.crop((w // 100 + 2, h // 100 + 2, w - w // 100 - 2, h - h // 100 - 2)).resize((w, h)),
+                                       quality=85)),
         ):
             if method in copies:
                 continue

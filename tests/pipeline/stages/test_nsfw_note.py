@@ -11,8 +11,8 @@ from pipeline.build import launcher
 from pipeline.funnel.counts import NSFW_MEASURE
 from pipeline.funnel.stats_files import NSFW_GALLERY_FILE
 from pipeline.what_if.rules import WHAT_IF_FILE
+from tests import images as made
 from tests.pipeline.build.test_build_safety import write_candidates
-from tests.pipeline.readers.test_file_records import jpeg
 
 QUICK = ["--set", "vocab_size=0", "--set", "min_shorter_side=0"]
 
@@ -65,7 +65,7 @@ def test_a_default_build_scores_with_open_nsfw_and_keeps_the_scores(tmp_path):
     what_if = json.loads((stats / WHAT_IF_FILE).read_text())
     assert sum(n for pairs in what_if["rules"]["nsfw"].values() for _, n in pairs) == 6
     gallery = [json.loads(line) for line in (stats / NSFW_GALLERY_FILE).read_text().splitlines()]
-    distinct = {hashlib.sha256(jpeg(i)).hexdigest() for i in range(6)}  # some of the six pictures are equal
+    distinct = {hashlib.sha256(made.swatch(i)).hexdigest() for i in range(6)}  # some of the six pictures are equal
     assert {g["side"] for g in gallery} == {"kept"}
     assert sorted(g["sha256"] for g in gallery) == sorted(distinct)  # each image once
     scores = [g["nsfw_score"] for g in gallery]

@@ -26,8 +26,8 @@ from pipeline.readers.file_records import MatchInputFiles
 from pipeline.readers.rows import Columns
 from pipeline.stages import judge
 from pipeline.write import second_pass as write
+from tests import images as made
 from tests.pipeline.build.test_build_safety import QUICK, write_candidates
-from tests.pipeline.readers.test_file_records import jpeg
 
 ALIGN = get_preset("align", ["vocab_size=0", "nsfw_threshold=1.0", "min_shorter_side=0"])
 
@@ -56,7 +56,7 @@ def mixed_inputs(directory):
     pq.write_table(pa.table({
         "url": [f"https://e.x/p{i}.jpg" for i in range(5)],
         "caption": ["a photo of a red bus", None, "a photo of a blue car", "two cats on a sofa", "x"],
-        "jpg": [jpeg(0), jpeg(1), b"not an image", jpeg(3), jpeg(4)],
+        "jpg": [made.swatch(0), made.swatch(1), b"not an image", made.swatch(3), made.swatch(4)],
     }), directory / "a.parquet")
     shard = directory / "shard"
     shard.mkdir()
@@ -100,7 +100,7 @@ def test_nsfw_reasons_and_outcomes_come_from_the_first_pass(tmp_path):
 
     pattern = write_candidates(tmp_path / "in", rows=6)
     preset = get_preset("align", ["vocab_size=0", "min_shorter_side=0", "nsfw_threshold=0.9"])
-    # The fake scorer scores by width: jpeg(i) pictures are 32 + i px wide, far below 190.
+    # The fake scorer scores by width: made.swatch(i) pictures are 32 + i px wide, far below 190.
     rows, outcomes = first_pass(pattern, preset, width_scorer_factory)
     assert {r.reason for r in rows} == {""}
     assert outcomes == [((True, "width"), 6)]  # what the workers did, once per file
@@ -116,7 +116,7 @@ def test_a_record_changed_since_the_first_pass_is_rejected_by_the_second(tmp_pat
     assert len(kept) == 4
     source = kept[0].source
     table = pq.read_table(source).to_pylist()
-    table[1]["jpg"] = jpeg(11)  # other bytes at ordinal 1
+    table[1]["jpg"] = made.swatch(11)  # other bytes at ordinal 1
     pq.write_table(pa.Table.from_pylist(table[:3]), source)  # and ordinal 3 is gone
     dofn = write._WriteFileShards(str(tmp_path / "out"), "c", ALIGN, Columns(), ())
     dofn.setup()

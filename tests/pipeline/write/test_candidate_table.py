@@ -8,16 +8,13 @@ tested on their own, without Beam.
 """
 
 import glob
-import io
 import json
 import math
 
-import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from PIL import Image
 
 from common import tfrecord_io
 from common.corpus_dir import resolve
@@ -27,14 +24,12 @@ from pipeline.stages.light_rows import LightRow
 from pipeline.stages.verdicts import REPEAT
 from pipeline.write import candidate_table
 from pipeline.write.candidate_table import _entries, _KeyDecision, read_table, table_row
+from tests import images as made
 from tests.pipeline.build.test_build_safety import QUICK
 
 
 def photo(seed, side=256):
-    pixels = np.random.default_rng(seed).integers(0, 256, (side // 16, side // 16, 3), dtype=np.uint8)
-    out = io.BytesIO()
-    Image.fromarray(pixels).resize((side, side), Image.NEAREST).save(out, format="JPEG", quality=90)
-    return out.getvalue()
+    return made.noise(seed, (side, side), cells=(side // 16, side // 16), quality=90)
 
 
 PLANTED = [  # (url, caption, picture seed, side, the fate the table must give)

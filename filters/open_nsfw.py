@@ -430,8 +430,8 @@ class OpenNsfwScorer:
     def describe(self) -> str:
         reduced = f", JPEGs decoded to >= {self.decode_side} px" if self.decode_side else ""
         runs = self.label[len(MODEL_NAME):].strip()
-        return (f"{MODEL_NAME} ({DISTRIBUTION} {_version(DISTRIBUTION)}, onnxruntime {_version('onnxruntime')}{reduced})"
-                f": {runs}")
+        versions = f"{DISTRIBUTION} {_version(DISTRIBUTION)}, onnxruntime {_version('onnxruntime')}"
+        return f"{MODEL_NAME} ({versions}{reduced}): {runs}"
 
 
 def load(**kwargs) -> Tuple[Optional[OpenNsfwScorer], str]:

@@ -27,6 +27,16 @@ def _cpuinfo(tmp_path, flags: str) -> str:
     return str(path)
 
 
+def _jpeg() -> bytes:
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(np.linspace(0, 255, 300 * 200 * 3).reshape(200, 300, 3).astype(np.uint8)).save(buffer, "JPEG")
+    return buffer.getvalue()
+
+
 def _sample_pictures(sample_dir):
     """Every distinct picture of the sample that decodes, as the stage's input."""
     from benchmarks.nsfw_cost import read_images
@@ -91,10 +101,10 @@ def test_fp32_is_selectable_in_the_preset_and_is_the_exact_folded_graph(monkeypa
     assert stage.scorer.label == "open_nsfw fp32 on CPU (nsfw_precision=fp32)"
     assert stage.scorer._session is open_nsfw.session(open_nsfw.model_path(), fold=True, precision="fp32")
     picture = open_nsfw.picture_probe_batch()
-    assert stage.judge_with_scores([])[0] == []
     folded = open_nsfw._new_session(open_nsfw.folded_graph(open_nsfw.model_path())[0], 1, "all")
-    np.testing.assert_array_equal(stage.scorer.score_prepared(list(picture)), folded.run(None, {"input_0": picture})[0][:, 1])
-    stage._count(True, 2)
+    np.testing.assert_array_equal(stage.scorer.score_prepared(list(picture)),
+                                  folded.run(None, {"input_0": picture})[0][:, 1])
+    assert stage.judge([_jpeg(), _jpeg()]) == [None, None]
     assert nsfw.stage_note(0.5, "open_nsfw", stage.take_outcomes()) == \
         "scored by open_nsfw fp32 on CPU (nsfw_precision=fp32), rejected if score >= 0.5"
     with pytest.raises(PresetError, match="nsfw_precision"):
@@ -106,7 +116,7 @@ def test_auto_runs_int8_on_a_cpu_with_vnni_and_the_note_says_so():
     stage = nsfw.NsfwScoring.from_preset(get_preset("align"))  # nsfw_precision=auto, the default
     stage.load()
     assert stage.scorer.label == f"open_nsfw int8 on CPU ({open_nsfw_int8.cpu_int8()[1]})"
-    stage._count(True, 1)
+    assert stage.judge([_jpeg()]) == [None]
     assert nsfw.stage_note(0.5, "open_nsfw", stage.take_outcomes()).startswith("scored by open_nsfw int8 on CPU (")
 
 

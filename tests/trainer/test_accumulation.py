@@ -1,12 +1,14 @@
 """Feature-cached accumulation gives the large batch's loss and gradients, exactly.
 
-The equalities that matter run in a subprocess with 8 simulated CPU devices
-(as ``test_sharded_loss.py``: this file is also that subprocess's script):
+The equalities that matter run in a subprocess with simulated CPU devices
+(as ``test_sharded_loss.py``: this file is also that subprocess's script;
+2 devices in the default run, 8 in the integration run):
 K micro-batches on the mesh against one pass over the whole batch on one
 device, for both loss implementations; with BatchNorm, against the
 gradient of the same ghost-batch function written out by hand. In this
 process: the micro-batch layout, bf16 compute, and the trainer end to end
-(K = 2 against K = 1, and a SIGTERM-and-resume run against an uninterrupted one).
+(K = 2 against K = 1, and a SIGTERM-and-resume run against an uninterrupted one:
+1 + 1 steps in the default run, 2 + 2 in the integration run).
 """
 
 import json
@@ -21,23 +23,25 @@ from tests.trainer import on_devices
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEVICES = 8
-BATCH = 32          # 4 pairs per device
+PER_DEVICE = 4      # pairs per device: the batch is 4 * devices
+BATCH = PER_DEVICE * DEVICES
 TOTAL_STEPS = 4
 STOP_AFTER = 2
 
 
-def run_check(name: str) -> dict:
-    return on_devices.run_check(__file__, name, DEVICES)
+def run_check(name: str, devices: int) -> dict:
+    return on_devices.run_check(__file__, name, devices)
 
 
-@pytest.fixture(scope="module")
-def sharded():
-    return run_check("sharded")
+@pytest.fixture(scope="module", params=[pytest.param(2, id="2_devices"),
+                                        pytest.param(DEVICES, id="8_devices", marks=pytest.mark.integration)])
+def sharded(request):
+    return run_check("sharded", request.param) | {"asked_devices": request.param}
 
 
-def test_micro_batches_on_8_devices_equal_one_pass_on_one_device(sharded):
+def test_micro_batches_on_the_devices_equal_one_pass_on_one_device(sharded):
     r = sharded
-    assert r["devices"] == DEVICES
+    assert r["devices"] == r["asked_devices"]
     for case in ("plain_k4", "shard_map_k2"):   # K=4: one pair per device per micro-batch
         assert r[case]["loss_rel_diff"] < 1e-6, case
         assert r[case]["grad_rel_diff"] < 1e-5 and r[case]["max_leaf_diff"] < 1e-5, case
@@ -172,23 +176,29 @@ def test_the_trainer_with_two_micro_batches_takes_the_one_pass_step(e2e, accumul
     assert len(memory) == 1 and memory[0]["step"] == 1 and memory[0]["memory/temp_bytes"] > 0
 
 
-def test_sigterm_then_resume_with_accumulation_equals_uninterrupted(e2e, accumulated_run, tmp_path):
+@pytest.mark.parametrize("total_steps, stop_after", [
+    pytest.param(2, 1, id="light"), pytest.param(TOTAL_STEPS, STOP_AFTER, id="heavy", marks=pytest.mark.integration)])
+def test_sigterm_then_resume_with_accumulation_equals_uninterrupted(total_steps, stop_after, e2e, request, tmp_path):
     import jax
 
     from trainer import checkpoint, train
 
-    reference_dir, _ = accumulated_run
+    if total_steps == TOTAL_STEPS:
+        reference_dir, _ = request.getfixturevalue("accumulated_run")
+    else:   # light: a reference run of its own, without the evaluator
+        reference_dir = str(tmp_path / "reference")
+        train.train_and_evaluate(e2e(accumulation_steps=2, total_steps=total_steps), reference_dir)
     workdir = str(tmp_path / "preempted")
-    config = e2e(accumulation_steps=2)
+    config = e2e(accumulation_steps=2, total_steps=total_steps)
 
     def preempt(step):
-        if step == STOP_AFTER:
+        if step == stop_after:
             os.kill(os.getpid(), signal.SIGTERM)
 
     first = train.train_and_evaluate(config, workdir, after_step=preempt)
-    assert first["preempted"] and first["step"] == STOP_AFTER
+    assert first["preempted"] and first["step"] == stop_after
     second = train.train_and_evaluate(config, workdir)
-    assert second["step"] == TOTAL_STEPS and not second["preempted"]
+    assert second["step"] == total_steps and not second["preempted"]
     losses = lambda d: [m["train/loss"] for m in _metrics(d) if "train/loss" in m]  # noqa: E731
     assert losses(workdir) == losses(reference_dir)
     _, want, _ = checkpoint.load_model(reference_dir)
@@ -211,9 +221,10 @@ def _check_sharded():
     from trainer.models import two_tower
 
     fast = cpu_fast_compile_options()   # LLVM's cheap passes: these programs run once
-    mesh = jax.make_mesh((DEVICES,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    devices = jax.device_count()
+    mesh = jax.make_mesh((devices,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
     rows, whole = NamedSharding(mesh, P("data")), NamedSharding(mesh, P())
-    batch = _inputs()
+    batch = _inputs(PER_DEVICE * devices)
     key = jax.random.key(1)
     losses = {"plain": loss.contrastive_loss,
               "shard_map": lambda *a, **k: loss.sharded_contrastive_loss(*a, mesh=mesh, **k)}
@@ -247,13 +258,13 @@ def _check_sharded():
     params = variables["params"]
     reference = on_one_device(accumulate.loss_and_grads(model, loss.contrastive_loss), params, {}, batch, key)
     for impl, steps in (("plain", 4), ("shard_map", 2)):
-        fn = accumulate.loss_and_grads(model, losses[impl], steps=steps, shards=DEVICES)
+        fn = accumulate.loss_and_grads(model, losses[impl], steps=steps, shards=devices)
         got, hlo = on_mesh(fn, params, {}, batch, key, text=True)
         out[f"{impl}_k{steps}"] = dict(compare(reference, got), all_to_all=hlo.count("all-to-all("),
                                        collective_permute=hlo.count("collective-permute("))
 
     def naive(params):   # the mean of 2 micro-batches' own losses
-        micro = [{name: accumulate.micro_batch(x, k, 2, DEVICES) for name, x in batch.items()} for k in range(2)]
+        micro = [{name: accumulate.micro_batch(x, k, 2, devices) for name, x in batch.items()} for k in range(2)]
         values = [loss.contrastive_loss(*model.apply({"params": params}, m["image"], m["text"], train=True)[:2],
                                         model.apply({"params": params}, method=two_tower.TwoTower.temperature))[0]
                   for m in micro]
@@ -268,7 +279,7 @@ def _check_sharded():
     # images are brighter, so its statistics (and the loss) differ from the whole batch's.
     model = _small_model(norm="batch")
     stats = variables["batch_stats"]
-    batch = dict(batch, image=batch["image"] + (np.arange(BATCH) % (BATCH // DEVICES) >= 2)[:, None, None, None])
+    batch = dict(batch, image=batch["image"] + (np.arange(len(batch["image"])) % PER_DEVICE >= 2)[:, None, None, None])
 
     def ghost(params, stats, batch, rng):
         def loss_fn(params):
@@ -276,12 +287,12 @@ def _check_sharded():
             for k in range(2):
                 (zi, zt, _), state = model.apply(
                     {"params": params, "batch_stats": stats},
-                    *(accumulate.micro_batch(batch[n], k, 2, DEVICES) for n in ("image", "text")),
+                    *(accumulate.micro_batch(batch[n], k, 2, devices) for n in ("image", "text")),
                     train=True, mutable=["batch_stats"])
                 zimg.append(zi), ztxt.append(zt), new_stats.append(state["batch_stats"])
             temperature = model.apply({"params": params}, method=two_tower.TwoTower.temperature)
-            value, metrics = loss.contrastive_loss(accumulate.merge_micro_batches(jax.numpy.stack(zimg), DEVICES),
-                                                   accumulate.merge_micro_batches(jax.numpy.stack(ztxt), DEVICES),
+            value, metrics = loss.contrastive_loss(accumulate.merge_micro_batches(jax.numpy.stack(zimg), devices),
+                                                   accumulate.merge_micro_batches(jax.numpy.stack(ztxt), devices),
                                                    temperature)
             mean_stats = jax.tree.map(lambda a, b: (a + b) / 2, *new_stats)
             return value, (mean_stats, metrics, temperature)
@@ -289,7 +300,7 @@ def _check_sharded():
         return jax.value_and_grad(loss_fn, has_aux=True)(params)
 
     want = on_one_device(ghost, params, stats, batch, key)
-    got, _ = on_mesh(accumulate.loss_and_grads(model, loss.contrastive_loss, steps=2, shards=DEVICES),
+    got, _ = on_mesh(accumulate.loss_and_grads(model, loss.contrastive_loss, steps=2, shards=devices),
                      params, stats, batch, key)
     one_pass, _ = on_mesh(accumulate.loss_and_grads(model, loss.contrastive_loss), params, stats, batch, key)
     bn = compare(want, got)

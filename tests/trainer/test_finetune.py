@@ -29,10 +29,16 @@ def test_the_config_is_the_pretrained_runs_with_alignss_recipe(tiny_trained):
         finetune_retrieval.get_config(None)
 
 
-def test_finetuning_starts_from_the_pretrained_towers_resumes_and_evaluates(tiny_trained, tmp_path):
+# Light (the default run): 16 px crops, which the CNN tower takes as well (its weights do not depend on
+# the image size); heavy (the integration run): the pre-trained run's own 32 px.
+@pytest.mark.parametrize("image_size", [pytest.param(16, id="light"),
+                                        pytest.param(None, id="heavy", marks=pytest.mark.integration)])
+def test_finetuning_starts_from_the_pretrained_towers_resumes_and_evaluates(image_size, tiny_trained, tmp_path):
     pretrained_dir, _ = tiny_trained
     workdir = str(tmp_path / "finetune")
     config = finetune_retrieval.get_config(pretrained_dir)
+    if image_size:
+        config.update(image_size=image_size, resize_size=image_size + image_size // 8)
     config.total_steps = 1
     config.optim.peak_lr = 0.0        # no update: the params after step 1 are the initial ones
     config.evals = {"retrieval": {"split": "validation"}}

@@ -12,7 +12,7 @@ def config(**optim_overrides):
     c = ml_collections.ConfigDict()
     c.total_steps = 100
     c.optim = ml_collections.ConfigDict(dict(
-        peak_lr=1e-2, warmup_steps=10, weight_decay=0.1, b1=0.9, b2=0.999, eps=1e-6,
+        name="lamb", peak_lr=1e-2, warmup_steps=10, weight_decay=0.1, b1=0.9, b2=0.999, eps=1e-6,
         grad_clip_norm=None))
     c.optim.update(optim_overrides)
     return c

@@ -1,5 +1,6 @@
 """TOnICS in the trainer: refresh arithmetic, class minibatches, hosts agreeing, exact resume."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -226,17 +227,44 @@ def test_a_damaged_class_index_is_one_line_naming_it(tagged_corpus, tmp_path, na
 # The train loop: refresh, metrics, exact resume
 # ---------------------------------------------------------------------------
 
-TOTAL, STOP = 5, 2
+@dataclasses.dataclass(frozen=True)
+class Size:
+    """A curriculum run: ``total`` steps, SIGTERM after ``stop``, P_S(root) halved down to ``beta``."""
+
+    total: int
+    stop: int
+    beta: float
+    p_root: tuple          # after each step's refresh
+    refreshed: tuple
+    image_size: int
+    resize_size: int
+    filters: tuple         # the CNN image tower's channels
 
 
-def tonics_config(corpus, cache_dir):
+# Light (the default run): the smallest input that still reaches the floor, stops refreshing and draws a
+# class minibatch after the resume (seed 0 draws root, root, class). Heavy (integration): 32 px, 5 steps.
+LIGHT = Size(total=3, stop=1, beta=0.3, p_root=(0.5, 0.3, 0.3), refreshed=(1, 1, 0), image_size=16,
+             resize_size=18, filters=(8, 16))
+HEAVY = Size(total=5, stop=2, beta=0.1, p_root=(0.5, 0.25, 0.125, 0.1, 0.1), refreshed=(1, 1, 1, 1, 0),
+             image_size=32, resize_size=tiny.get_config().resize_size, filters=tiny.get_config().model.image.filters)
+
+
+@pytest.fixture(scope="module", params=[pytest.param(LIGHT, id="light"),
+                                        pytest.param(HEAVY, id="heavy", marks=pytest.mark.integration)])
+def size(request):
+    return request.param
+
+
+def tonics_config(corpus, cache_dir, size):
     config = tiny.get_config()
-    config.update({"data_dir": corpus, "total_steps": TOTAL, "batch_size": 8, "image_size": 32,
+    config.update({"data_dir": corpus, "total_steps": size.total, "batch_size": 8, "image_size": size.image_size,
+                   "resize_size": size.resize_size,
                    "max_text_len": TINY_MAX_LEN, "log_every": 1, "checkpoint_every": 100, "eval_batch_size": 8,
                    "compilation_cache_dir": cache_dir, "xla_cpu_fast_compile": True, "evals": {}})
+    config.model.image.filters = size.filters
     # Refresh every step on 8 held-out pairs; threshold 0 refreshes every time.
     config.tonics.update({"enabled": True, "refresh_every": 1, "refresh_instances": 8,
-                          "refresh_threshold": 0.0, "alpha": 0.5, "beta": 0.1})
+                          "refresh_threshold": 0.0, "alpha": 0.5, "beta": size.beta})
     return config
 
 
@@ -255,21 +283,21 @@ def cache_dir(jax_cache_dir):
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tagged_corpus, cache_dir, tmp_path_factory):
+def uninterrupted(size, tagged_corpus, cache_dir, tmp_path_factory):
     workdir = str(tmp_path_factory.mktemp("tonics_run"))
-    final = train.train_and_evaluate(tonics_config(tagged_corpus, cache_dir), workdir)
+    final = train.train_and_evaluate(tonics_config(tagged_corpus, cache_dir, size), workdir)
     return workdir, final
 
 
-def test_run_refreshes_and_logs_the_curriculum(uninterrupted):
+def test_run_refreshes_and_logs_the_curriculum(uninterrupted, size):
     workdir, final = uninterrupted
-    assert final["step"] == TOTAL
+    assert final["step"] == size.total
     rows = read_rows(workdir)
     refreshes = [r for r in rows if "tonics/refresh_accuracy" in r]
-    assert [r["step"] for r in refreshes] == list(range(1, TOTAL + 1))
-    # alpha 0.5 down to the floor 0.1: 0.5, 0.25, 0.125, then 0.1 and no more refreshes.
-    assert [r["tonics/p_root"] for r in refreshes] == pytest.approx([0.5, 0.25, 0.125, 0.1, 0.1])
-    assert [r["tonics/refreshed"] for r in refreshes] == [1, 1, 1, 1, 0]
+    assert [r["step"] for r in refreshes] == list(range(1, size.total + 1))
+    # alpha 0.5 down to the floor beta (heavy: 0.5, 0.25, 0.125, then 0.1), then no more refreshes.
+    assert [r["tonics/p_root"] for r in refreshes] == pytest.approx(list(size.p_root))
+    assert [r["tonics/refreshed"] for r in refreshes] == list(size.refreshed)
     choices = [r for r in rows if "train/loss" in r]
     per_step = [{k[len("tonics/steps/"):] for k in r if k.startswith("tonics/steps/")} for r in choices]
     assert all(len(s) == 1 for s in per_step)                     # log_every 1: one node per step
@@ -277,35 +305,38 @@ def test_run_refreshes_and_logs_the_curriculum(uninterrupted):
     assert any(s != {"root"} for s in per_step[1:])                # class minibatches once mass moved
 
 
-def test_preempted_run_resumes_the_curriculum_exactly(uninterrupted, tagged_corpus, cache_dir, tmp_path):
+def test_preempted_run_resumes_the_curriculum_exactly(uninterrupted, size, tagged_corpus, cache_dir, tmp_path):
     reference, _ = uninterrupted
     workdir = str(tmp_path / "preempted")
-    config = tonics_config(tagged_corpus, cache_dir)
+    config = tonics_config(tagged_corpus, cache_dir, size)
 
     def preempt(step):
-        if step == STOP:
+        if step == size.stop:
             os.kill(os.getpid(), signal.SIGTERM)
 
     first = train.train_and_evaluate(config, workdir, after_step=preempt)
-    assert first["preempted"] and first["step"] == STOP
-    state = saved_curriculum(workdir, STOP)
-    assert len(state["refreshes"]) == STOP        # the SIGTERM step refreshes before its save
+    assert first["preempted"] and first["step"] == size.stop
+    state = saved_curriculum(workdir, size.stop)
+    assert len(state["refreshes"]) == size.stop        # the SIGTERM step refreshes before its save
     train.train_and_evaluate(config, workdir)
-    assert saved_curriculum(workdir, TOTAL) == saved_curriculum(reference, TOTAL)
+    assert saved_curriculum(workdir, size.total) == saved_curriculum(reference, size.total)
     want = {r["step"]: r for r in read_rows(reference) if "train/loss" in r}
     got = {r["step"]: r for r in read_rows(workdir) if "train/loss" in r}
-    for step in range(1, TOTAL + 1):
+    # The resumed steps draw a class minibatch too (not only the stream's root batches).
+    assert any(k.startswith("tonics/steps/") and k != "tonics/steps/root"
+               for step in range(size.stop + 1, size.total + 1) for k in got[step])
+    for step in range(1, size.total + 1):
         assert {k for k in got[step] if k.startswith("tonics/steps/")} == {
             k for k in want[step] if k.startswith("tonics/steps/")}, step
         assert got[step]["train/loss"] == pytest.approx(want[step]["train/loss"], rel=1e-6), step
 
 
 @pytest.mark.slow  # compiles another train step (a different loss and a frozen tower)
-def test_image_retrieval_loss_and_frozen_text_tower(uninterrupted, tagged_corpus, cache_dir, tmp_path):
+def test_image_retrieval_loss_and_frozen_text_tower(uninterrupted, size, tagged_corpus, cache_dir, tmp_path):
     from trainer import checkpoint
 
     source, _ = uninterrupted
-    config = tonics_config(tagged_corpus, cache_dir)
+    config = tonics_config(tagged_corpus, cache_dir, size)
     config.update({"total_steps": 2, "init_from": source, "freeze": "text"})
     config.optim.warmup_steps = 1   # step 0's learning rate is 0 in a warmup; step 1's is the peak
     config.loss.directions = "image_retrieval"

@@ -1,11 +1,16 @@
 """The trainer end to end on the tiny corpus: train, preempt with SIGTERM, resume.
 
-A run stopped by SIGTERM after step 2 and resumed from its checkpoint must end
-with exactly the params of an uninterrupted run: that needs the params,
+A run stopped by SIGTERM and resumed from its checkpoint must end with
+exactly the params of an uninterrupted run: that needs the params,
 optimizer state, step, RNG *and* the data position back. One compilation
 cache is shared by the runs, so the train step compiles once.
+
+Each end-to-end test runs twice: light in the default run (the session's
+2-step ``tiny_trained`` run as the reference, stopped after step 1) and
+heavy in the integration run (a 4-step run of its own, stopped after step 2).
 """
 
+import dataclasses
 import json
 import os
 import signal
@@ -16,11 +21,10 @@ import jax
 import numpy as np
 import pytest
 
+from conftest import tiny_train_config
 from trainer import checkpoint, train
 from trainer.configs import tiny
 
-TOTAL_STEPS = 4
-STOP_AFTER = 2
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -29,10 +33,26 @@ def cache_dir(jax_cache_dir):
     return jax_cache_dir
 
 
+@dataclasses.dataclass(frozen=True)
+class Size:
+    total_steps: int
+    stop_after: int          # the step after which SIGTERM comes
+    heavy: bool
+
+
+LIGHT, HEAVY = Size(total_steps=2, stop_after=1, heavy=False), Size(total_steps=4, stop_after=2, heavy=True)
+SIZES = [pytest.param(LIGHT, id="light"), pytest.param(HEAVY, id="heavy", marks=pytest.mark.integration)]
+
+
+@pytest.fixture(scope="module", params=SIZES)
+def size(request):
+    return request.param
+
+
 def small_config(data_dir, cache_dir, **overrides):
     config = tiny.get_config()
     config.data_dir = data_dir
-    config.total_steps = TOTAL_STEPS
+    config.total_steps = HEAVY.total_steps
     config.batch_size = 8
     config.image_size = 32
     config.max_text_len = 16
@@ -56,8 +76,20 @@ def params_of(workdir):
     return variables
 
 
+def run_config(size, data_dir, cache_dir):
+    """The config of ``size``'s runs (without evaluators): the light one is ``tiny_trained``'s."""
+    if size.heavy:
+        return small_config(data_dir, cache_dir)
+    config = tiny_train_config(data_dir, cache_dir)
+    config.evals = {}
+    return config
+
+
 @pytest.fixture(scope="module")
-def uninterrupted(tiny_corpus, cache_dir, tmp_path_factory):
+def uninterrupted(size, tiny_corpus, cache_dir, tmp_path_factory, request):
+    """(workdir, final) of the uninterrupted run of ``size``, with the retrieval evaluator at its end."""
+    if not size.heavy:
+        return request.getfixturevalue("tiny_trained")
     workdir = str(tmp_path_factory.mktemp("uninterrupted"))
     config = small_config(tiny_corpus, cache_dir,
                           evals={"retrieval": {"split": "validation"}})
@@ -65,48 +97,48 @@ def uninterrupted(tiny_corpus, cache_dir, tmp_path_factory):
     return workdir, final
 
 
-def test_uninterrupted_run_writes_everything(uninterrupted):
+def test_uninterrupted_run_writes_everything(uninterrupted, size):
     workdir, final = uninterrupted
-    assert final["step"] == TOTAL_STEPS and not final["preempted"]
+    assert final["step"] == size.total_steps and not final["preempted"]
     assert np.isfinite(final["train/loss"])
     # The retrieval evaluator ran at the end on the 16 validation pairs.
     assert final["retrieval/num_pairs"] == 16.0
     assert 0.0 <= final["retrieval/i2t_R@1"] <= 1.0
     assert final["retrieval/i2t_R@1_chance"] == pytest.approx(1 / 16)
     steps = [m["step"] for m in read_metrics(workdir) if "train/loss" in m]
-    assert steps == list(range(1, TOTAL_STEPS + 1))
+    assert steps == list(range(1, size.total_steps + 1))
     assert os.listdir(os.path.join(workdir, "tensorboard"))
-    assert checkpoint.load_config(workdir).total_steps == TOTAL_STEPS
+    assert checkpoint.load_config(workdir).total_steps == size.total_steps
     # The learned temperature moved away from its initial value.
     assert final["train/temperature"] != tiny.get_config().model.temperature_init
 
 
-def test_sigterm_then_resume_equals_uninterrupted(uninterrupted, tiny_corpus, cache_dir,
+def test_sigterm_then_resume_equals_uninterrupted(uninterrupted, size, tiny_corpus, cache_dir,
                                                   tmp_path):
     reference_dir, _ = uninterrupted
     workdir = str(tmp_path / "preempted")
-    config = small_config(tiny_corpus, cache_dir)
+    config = run_config(size, tiny_corpus, cache_dir)
 
     def preempt(step):
-        if step == STOP_AFTER:
+        if step == size.stop_after:
             os.kill(os.getpid(), signal.SIGTERM)   # the real signal, the real handler
 
     handler_before = signal.getsignal(signal.SIGTERM)
     first = train.train_and_evaluate(config, workdir, after_step=preempt)
-    assert first["preempted"] and first["step"] == STOP_AFTER
-    assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == [str(STOP_AFTER)]
+    assert first["preempted"] and first["step"] == size.stop_after
+    assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == [str(size.stop_after)]
     # SIGTERM handling is scoped to the run: the previous handler is back.
     assert signal.getsignal(signal.SIGTERM) == handler_before
 
     second = train.train_and_evaluate(config, workdir)
-    assert second["step"] == TOTAL_STEPS and not second["preempted"]
+    assert second["step"] == size.total_steps and not second["preempted"]
 
     # Same losses step by step: the resumed steps saw the same batches (the
-    # stream's batches 2 and 3, not a restart from batch 0) with the same state ...
+    # stream's batches from stop_after on, not a restart from batch 0) with the same state ...
     reference = {m["step"]: m["train/loss"] for m in read_metrics(reference_dir)
                  if "train/loss" in m}
     resumed = {m["step"]: m["train/loss"] for m in read_metrics(workdir) if "train/loss" in m}
-    assert sorted(resumed) == list(range(1, TOTAL_STEPS + 1))
+    assert sorted(resumed) == list(range(1, size.total_steps + 1))
     np.testing.assert_allclose([resumed[s] for s in sorted(resumed)],
                                [reference[s] for s in sorted(reference)], rtol=1e-6)
     # ... and bitwise the same params and batch statistics at the end.
@@ -116,14 +148,17 @@ def test_sigterm_then_resume_equals_uninterrupted(uninterrupted, tiny_corpus, ca
                                       err_msg=jax.tree_util.keystr(path))
 
 
-def test_sigterm_during_start_up_stops_the_command_line_at_its_first_step(tiny_corpus, cache_dir, tmp_path):
+@pytest.mark.parametrize("size", SIZES)
+def test_sigterm_during_start_up_stops_the_command_line_at_its_first_step(size, tiny_corpus, cache_dir, tmp_path):
     """The command line handles SIGTERM from its first line on: a preemption that comes
     while it imports, restores and compiles (minutes on a big job) stops the run after
-    step 1 with a checkpoint and exit status 75; it must not kill the host outright."""
+    step 1 with a checkpoint and exit status 75; it must not kill the host outright.
+    Light: ``tiny_trained``'s config, whose programs the run's compilation cache holds."""
     workdir = str(tmp_path / "run")
-    config = small_config(tiny_corpus, cache_dir)
-    overrides = [f"--config.{k}={config[k]}" for k in (
-        "data_dir", "total_steps", "batch_size", "image_size", "max_text_len", "compilation_cache_dir")]
+    config = run_config(size, tiny_corpus, cache_dir)
+    fields = ("data_dir", "total_steps", "batch_size", "image_size", "max_text_len", "compilation_cache_dir")
+    overrides = [f"--config.{k}={config[k]}" for k in fields + (() if size.heavy else (
+        "resize_size", "xla_cpu_fast_compile"))]
     proc = subprocess.Popen(
         [sys.executable, "-m", "trainer.train", "--config", "trainer/configs/tiny.py", "--workdir", workdir,
          *overrides], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -165,6 +200,7 @@ def test_an_override_of_no_config_field_is_one_line(tmp_path):
 
 
 def test_load_image_encoder(uninterrupted):
+    """The towers of either size's run: 32 px images, 128-d embeddings."""
     workdir, _ = uninterrupted
     encode, image_size = checkpoint.load_image_encoder(workdir)
     assert image_size == 32

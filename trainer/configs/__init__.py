@@ -79,10 +79,10 @@ def vocab_path(config) -> str:
 
 
 def compute_dtype(config):
-    """The activations' dtype (``compute_dtype``, default float32) as a JAX dtype."""
+    """The activations' dtype (``compute_dtype``) as a JAX dtype."""
     import jax.numpy as jnp  # here: a config file loads without JAX
 
-    return jnp.dtype(config.get("compute_dtype", "float32"))
+    return jnp.dtype(config.compute_dtype)
 
 
 def cpu_fast_compile_options() -> dict:
@@ -262,7 +262,7 @@ def _field(config, path: str):
 
 def frozen_towers(config) -> set:
     """``config.freeze`` ("", "image", "text" or "image,text") as parameter collection names."""
-    names = {part.strip() for part in (config.get("freeze") or "").split(",") if part.strip()}
+    names = {part.strip() for part in config.freeze.split(",") if part.strip()}
     if names - {"image", "text"}:
         raise ConfigError(f"--config.freeze={config.freeze}: must be image, text or image,text")
     return {f"{name}_tower" for name in names}
@@ -273,7 +273,7 @@ def check(config) -> None:
     def fail(path, value, expected):
         raise ConfigError(f"--config.{path}={value}: must be {expected}")
 
-    if not config.get("data_dir"):
+    if not config.data_dir:
         raise ConfigError("--config.data_dir is not set: the corpus to train on (e.g. --config.data_dir=out/corpus)")
 
     for path, allowed in RANGES.items():
@@ -284,14 +284,14 @@ def check(config) -> None:
         found, value = _field(config, path)
         if found and value not in allowed:
             fail(path, value, " or ".join(allowed))
-    for name, entry in (config.get("evals") or {}).items():
+    for name, entry in (config.evals or {}).items():
         found, every = _field(entry, "every")
         if found and not COUNT.admits(every):
             fail(f"evals.{name}.every", every, f"{COUNT} (steps; 0: at the end only)")
-    steps = config.get("accumulation_steps", 1)
+    steps = config.accumulation_steps
     if config.batch_size % steps:
         fail("accumulation_steps", steps, f"a divisor of batch_size ({config.batch_size})")
-    resize = config.get("resize_size")
+    resize = config.resize_size
     if resize is not None and resize < config.image_size:
         fail("resize_size", resize, f"at least image_size ({config.image_size}): the crop is cut from the resize")
     frozen_towers(config)
@@ -306,7 +306,7 @@ def check_layout(config, devices: int) -> None:
     if config.batch_size % devices:
         raise ConfigError(f"--config.batch_size={config.batch_size}: must be a multiple of the "
                           f"device count ({devices})")
-    steps, per_device = config.get("accumulation_steps", 1), config.batch_size // devices
+    steps, per_device = config.accumulation_steps, config.batch_size // devices
     if per_device % steps:
         raise ConfigError(f"--config.accumulation_steps={steps}: must divide the batch per device "
                           f"(batch_size {config.batch_size} / {devices} devices = {per_device})")

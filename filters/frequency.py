@@ -261,9 +261,11 @@ class DropSharedGroups(beam.PTransform):
         groups_over_limit = (
             over_limit
             | "GroupsOverLimit" >> beam.Keys()
-            | "AllGroupsOverLimit" >> beam.CombineGlobally(KeysOf()))
+            # No group over the limit reads as the empty set: Beam's default for an empty input is five more
+            # transforms.
+            | "AllGroupsOverLimit" >> beam.CombineGlobally(KeysOf()).without_defaults())
         judged = by_group | "JudgedMaybeOverLimit" >> beam.FlatMap(
-            _judged_maybe_over_limit, beam.pvalue.AsSingleton(groups_over_limit))
+            _judged_maybe_over_limit, beam.pvalue.AsSingleton(groups_over_limit, default_value=KeysOf().apply([])))
         rejected = (
             {"rows": judged, "decisions": over_limit}
             | "JoinCounts" >> JoinDecisions(self.max_group_rows, label=self.metric)

@@ -96,7 +96,7 @@ class JoinDecisions(beam.PTransform):
             | "HotKeys" >> beam.Filter(lambda kv: kv[1] > max_rows)
         )
         # The hot keys and their decisions are two small side inputs (a hot key may have none): a lookup, not a
-        # CoGroupByKey of the two (six transforms).
+        # CoGroupByKey of the two (five transforms).
         hot = beam.pvalue.AsDict(hot_counts)
         hot_decisions = beam.pvalue.AsDict(decided | "HotTable" >> beam.FlatMap(_hot_decision, hot))
         split = rows | "DecideHotRows" >> beam.ParDo(_DecideHotRows(label), hot, hot_decisions).with_outputs(

@@ -364,7 +364,7 @@ class WriteBuildStats(OptionalInputs):
         )
         histograms = (inputs.measures | "Distributions" >> SumHistograms()) if inputs.measures is not None else None
         notes = [] if inputs.download_notes is None else [inputs.download_notes]
-        if inputs.nsfw_outcomes is not None:
+        if inputs.nsfw_outcomes is not None and nsfw.stage_enabled(preset.nsfw_threshold):  # a stage off scores none
             notes.append(inputs.nsfw_outcomes | "NsfwNote" >> NsfwNote(preset.nsfw_threshold, preset.nsfw_model))
         corpus_stats = inputs.corpus_stats
         if config.scorer is not None:  # the scores' histogram with the cut, and what the score alone would have caught

@@ -41,11 +41,11 @@ class _DecideHotRows(beam.DoFn):
         self.label = label
         self.hot = Metrics.counter(NAMESPACE, f"{label}/hot_rows")
 
-    def process(self, element, hot):
+    def process(self, element, hot, hot_decisions):
         key, row = element
         if key in hot:
             self.hot.inc()
-            yield row, hot[key]
+            yield row, hot_decisions.get(key)
         else:
             yield beam.pvalue.TaggedOutput(self.GROUPED, element)
 
@@ -64,10 +64,9 @@ class _DecideGroupedRows(beam.DoFn):
             yield row, decision
 
 
-def _hot_entry(element):
-    key, grouped = element
-    if grouped["count"]:
-        yield key, next(iter(grouped["decision"]), None)
+def _hot_decision(entry, hot):
+    if entry[0] in hot:
+        yield entry
 
 
 class JoinDecisions(beam.PTransform):
@@ -96,12 +95,11 @@ class JoinDecisions(beam.PTransform):
             | "RowsPerKey" >> beam.CombinePerKey(sum)
             | "HotKeys" >> beam.Filter(lambda kv: kv[1] > max_rows)
         )
-        hot = (
-            {"count": hot_counts, "decision": decided}
-            | "JoinHotDecisions" >> beam.CoGroupByKey()
-            | "HotTable" >> beam.FlatMap(_hot_entry)
-        )
-        split = rows | "DecideHotRows" >> beam.ParDo(_DecideHotRows(label), beam.pvalue.AsDict(hot)).with_outputs(
+        # The hot keys and their decisions are two small side inputs (a hot key may have none): a lookup, not a
+        # CoGroupByKey of the two (five transforms).
+        hot = beam.pvalue.AsDict(hot_counts)
+        hot_decisions = beam.pvalue.AsDict(decided | "HotTable" >> beam.FlatMap(_hot_decision, hot))
+        split = rows | "DecideHotRows" >> beam.ParDo(_DecideHotRows(label), hot, hot_decisions).with_outputs(
             _DecideHotRows.GROUPED, main="hot")
         grouped = (
             {"row": split[_DecideHotRows.GROUPED], "decision": decided}

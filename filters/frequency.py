@@ -68,6 +68,7 @@ from apache_beam.metrics import Metrics
 from common.histogram import HistogramFn, close_last_bin
 from common.bloom import KeysOf
 from common.hot_keys import DEFAULT_MAX_ROWS, JoinDecisions
+from common.once import once, total
 from filters import extra_stages, stages
 from filters.ngram_vocab import METRICS_NAMESPACE, RARE_NGRAM, DropRareNgrams
 from filters.presets import keeps, rule_enabled
@@ -261,21 +262,21 @@ class DropSharedGroups(beam.PTransform):
         groups_over_limit = (
             over_limit
             | "GroupsOverLimit" >> beam.Keys()
-            | "AllGroupsOverLimit" >> beam.CombineGlobally(KeysOf()))
+            # No group over the limit reads as the empty set: Beam's default for an empty input is five more
+            # transforms.
+            | "AllGroupsOverLimit" >> beam.CombineGlobally(KeysOf()).without_defaults())
         judged = by_group | "JudgedMaybeOverLimit" >> beam.FlatMap(
-            _judged_maybe_over_limit, beam.pvalue.AsSingleton(groups_over_limit))
+            _judged_maybe_over_limit, beam.pvalue.AsSingleton(groups_over_limit, default_value=KeysOf().apply([])))
         rejected = (
             {"rows": judged, "decisions": over_limit}
             | "JoinCounts" >> JoinDecisions(self.max_group_rows, label=self.metric)
             | "RejectedKeys" >> beam.FlatMap(_rejected_key))
         edges = log2_edges(self.limit)
         shown_cap = self.limit + 1
-        histogram = (
-            counts
-            | "Counts" >> beam.Map(lambda group_count: min(group_count[1], shown_cap))
-            | "Histogram" >> beam.CombineGlobally(HistogramFn(edges[:-1]))
-            # Counts are capped at limit + 1, so the open last bin is [limit + 1, limit + 2).
-            | "CloseLastBin" >> beam.Map(close_last_bin, edges[-1]))
+        shown = counts | "Counts" >> beam.Map(lambda group_count: min(group_count[1], shown_cap))
+        # Counts are capped at limit + 1, so the open last bin is [limit + 1, limit + 2).
+        histogram = once(counts.pipeline, "CloseLastBin", close_last_bin,
+                         total(shown, "Histogram", HistogramFn(edges[:-1])), edges[-1])
         shared = counts | "SharedGroups" >> beam.Filter(lambda group_count: group_count[1] >= 2)
         return {"rejected": rejected, "histogram": histogram, "counts": shared}
 

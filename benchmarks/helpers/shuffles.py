@@ -27,7 +27,8 @@ named by ``$SHUFFLE_BYTES_JSON`` when set, and keeps the last job's in
 this process and returns its funnel and ``Shuffles``: per shuffle its
 elements, bytes per element and bytes per input candidate (the funnel's
 input count). Used by ``benchmarks.shuffle_bytes``,
-``benchmarks.build_throughput`` and the tests that bound the build's shuffles.
+``benchmarks.build_throughput`` and the tests that bound the build's shuffles;
+the job's size (leaf transforms, fused stages) is recorded beside.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ from typing import Dict, List, Optional, Tuple
 from apache_beam.metrics import monitoring_infos
 from apache_beam.runners.portability.fn_api_runner import execution, fn_runner, translations
 from apache_beam.runners.worker import bundle_processor
+
+from benchmarks.helpers import graph_size
 
 OUTPUT_ENV = "SHUFFLE_BYTES_JSON"
 RUNNER = "benchmarks.helpers.shuffles.ShuffleMeasuringRunner"
@@ -68,6 +71,8 @@ class Shuffles:
     shuffles: List[Shuffle]
     candidates: int = 0
     unmeasured: List[str] = field(default_factory=list)  # shuffles whose element count no operation reported
+    transforms: int = 0  # the job's leaf transforms (benchmarks.helpers.graph_size)
+    stages: int = 0      # and the stages the runner fused them into
 
     @property
     def total_bytes(self) -> int:
@@ -97,13 +102,15 @@ class Shuffles:
             rows.append(row)
         return {"candidates": self.candidates, "shuffles": len(self.shuffles), "total_bytes": self.total_bytes,
                 "total_bytes_per_candidate": round(self.total_bytes / self.candidates, 1) if self.candidates else None,
-                "unmeasured": self.unmeasured, "per_shuffle": rows}
+                "unmeasured": self.unmeasured, "transforms": self.transforms, "stages": self.stages,
+                "per_shuffle": rows}
 
     @classmethod
     def from_json(cls, document: dict) -> "Shuffles":
         fields = ("name", "pcollections", "elements", "bytes", "largest_sampled")
         return cls([Shuffle(**{k: row[k] for k in fields}) for row in document["per_shuffle"]],
-                   document.get("candidates") or 0, document.get("unmeasured", []))
+                   document.get("candidates") or 0, document.get("unmeasured", []), document.get("transforms", 0),
+                   document.get("stages", 0))
 
 
 def grouping_inputs(stages) -> Dict[bytes, Tuple[str, List[str]]]:
@@ -179,6 +186,7 @@ class ShuffleMeasuringRunner(fn_runner.FnApiRunner):
     def create_stages(self, pipeline_proto):
         stage_context, stages = super().create_stages(pipeline_proto)
         self._grouping_inputs = grouping_inputs(stages)
+        self._graph = graph_size.GraphSize(graph_size.leaf_transforms(pipeline_proto), len(stages))
         return stage_context, stages
 
     def run_stages(self, stage_context, stages):
@@ -208,6 +216,7 @@ class ShuffleMeasuringRunner(fn_runner.FnApiRunner):
         finally:
             execution.BundleContextManager.get_buffer = get_buffer
         shuffles = measure(result, self._grouping_inputs, written)
+        shuffles.transforms, shuffles.stages = self._graph
         type(self).last = shuffles
         path = os.environ.get(OUTPUT_ENV)
         if path:

@@ -118,15 +118,15 @@ class Judged(NamedTuple):
     """What the first pass hands on."""
 
     rows: PCollection               # one light row per input record
-    input_count: PCollection        # what the funnel counts: a reader's marker as the rows it stands for
-    row_count: PCollection          # the rows themselves
+    input_count: PCollection        # what the funnel counts: a reader's marker as the rows it stands for (empty: 0)
+    row_count: PCollection          # the rows themselves (empty when there are none: read as 0)
     in_the_running: PCollection     # the rows no per-record rule rejected
     record_rejections: PCollection  # the rows a per-record rule rejected
     measures: PCollection           # partial histograms of the measures (judge_lib.MEASURES)
     pairs: PCollection              # evaluation-index matches (judge_lib.PAIRS)
     embeddings: PCollection         # (key, vector) for the in-corpus near-duplicates (judge_lib.EMBEDDINGS)
     nsfw_outcomes: PCollection      # what the NSFW scorer did (judge_lib.NSFW_OUTCOMES)
-    download_notes: PCollection     # the download stage's (stage, note); empty without --download
+    download_notes: Optional[PCollection]  # the download stage's (stage, note); None without --download
 
 
 class FirstPass(beam.PTransform):
@@ -149,18 +149,25 @@ class FirstPass(beam.PTransform):
             downloaded = judged[judge_lib.TO_FETCH] | "DownloadImages" >> self.download
             parts.append(downloaded)
             notes.append(downloaded[NOTES])
-        rows = [part[judge_lib.ROWS] for part in parts] | "InputRows" >> beam.Flatten()
-        side = {tag: [part[tag] for part in parts] | f"All{tag.title()}" >> beam.Flatten()
+        # Without --download every output has one part: no Flatten (each is a transform the runner translates).
+        def all_of(tag, label):
+            return parts[0][tag] if len(parts) == 1 else [part[tag] for part in parts] | label >> beam.Flatten()
+
+        rows = all_of(judge_lib.ROWS, "InputRows")
+        side = {tag: all_of(tag, f"All{tag.title()}")
                 for tag in (judge_lib.MEASURES, judge_lib.PAIRS, judge_lib.EMBEDDINGS, judge_lib.NSFW_OUTCOMES)}
+        # The counts are read as singletons whose readers say what nothing counts (0): Beam's own default
+        # for an empty input is five more transforms per combine.
         return Judged(
             rows=rows,
-            input_count=rows | "RecordsOfRow" >> beam.Map(records_of) | "CountInput" >> beam.CombineGlobally(sum),
-            row_count=rows | "CountRows" >> beam.combiners.Count.Globally(),
+            input_count=(rows | "RecordsOfRow" >> beam.Map(records_of)
+                         | "CountInput" >> beam.CombineGlobally(sum).without_defaults()),
+            row_count=rows | "CountRows" >> beam.CombineGlobally(beam.combiners.CountCombineFn()).without_defaults(),
             in_the_running=rows | "PassedRecordStages" >> beam.Filter(lambda row: not row.reason),
             record_rejections=rows | "RejectedByRecordStages" >> beam.Filter(lambda row: bool(row.reason)),
             measures=side[judge_lib.MEASURES], pairs=side[judge_lib.PAIRS], embeddings=side[judge_lib.EMBEDDINGS],
             nsfw_outcomes=side[judge_lib.NSFW_OUTCOMES],
-            download_notes=notes | "DownloadNotes" >> beam.Flatten(pipeline=pbegin.pipeline),
+            download_notes=notes[0] if notes else None,
         )
 
 
@@ -357,7 +364,7 @@ class WriteBuildStats(OptionalInputs):
         )
         histograms = (inputs.measures | "Distributions" >> SumHistograms()) if inputs.measures is not None else None
         notes = [] if inputs.download_notes is None else [inputs.download_notes]
-        if inputs.nsfw_outcomes is not None:
+        if inputs.nsfw_outcomes is not None and nsfw.stage_enabled(preset.nsfw_threshold):  # a stage off scores none
             notes.append(inputs.nsfw_outcomes | "NsfwNote" >> NsfwNote(preset.nsfw_threshold, preset.nsfw_model))
         corpus_stats = inputs.corpus_stats
         if config.scorer is not None:  # the scores' histogram with the cut, and what the score alone would have caught

@@ -172,18 +172,21 @@ class WriteStats(OptionalInputs):
         # A reader's marker counts as the rows it stands for (pipeline.funnel.accounting).
         reason_counts = (rejections | "ReasonAndRecords" >> beam.Map(lambda r: (r.reason, records_of(r)))
                          | "CountReasons" >> beam.CombinePerKey(sum))
-        losses = rejections | "ReaderLosses" >> beam.Map(losses_of) | "SumLosses" >> beam.CombineGlobally(_sum_losses)
+        # Each total is read as a singleton that says what nothing sums to: Beam's default for an empty input is
+        # five more transforms per combine.
+        losses = (rejections | "ReaderLosses" >> beam.Map(losses_of)
+                  | "SumLosses" >> beam.CombineGlobally(_sum_losses).without_defaults())
         claims = (rejections | "ClaimedRows" >> beam.FlatMap(_claimed_rows)
                   | "ClaimedPerFile" >> beam.CombinePerKey(sum)
-                  | "LargestClaims" >> beam.CombineGlobally(_LargestClaims()))
+                  | "LargestClaims" >> beam.CombineGlobally(_LargestClaims()).without_defaults())
         p = input_count.pipeline
         return (
             p
-            | "StatsTrigger" >> beam.Create([None])
+            | "StatsTrigger" >> beam.Impulse()  # one element that starts the step (Create's is four transforms)
             | "WriteStatsFiles" >> beam.FlatMap(
                 _write_stats_files,
                 self.output_dir,
-                beam.pvalue.AsSingleton(input_count),
+                beam.pvalue.AsSingleton(input_count, default_value=0),
                 beam.pvalue.AsDict(reason_counts),
                 beam.pvalue.AsDict(written_counts),
                 beam.pvalue.AsDict(histograms) if histograms is not None else {},
@@ -191,8 +194,8 @@ class WriteStats(OptionalInputs):
                 beam.pvalue.AsList(samples),
                 self.meta,
                 beam.pvalue.AsDict(notes) if notes is not None else None,
-                beam.pvalue.AsSingleton(losses),
-                beam.pvalue.AsSingleton(claims),
+                beam.pvalue.AsSingleton(losses, default_value=_sum_losses([])),
+                beam.pvalue.AsSingleton(claims, default_value=_LargestClaims().apply([])),
             )
         )
 

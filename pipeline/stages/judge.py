@@ -357,7 +357,8 @@ class NsfwNote(beam.PTransform):
         return (
             outcomes
             | "RecordsPerOutcome" >> beam.CombinePerKey(sum)
-            | "Outcomes" >> beam.combiners.ToDict()
+            # No outcome makes no note: no default dict for an empty input (five transforms fewer).
+            | "Outcomes" >> beam.CombineGlobally(beam.combiners.ToDictCombineFn()).without_defaults()
             | "Note" >> beam.FlatMap(
                 lambda found: [("nsfw", nsfw.stage_note(threshold, scorer_name, found))] if found else [])
         )

@@ -36,6 +36,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from common import state_files as sf
+from common.once import once, total
 from filters import presets, stages
 from filters.frequency import image_identity, pool_row, stages_run, what_if_cap
 from filters.ngram_vocab import vocabulary_enabled
@@ -311,8 +312,7 @@ class WhatIfStats(beam.PTransform):
                 {"classes": classes, "count": inputs["group_counts"]}
                 | "JoinGroupCounts" >> beam.CoGroupByKey()
                 | "GroupMeasures" >> beam.FlatMap(_group_contributions))
-        histograms = parts | "AllMeasures" >> beam.Flatten() | "Histograms" >> beam.CombineGlobally(
-            ClassHistogramsFn())
+        histograms = total(parts | "AllMeasures" >> beam.Flatten(), "Histograms", ClassHistogramsFn())
         vocabulary = beam.pvalue.AsList(inputs["vocabulary"])
-        return histograms | "WriteWhatIf" >> beam.Map(
-            _write, self.output_dir, vocabulary, self.preset, self.order, self.sharing)
+        return once(fates.pipeline, "WriteWhatIf", _write, histograms, self.output_dir, vocabulary, self.preset,
+                    self.order, self.sharing)

@@ -40,6 +40,7 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
 from common.files import size_of, write_text
+from common.once import once, total
 from common.optional_inputs import OptionalInputs
 from filters.text import repetition, words
 from pipeline.funnel.candidate_counts import FORMAT_VERSION, SUMMARY_FILE, table_file
@@ -265,11 +266,8 @@ class WriteCandidateTable(OptionalInputs):
         } | "GroupBySource" >> beam.CoGroupByKey()
         reports = grouped | "WriteTableFiles" >> beam.ParDo(
             _WriteFileTable(output_dir), beam.pvalue.AsList(sources))
-        return (
-            reports
-            | "SumReports" >> beam.CombineGlobally(merge_summaries)
-            | "WriteSummary" >> beam.Map(_write_summary, output_dir)
-        )
+        return once(reports.pipeline, "WriteSummary", _write_summary, total(reports, "SumReports", merge_summaries),
+                    output_dir)
 
 
 def _write_summary(summary: dict, output_dir: str) -> None:

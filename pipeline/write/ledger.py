@@ -58,11 +58,13 @@ class WriteRejectionLedger(beam.PTransform):
     def expand(self, inputs):
         rejections, row_count = inputs
         per_file = self.LEDGER_LINES_PER_FILE
-        num_files = row_count | "LedgerFiles" >> beam.Map(lambda n: max(1, math.ceil(n / per_file)))
+        # No row count (a job that counted none may hand on an empty one) is one file, as a count of 0 is.
+        num_files = beam.pvalue.AsSingleton(
+            row_count | "LedgerFiles" >> beam.Map(lambda n: max(1, math.ceil(n / per_file))), default_value=1)
         return (
             rejections
             | "LedgerLine" >> beam.Map(
-                lambda r, n: (shard_of(r.key, n), (r.key, ledger_line(r))), n=beam.pvalue.AsSingleton(num_files))
+                lambda r, n: (shard_of(r.key, n), (r.key, ledger_line(r))), n=num_files)
             | "GroupLedgerFile" >> beam.GroupByKey()
-            | "WriteLedgerFile" >> beam.ParDo(_WriteLedgerFile(self.output_dir), beam.pvalue.AsSingleton(num_files))
+            | "WriteLedgerFile" >> beam.ParDo(_WriteLedgerFile(self.output_dir), num_files)
         )

@@ -40,6 +40,7 @@ from apache_beam.metrics import Metrics
 from common import allocator
 from common.corpus_dir import SHARDS_FILE
 from common.files import write_text
+from common.once import once
 from common.optional_inputs import OptionalInputs
 from common.schema import CONCEPTS_DIR, SPLITS, Candidate, shard_filename, split_of
 from filters import stages
@@ -314,13 +315,13 @@ class WriteShards(OptionalInputs):
         rows, samples = inputs
         fraction, bound = self.preset.validation_fraction, self.preset.max_records_per_shard
         output_dir, name = self.output_dir, self.name
-        plan = (
+        kept = (
             rows
             | "FileAndSplit" >> beam.Map(lambda r: ((r.source, split_of(r.key, fraction)), 1))
             | "KeptPerFileAndSplit" >> beam.CombinePerKey(sum)
-            | "CollectCounts" >> beam.combiners.ToList()
-            | "ShardPlan" >> beam.Map(lambda counts: shard_plan([(f, s, n) for (f, s), n in counts], bound))
         )
+        plan = once(rows.pipeline, "ShardPlan", lambda counts: shard_plan([(f, s, n) for (f, s), n in counts], bound),
+                    beam.pvalue.AsList(kept))
         # One entry per input file: small beside the rows, read by every writer.
         firsts = beam.pvalue.AsSingleton(plan | "FirstShards" >> beam.Map(lambda p: p[0]))
         totals = beam.pvalue.AsSingleton(plan | "ShardsPerSplit" >> beam.Map(lambda p: p[1]))
@@ -341,24 +342,18 @@ class WriteShards(OptionalInputs):
         empty = plan | "EmptyCorpusShards" >> beam.FlatMap(
             lambda p: [] if p[1] else [(split, 0, write_empty_shard(output_dir, name, split)) for split in SPLITS])
         shards = (outputs[SHARDS], empty) | "AllShards" >> beam.Flatten()
-        _ = (
-            shards
-            | "CollectShardList" >> beam.combiners.ToList()
-            | "WriteShardList" >> beam.Map(
-                lambda infos: write_text(FileSystems.join(output_dir, SHARDS_FILE),
-                                         json.dumps(shard_list(infos), sort_keys=True)))
-        )
+        _ = once(rows.pipeline, "WriteShardList",
+                 lambda infos: write_text(FileSystems.join(output_dir, SHARDS_FILE),
+                                          json.dumps(shard_list(infos), sort_keys=True)),
+                 beam.pvalue.AsList(shards))
         if WEBDATASET in self.formats:
             empty_tars = plan | "EmptyCorpusTars" >> beam.FlatMap(
                 lambda p: [] if p[1] else [(split, 0, tar_shards.write_empty_tar(output_dir, split)) for split in SPLITS])
             tars = (outputs[TARS], empty_tars) | "AllTars" >> beam.Flatten()
-            _ = (
-                tars
-                | "CollectTarList" >> beam.combiners.ToList()
-                | "WriteTarList" >> beam.Map(
-                    lambda infos: write_text(FileSystems.join(output_dir, tar_shards.TARS_FILE),
-                                             json.dumps(tar_shards.tar_list(infos), sort_keys=True)))
-            )
+            _ = once(rows.pipeline, "WriteTarList",
+                     lambda infos: write_text(FileSystems.join(output_dir, tar_shards.TARS_FILE),
+                                              json.dumps(tar_shards.tar_list(infos), sort_keys=True)),
+                     beam.pvalue.AsList(tars))
         samples_out = outputs[SAMPLES]
         if samples is not None:
             unread = samples | "SamplesWithoutSource" >> beam.Filter(lambda r: not r.source) | "SampleRows" >> (

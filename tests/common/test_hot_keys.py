@@ -41,3 +41,11 @@ def test_without_hot_keys_it_is_a_plain_join():
     assert_that(joined, equal_to([(r, 0 if r.startswith("b") else None) for _, r in rows]))
     counters, _ = metrics(p.run())
     assert counters.get("t/hot_rows", 0) == 0
+
+
+def test_a_hot_key_without_a_decision_is_decided_none_by_side_input():
+    rows = [("hot", f"h{i}") for i in range(20)] + [("a", "a0")]
+    p, joined = run_join(rows, [("a", "Z")], max_rows=5)
+    assert_that(joined, equal_to([(r, None) for _, r in rows[:20]] + [("a0", "Z")]))
+    counters, distributions = metrics(p.run())
+    assert counters["t/hot_rows"] == 20 and distributions["t/grouped_rows"].max == 1  # "hot" was never grouped

@@ -18,7 +18,7 @@ Variants, each against ``fp32`` (the folded graph, the reference):
 - ``int8``: what the stage runs with ``nsfw_precision=auto`` on a CPU with
   VNNI (``filters.open_nsfw_int8``: convolutions but the first, shipped ranges);
 - ``int8_all``: every operator onnxruntime's QDQ quantiser takes, uint8
-  activations (calibrated here on ``open_nsfw_int8.calibration_inputs``);
+  activations (calibrated here on ``samplegen.nsfw_calibration.calibration_inputs``);
 - ``int8_all_s8``: the same with int8 symmetric activations;
 - ``int8_dynamic``: dynamic quantisation (``ConvInteger``, weights int8).
 
@@ -49,8 +49,9 @@ import time
 import numpy as np
 
 from benchmarks import record
-from benchmarks.nsfw_cost import differences, read_images, sample_images
+from benchmarks.helpers.nsfw import differences, read_images, sample_images
 from filters import open_nsfw, open_nsfw_int8
+from samplegen import nsfw_calibration
 from filters.presets import get_preset
 
 VARIANTS = ("int8", "int8_all", "int8_all_s8", "int8_dynamic")
@@ -94,7 +95,7 @@ def variant_graphs(names, scratch: str) -> dict:
     with open(folded_path, "wb") as handle:
         handle.write(open_nsfw.folded_graph(open_nsfw.model_path())[0])
     input_name = onnx.load(folded_path).graph.input[0].name
-    calibration = open_nsfw_int8.calibration_inputs() if {"int8_all", "int8_all_s8"} & set(names) else None
+    calibration = nsfw_calibration.calibration_inputs() if {"int8_all", "int8_all_s8"} & set(names) else None
 
     class Calibration(CalibrationDataReader):
         def __init__(self):
@@ -175,7 +176,7 @@ def main(argv=None) -> None:
     figures = {"threshold": threshold, "cpu": cpu(), "batch": BATCH, "onnxruntime_threads": 1}
     print(f"CPU: {figures['cpu']['model']}, {' '.join(figures['cpu']['instructions'])}", flush=True)
     with tempfile.TemporaryDirectory() as scratch:
-        from benchmarks.photo_candidates import write_candidates
+        from benchmarks.helpers.images import write_candidates
 
         folder = os.path.join(scratch, "photos")
         write_candidates(folder, args.photos, args.seed, longer_side=(400, 800))

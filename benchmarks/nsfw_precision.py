@@ -51,8 +51,8 @@ import numpy as np
 from benchmarks import record
 from benchmarks.helpers.nsfw import differences, read_images, sample_images
 from filters import open_nsfw, open_nsfw_int8
-from samplegen import nsfw_calibration
 from filters.presets import get_preset
+from samplegen import nsfw_calibration
 
 VARIANTS = ("int8", "int8_all", "int8_all_s8", "int8_dynamic")
 BATCH = 4  # the stage's batch (OpenNsfwScorer's default)

@@ -263,7 +263,10 @@ def main(argv=None) -> int:
                 steps[step]()
     figures = model_score_figures.summarize(harness.work, seeds)
     model_score_figures.report(figures)
-    run.write("model_score_evidence", figures, args.json)
+    written = run.write("model_score_evidence", figures, args.json)
+    picture = model_score_figures.plot(figures, os.path.splitext(written)[0] + ".png")  # beside the JSON
+    if picture:
+        print(f"wrote {picture}")
     return 0
 
 

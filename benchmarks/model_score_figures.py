@@ -188,3 +188,43 @@ def report(figures: dict) -> None:
         print(f"{pair}: " + ", ".join(f"{m} {v['mean']:+.3f}" + (f" ± {v['sd']:.3f}" if v["sd"] is not None else "")
                                       for m, v in found.items() if m != "per_seed" and "R@5" not in m)
               + f" (seeds {', '.join(found['per_seed'])})")
+
+
+def plot(figures: dict, path: str) -> Optional[str]:
+    """The figures' picture (PNG at ``path``): each scoring build's trade-off over fixed thresholds (mismatched
+    pairs removed against clean pairs lost, the label-blind cut marked, the 80% / 10% bar shaded), and each arm's
+    held-out R@1 and kNN / zero-shot top-1, mean and standard deviation over its seeds. None before anything."""
+    if not figures or not (any(figures["filter"].values()) or figures["arms"]):
+        return None
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(11, 4.2))
+    trade, arms = figure.subplots(1, 2)
+    trade.fill_between([0, 0.1], 0.8, 1.0, color="#d8ecd8", label="the bar: >= 80% removed, <= 10% lost")
+    for name, found in figures["filter"].items():
+        if not found:
+            continue
+        sweep = sorted(found["sweep_label_dependent"].items(), key=lambda item: float(item[0]))
+        line, = trade.plot([s["clean"]["share"] for _, s in sweep], [s["mismatched"]["share"] for _, s in sweep],
+                           marker=".", label=name)
+        at = found["at_threshold"]
+        trade.plot(at["clean"]["share"], at["mismatched"]["share"], marker="o", markersize=9, color=line.get_color(),
+                   markerfacecolor="none")
+        trade.annotate(f"cut {found['threshold']:g}", (at["clean"]["share"], at["mismatched"]["share"]),
+                       textcoords="offset points", xytext=(6, -12), fontsize=8)
+    trade.set(xlabel="clean pairs lost", ylabel="mismatched pairs removed", xlim=(0, 1), ylim=(0, 1.02),
+              title="the score's cut over fixed thresholds (o: the label-blind cut)")
+    trade.legend(fontsize=8, loc="lower right")
+    metrics = ["i2t_R@1", "t2i_R@1", "knn_top1", "zeroshot_top1"]
+    names = [arm for arm in ("none", "align", "ms") if arm in figures["arms"]]
+    width = 0.8 / max(1, len(names))
+    for i, arm in enumerate(names):
+        found = figures["arms"][arm]
+        arms.bar([m + i * width for m in range(len(metrics))], [found[m]["mean"] for m in metrics], width,
+                 yerr=[found[m]["sd"] or 0 for m in metrics], capsize=3, label=f"{arm} (n={found[metrics[0]]['n']})")
+    arms.set_xticks([m + width * (len(names) - 1) / 2 for m in range(len(metrics))], metrics)
+    arms.set(title="each arm, mean and sd over seeds", ylabel="score")
+    arms.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    return path

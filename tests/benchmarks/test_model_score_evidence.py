@@ -46,6 +46,12 @@ def test_arms_get_mean_and_spread_and_seeds_are_paired(tmp_path):
     assert paired["per_seed"]["0"]["i2t_R@1"] == 0.04 and paired["per_seed"]["1"]["i2t_R@1"] == 0.01
     assert paired["i2t_R@1"]["mean"] == 0.025 and paired["knn_top1"]["mean"] == 0.1
     assert "align-none" not in found["paired"] and found["corpora"]["ms"] is None
+    picture = figures.plot(found, str(tmp_path / "evidence.png"))  # the arms alone: no scoring build yet
+    assert picture and (tmp_path / "evidence.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_no_picture_before_anything_finished(tmp_path):
+    assert figures.plot({}, str(tmp_path / "x.png")) is None and not (tmp_path / "x.png").exists()
 
 
 def test_the_command_line_errors_are_one_line(tmp_path):

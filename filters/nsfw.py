@@ -378,20 +378,24 @@ class NsfwScoring:
                     "install the extra on the workers, or --set nsfw_unscored=pass")
             logging.warning("NSFW stage passes records UNSCORED: %s", self.status)
 
+    def label(self) -> Optional[str]:
+        """The loaded scorer's label (open_nsfw: its precision and device, which differ between CPUs) or name."""
+        return None if self.scorer is None else (
+            getattr(self.scorer, "label", None) or getattr(self.scorer, "name", self.scorer_name))
+
     def _count(self, scored: bool, n: int) -> None:
         if n:
-            # A scorer's label (open_nsfw: its precision and device, which can differ between workers) or name.
-            name = getattr(self.scorer, "label", None) or getattr(self.scorer, "name", self.scorer_name)
-            outcome = (scored, name if scored else self.status)
+            outcome = (scored, self.label() if scored else self.status)
             self.outcomes[outcome] = self.outcomes.get(outcome, 0) + n
 
     def judge(self, images: Sequence[bytes]) -> List[Optional[str]]:
         """The stage's reason for each image (``nsfw/pornographic``, ``nsfw/undecodable``) or None."""
         return self.judge_with_scores(images)[0]
 
-    def judge_with_scores(self, images: Sequence[bytes]) -> Tuple[List[Optional[str]], List[Optional[float]]]:
+    def judge_with_scores(self, images: Sequence[bytes], digests: Optional[Sequence[bytes]] = None,
+                          ) -> Tuple[List[Optional[str]], List[Optional[float]]]:
         """``judge``'s reasons and each image's score (None where nothing scored it: the stage is off, the
-        worker has no scorer, or the image did not decode), for the light row, the ledger and the audit."""
+        worker has no scorer, or the image did not decode); ``digests``: their sha256, where known."""
         reasons: List[Optional[str]] = [None] * len(images)
         found: List[Optional[float]] = [None] * len(images)
         if not self.enabled or not images:
@@ -401,7 +405,8 @@ class NsfwScoring:
             return reasons, found
         prepare = getattr(self.scorer, "prepare", decode_for_scoring)
         score = getattr(self.scorer, "score_prepared", self.scorer.score)
-        digests = [hashlib.sha256(data).digest() for data in images]
+        if digests is None:
+            digests = [hashlib.sha256(data).digest() for data in images]
         known: Dict[bytes, Optional[float]] = {}  # this call's images: remembered, undecodable or scored now
         decoded, pending = [], []
         for data, digest in zip(images, digests):
@@ -422,7 +427,7 @@ class NsfwScoring:
                 raise ValueError(f"scorer {self.scorer.name!r} returned shape {scores.shape} for {len(decoded)} images")
             known.update(zip(pending, scores.tolist()))
         for digest, value in known.items():
-            self._remember(digest, value)
+            self.remember(digest, value)
         for i, digest in enumerate(digests):
             found[i] = known[digest]
             if found[i] is None:
@@ -432,7 +437,8 @@ class NsfwScoring:
         self._count(True, sum(value is not None for value in found))
         return reasons, found
 
-    def _remember(self, digest: bytes, value: Optional[float]) -> None:
+    def remember(self, digest: bytes, value: Optional[float]) -> None:
+        """``value`` as this scorer's score of the image of sha256 ``digest`` (also a previous build's: --reuse)."""
         self._scores[digest] = value
         self._scores.move_to_end(digest)
         while len(self._scores) > SCORE_CACHE_SIZE:
@@ -460,9 +466,7 @@ def main(argv=None) -> int:
                         help="open_nsfw's precision (the preset's nsfw_precision)")
     args = parser.parse_args(argv)
     if args.threshold is None:
-        from filters.presets import get_preset
-
-        args.threshold = get_preset("align").nsfw_threshold
+        args.threshold = PARAMS_BY_NAME["nsfw_threshold"].default
     scorer, status = load_scorer(args.scorer, **({"precision": args.precision}
                                                   if args.scorer == open_nsfw.MODEL_NAME else {}))
     print(status)

@@ -393,9 +393,11 @@ class OpenNsfwScorer:
 
     name = MODEL_NAME
 
-    # batch_size 4: on CPU the model's cost per image is the same from batches of 1 to 32, while the
-    # activations a process holds grow with the batch (~50 MB at 4, ~230 MB at 16: RESULTS.md, NSFW stage).
-    def __init__(self, batch_size: int = 4, num_threads: int = 1, decode_side: int = 0,
+    # batch_size 1: on CPU the model's cost per image is the same from batches of 1 to 32, while the
+    # activations a process holds grow with the batch (~50 MB at 4, ~230 MB at 16: RESULTS.md, NSFW stage);
+    # and alone in its batch an image's score is a function of its bytes, not of its batch-mates' (batched,
+    # a score moves by ~1e-7 with them): a rebuild that reuses scores, a selection and a what-if need that.
+    def __init__(self, batch_size: int = 1, num_threads: int = 1, decode_side: int = 0,
                  optimization: str = "all", fold: bool = True, model_file: Optional[str] = None,
                  precision: str = "fp32"):
         if batch_size < 1 or num_threads < 0 or decode_side < 0:

@@ -102,21 +102,35 @@ class ImageFacts:
 
 
 class _OpenedImage:
-    """An image as the file path judges it: the header read now, the decode when first asked for."""
+    """An image as the file path judges it: the header read now, the decode when first asked for.
 
-    def __init__(self, data: bytes, preset):
+    ``known``: ``(sha256, phash)`` a previous build found for these bytes
+    (``pipeline.readers.previous_build``): the identity is taken from it,
+    without the decode, when the bytes' sha256 is that one.
+    """
+
+    def __init__(self, data: bytes, preset, known: Optional[Tuple[str, str]] = None):
         self.bytes = data
         self.header, self.header_reason, self.opened = image_rules.open_header(data, preset)
         self._identity = None
+        self._digest = None
+        self.known = known
+        self.decoded = False  # the decode ran here (a known identity spares it)
 
     def digest(self) -> str:
-        return hashlib.sha256(self.bytes).hexdigest()
+        if self._digest is None:
+            self._digest = hashlib.sha256(self.bytes).hexdigest()
+        return self._digest
 
     def identity(self) -> Tuple[str, Optional[str]]:
         if self._identity is None:
+            if self.known is not None and self.known[1] and self.digest() == self.known[0]:
+                self._identity = (self.known[1], None)
+                return self._identity
             opened, self.opened = self.opened, None
             identity, reason = image_rules.identify(self.bytes, self.header, opened)
             self._identity = (identity.phash if identity else "", reason)
+            self.decoded = True
         return self._identity
 
     def data(self) -> bytes:
@@ -148,11 +162,18 @@ def judge_image(data: bytes, preset, decode: bool = True, read: Optional[Callabl
 # ---------------------------------------------------------------------------
 
 
-def judge_record(candidate: Candidate, preset, extras=()) -> Judgement:
-    """Every per-record rule on ``candidate``; ``extras`` are extra per-record stages."""
-    image = _OpenedImage(candidate.image, preset)
+def judge_record(candidate: Candidate, preset, extras=(), known: Optional[Tuple[str, str]] = None) -> Judgement:
+    """Every per-record rule on ``candidate``; ``extras`` are extra per-record stages; ``known`` the
+    ``(sha256, phash)`` a previous build found for its image (used only for the same bytes)."""
+    return judge_record_decoding(candidate, preset, extras, known)[0]
+
+
+def judge_record_decoding(candidate: Candidate, preset, extras=(),
+                          known: Optional[Tuple[str, str]] = None) -> Tuple[Judgement, bool]:
+    """``judge_record``, and whether it decoded the image (a rebuild counts what it derived again)."""
+    image = _OpenedImage(candidate.image, preset, known)
     try:
-        return judge_row(candidate, image, preset, extras)
+        return judge_row(candidate, image, preset, extras), image.decoded
     finally:
         image.close()
 

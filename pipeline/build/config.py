@@ -90,6 +90,8 @@ class BuildConfig:
     version: str                        # this build's version id
     version_dir: str                    # OUTPUT/versions/<version>: everything the job writes
     download_staging: str               # OUTPUT/_downloads: downloads shared by the output's builds
+    previous: object = None             # --reuse as a pipeline.readers.previous_build.PreviousBuild (the launcher
+    #                                     resolves it once the evaluation index is embedded); None without it
 
 
 def resolve_preset(flags) -> Preset:

@@ -61,7 +61,7 @@ from pipeline.funnel.stats_files import ChooseSamples, WriteStats
 from pipeline.readers.input_files import MatchInputFiles
 from pipeline.stages import judge as judge_lib
 from pipeline.stages.eval_index import EvalIndex, EvalMatchVerdicts
-from pipeline.stages.judge import JudgeFiles, NsfwNote, RecordJudge
+from pipeline.stages.judge import JudgeFiles, NsfwNote, RecordJudge, ReuseNote
 from pipeline.stages.near_duplicates import RemoveCorpusNearDuplicates, WritePairsReport
 from pipeline.stages.score_verdicts import ModelScoreVerdicts, ScoreStats
 from pipeline.stages.verdicts import OVERLAPS, CountVerdicts, JoinVerdicts, StagesRun
@@ -80,7 +80,7 @@ def build_pipeline(p: beam.Pipeline, config: BuildConfig, notes: dict,
                    eval_index: Optional[EvalIndex] = None) -> StagesRun:
     """Adds the whole build to ``p``; returns the stages applied (with ``notes``, the launcher's, for the funnel)."""
     judge = RecordJudge(config.preset, extra_stages.record_stages(config.extras), eval_index, config.flags.embedder,
-                        config.embedder_args, scorer=config.scorer)
+                        config.embedder_args, scorer=config.scorer, previous=config.previous)
     # Each composite makes its stages when it is made: the funnel's list of them is known before any is applied.
     first_pass = FirstPass(config, judge)
     corpus_stages = CorpusStages(config, eval_index)
@@ -104,7 +104,8 @@ def build_pipeline(p: beam.Pipeline, config: BuildConfig, notes: dict,
     _ = WriteBuildStats.Inputs(
         input_count=judged.input_count, rejections=written.rejections, shards=written.shards,
         samples=written.samples, measures=judged.measures, corpus_stats=verdicts.corpus_stats,
-        download_notes=judged.download_notes, nsfw_outcomes=judged.nsfw_outcomes, score_cut=verdicts.score_cut,
+        download_notes=judged.download_notes, nsfw_outcomes=judged.nsfw_outcomes,
+        reuse_outcomes=judged.reuse_outcomes, score_cut=verdicts.score_cut,
         score_histogram=verdicts.score_histogram, overlaps=fates.overlaps,
     ) | "WriteBuildStats" >> WriteBuildStats(config, ran)
     _ = TableInputs(
@@ -127,6 +128,7 @@ class Judged(NamedTuple):
     embeddings: PCollection         # (key, vector) for the in-corpus near-duplicates (judge_lib.EMBEDDINGS)
     nsfw_outcomes: PCollection      # what the NSFW scorer did (judge_lib.NSFW_OUTCOMES)
     download_notes: Optional[PCollection]  # the download stage's (stage, note); None without --download
+    reuse_outcomes: Optional[PCollection]  # (reused|recomputed|new, records) with --reuse; None without it
 
 
 class FirstPass(beam.PTransform):
@@ -156,6 +158,7 @@ class FirstPass(beam.PTransform):
         rows = all_of(judge_lib.ROWS, "InputRows")
         side = {tag: all_of(tag, f"All{tag.title()}")
                 for tag in (judge_lib.MEASURES, judge_lib.PAIRS, judge_lib.EMBEDDINGS, judge_lib.NSFW_OUTCOMES)}
+        reuse_outcomes = judged.get(judge_lib.REUSE_OUTCOMES)  # only the file judge reuses facts
         # The counts are read as singletons whose readers say what nothing counts (0): Beam's own default
         # for an empty input is five more transforms per combine.
         return Judged(
@@ -167,7 +170,7 @@ class FirstPass(beam.PTransform):
             record_rejections=rows | "RejectedByRecordStages" >> beam.Filter(lambda row: bool(row.reason)),
             measures=side[judge_lib.MEASURES], pairs=side[judge_lib.PAIRS], embeddings=side[judge_lib.EMBEDDINGS],
             nsfw_outcomes=side[judge_lib.NSFW_OUTCOMES],
-            download_notes=notes[0] if notes else None,
+            download_notes=notes[0] if notes else None, reuse_outcomes=reuse_outcomes,
         )
 
 
@@ -347,6 +350,7 @@ class WriteBuildStats(OptionalInputs):
         corpus_stats: Optional[PCollection] = None
         download_notes: Optional[PCollection] = None
         nsfw_outcomes: Optional[PCollection] = None
+        reuse_outcomes: Optional[PCollection] = None
         score_cut: Optional[PCollection] = None
         score_histogram: Optional[PCollection] = None
         overlaps: Optional[PCollection] = None
@@ -366,6 +370,8 @@ class WriteBuildStats(OptionalInputs):
         notes = [] if inputs.download_notes is None else [inputs.download_notes]
         if inputs.nsfw_outcomes is not None and nsfw.stage_enabled(preset.nsfw_threshold):  # a stage off scores none
             notes.append(inputs.nsfw_outcomes | "NsfwNote" >> NsfwNote(preset.nsfw_threshold, preset.nsfw_model))
+        if inputs.reuse_outcomes is not None:
+            notes.append(inputs.reuse_outcomes | "ReuseNote" >> ReuseNote(self.ran.notes.get("reuse", "")))
         corpus_stats = inputs.corpus_stats
         if config.scorer is not None:  # the scores' histogram with the cut, and what the score alone would have caught
             score_stats = (inputs.score_cut, inputs.score_histogram, inputs.rejections, inputs.overlaps) | (

@@ -30,7 +30,7 @@ from apache_beam.options.pipeline_options import StandardOptions, TestOptions
 from common import beam_construction, corpus_dir
 from common.files import to_json, write_text
 from filters.presets import format_preset
-from pipeline.build import dry_run
+from pipeline.build import dry_run, reuse
 from pipeline.build.config import BuildConfig, resolve, resolve_preset
 from pipeline.build.graph import build_pipeline
 from pipeline.build.options import SHORT_USAGE, UsageError, is_dataflow, parse
@@ -39,7 +39,7 @@ from pipeline.funnel import progress
 from pipeline.funnel.table import format_funnel
 from pipeline.publish import output_contract, publisher
 from pipeline.readers.input_notes import input_notes
-from pipeline.stages.eval_index import embed_eval_sets, write_eval_index
+from pipeline.stages.eval_index import embed_eval_sets, index_digest, write_eval_index
 from pipeline.write import concept_tags
 
 
@@ -73,7 +73,7 @@ def say(message: str) -> None:
     print(message, flush=True)
 
 
-def build_request(config: BuildConfig, expects: str, replaces, runner, argv=()) -> dict:
+def build_request(config: BuildConfig, expects: str, replaces, runner, argv=(), eval_digest=None) -> dict:
     """What ``pipeline.publish`` needs to finish this build, from wherever it runs; and its command line
     and directory, from which ``pipeline.select`` resolves the same config for a selection."""
     import os
@@ -89,6 +89,7 @@ def build_request(config: BuildConfig, expects: str, replaces, runner, argv=()) 
         "download": config.download is not None, "keep_downloads": bool(flags.download_keep),
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": socket.gethostname(),
         "runner": str(runner), "argv": list(argv), "cwd": os.getcwd(), "webdataset": bool(flags.webdataset),
+        "facts": reuse.facts_record(config, eval_digest),
     }
 
 
@@ -130,6 +131,10 @@ def run(argv: Optional[List[str]] = None) -> dict:
         say(f"embedding evaluation images: {', '.join(f'{name}={path}' for name, path in config.eval_sets)}")
         loaded = embed_eval_sets(config.eval_sets, config.embedder, config.flags.embedder,
                                  config.near_duplicate_threshold, config.preset)
+    eval_digest = index_digest(loaded, config.flags.embedder, config.embedder_args, config.preset) if loaded else None
+    config = reuse.with_previous(config, eval_digest)
+    if config.previous is not None:
+        notes["reuse"] = reuse.launcher_note(config.previous, config)
     if options.view_as(TestOptions).dry_run:  # Dataflow's translation of the job, nothing touched
         job = dry_run.build_job(config, options, notes, loaded)
         say(dry_run.summary(job, config, loaded))
@@ -141,7 +146,7 @@ def run(argv: Optional[List[str]] = None) -> dict:
     runner = options.view_as(StandardOptions).runner
     if output_contract.MARKER not in plan.files:
         output_contract.write_marker(output, config.flags.name)
-    publisher.write_request(directory, build_request(config, committed.token, previous, runner, argv))
+    publisher.write_request(directory, build_request(config, committed.token, previous, runner, argv, eval_digest))
     eval_index = write_eval_index(loaded, directory, config.preset) if loaded is not None else None
     p = beam.Pipeline(options=options)
     build_pipeline(p, config, notes, eval_index)

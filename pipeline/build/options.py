@@ -106,6 +106,10 @@ class BuildOptions(PipelineOptions):
                                  "only after the new one is committed")
         parser.add_argument("--keep_previous", action="store_true",
                             help="with --overwrite: keep the replaced corpus's files (under --output/versions/)")
+        parser.add_argument("--reuse", default="", metavar="OLD",
+                            help="a previous committed corpus of the same input: its candidate table's facts "
+                                 "(hashes, NSFW scores, evaluation matches, stored pictures) are reused where the "
+                                 "bytes are the same; writes what a full build writes (docs/building.md)")
         parser.add_argument("--detached", action="store_true",
                             help="return once the job is submitted; publish it when it has finished with "
                                  "'python -m pipeline.publish OUTPUT' (from any machine)")

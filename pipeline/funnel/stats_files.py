@@ -127,8 +127,9 @@ def _write_stats_files(_, output_dir, input_count, rejected, written, histograms
     # The stages' own notes, made on the workers (e.g. whether NSFW scored), win over the launcher's.
     notes = dict(meta["notes"], **(notes or {}))
     claimed = claims_note(claims)
-    if claimed:
-        notes["read"] = "; ".join(filter(None, [notes.get("read"), claimed]))
+    reused = notes.pop("reuse", None)  # a rebuild's account of the facts it took from a previous build
+    if claimed or reused:
+        notes["read"] = "; ".join(filter(None, [notes.get("read"), claimed, reused]))
     funnel = stats_lib.build_funnel(
         input_count, {reason: n for reason, n in rejected.items() if n}, written, meta["ran"], notes,
         meta["dataset"], meta["preset"], meta["extras"], dict(zip(("unread", "unknown", "unstated"), losses)),

@@ -64,7 +64,8 @@ from pipeline.write.candidate_table import TableInputs
 EXIT_SELECTED, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 #: Flags of the build that a selection does not take over: it writes a new output, attached, and judges nothing
 #: again (the table holds the scores and the evaluation matches: no model is loaded, no set embedded).
-_NOT_TAKEN = {"overwrite": False, "keep_previous": False, "detached": False, "model_score": "", "eval_images": []}
+_NOT_TAKEN = {"overwrite": False, "keep_previous": False, "detached": False, "model_score": "", "eval_images": [],
+              "reuse": ""}
 
 
 def build_parser() -> argparse.ArgumentParser:

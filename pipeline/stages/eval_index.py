@@ -66,6 +66,24 @@ def embed_eval_sets(sets: Sequence[Tuple[str, str]], embedder, embedder_name: st
     return index, threshold, note
 
 
+def index_digest(loaded, embedder_name: str, embedder_args, preset) -> str:
+    """The sha256 of what the evaluation search compares against: the embedded rows, the embedder, the threshold
+    and the search. Two builds with the same digest find the same matches for the same image (--reuse)."""
+    import hashlib
+
+    from dedup.transforms import IndexRows
+
+    index, threshold, _ = loaded
+    rows = IndexRows.of(index)
+    digest = hashlib.sha256()
+    digest.update(repr((embedder_name, tuple(embedder_args), float(threshold), preset.near_duplicate_search,
+                        sorted(dedup_options.search_options(preset).items()))).encode())
+    digest.update(np.ascontiguousarray(rows.vectors, np.float32).tobytes())
+    for column in (rows.keys, rows.set_names, rows.variants):
+        digest.update("\n".join(column.tolist()).encode())
+    return digest.hexdigest()
+
+
 def write_eval_index(loaded, output_dir: str, preset) -> EvalIndex:
     """Write the embedded sets and their centroids to ``<output_dir>/near_duplicates/index/``, where the workers read them."""
     from dedup.transforms import IndexRows, index_centroids

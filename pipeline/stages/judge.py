@@ -45,15 +45,17 @@ from common.schema import Candidate
 from dedup import preset_options as dedup_options
 from filters import nsfw, score_cut
 from filters.image import thumbnail_b64
-from filters.record import Judgement, judge_record
+from filters.record import Judgement, judge_record_decoding
 from pipeline.funnel.accounting import records_of
 from pipeline.funnel import progress
 from pipeline.funnel.counts import HISTOGRAM_EDGES, METRICS_NAMESPACE, NSFW_MEASURE
+from pipeline.readers import previous_build
 from pipeline.readers.file_records import FileRecords, input_patterns
 from pipeline.readers.rows import Columns, Rejection
 from pipeline.stages.light_rows import LightRow, holding_rows
 
 ROWS, MEASURES, PAIRS, EMBEDDINGS, NSFW_OUTCOMES, TO_FETCH = "rows", "measures", "pairs", "embeddings", "nsfw", "to_fetch"
+REUSE_OUTCOMES = "reuse"
 #: Records judged together: the NSFW scorer, the embedder and the index search work on batches.
 BATCH_SIZE = 64
 #: Characters of a rejected record's alt-text kept for the audit (its samples show 500).
@@ -134,8 +136,9 @@ class RecordJudge:
     """
 
     def __init__(self, preset, extras=(), eval_index=None, embedder_name: str = "dct", embedder_args=(),
-                 download: bool = False, nsfw_factory=None, scorer=None):
+                 download: bool = False, nsfw_factory=None, scorer=None, previous=None):
         self.preset = preset
+        self.previous = previous  # previous_build.PreviousBuild whose facts this build reuses (--reuse), or None
         self.scorer = scorer  # filters.model_score.PairScorer, or None: no model-score stage
         self.extras = tuple(extras)
         self.eval_index = eval_index
@@ -156,6 +159,10 @@ class RecordJudge:
         preset = self.preset
         self.nsfw = nsfw.NsfwScoring.from_preset(preset, scorer_factory=self.nsfw_factory)
         self.nsfw.load()
+        self.facts = previous_build.FactsOfFiles(self.previous) if self.previous is not None else None
+        # An old score is this build's only if this worker's scorer is the one that made it (model, precision).
+        self.reuse_scores = self.previous is not None and self.nsfw.label() in self.previous.nsfw_scorers
+        self.reuse_counts: Dict[str, int] = {}
         self.embedder = None
         if self.eval_index is not None or preset.dedup_in_corpus:
             self.embedder = dedup_options.embedder(self.embedder_name, self.embedder_args)
@@ -175,6 +182,8 @@ class RecordJudge:
         outputs: List[Tuple[str, object]] = []
         rows: List[Optional[LightRow]] = []
         passing: List[Tuple[int, Candidate]] = []
+        known: Dict[int, previous_build.KnownFacts] = {}  # row -> the old build's facts of the same bytes
+        outcomes: Dict[int, str] = {}                      # row -> where its facts came from (--reuse)
         for record, reader, source, ordinal in items:
             if isinstance(record, Rejection):  # a file of no known format cannot be read again
                 rows.append(rejection_row(record, reader, source if reader else "", ordinal))
@@ -182,14 +191,30 @@ class RecordJudge:
                 outputs.append((TO_FETCH, record))
                 rows.append(None)
             else:
-                judgement = judge_record(record, self.preset, self.extras)
+                fact = self.facts.get(source, ordinal) if self.facts is not None else None
+                if fact is not None and fact.key != record.key:
+                    fact = None  # another record at this position: nothing of the old row is its
+                judgement, decoded = judge_record_decoding(
+                    record, self.preset, self.extras, (fact.sha256, fact.phash) if fact is not None else None)
                 self.histograms.add(judgement.measures)
                 rows.append(judged_row(judgement, reader, source, ordinal))
+                if self.facts is not None:
+                    outcomes[len(rows) - 1] = (previous_build.NEW if self.facts.get(source, ordinal) is None
+                                               else previous_build.RECOMPUTED if decoded or fact is None
+                                               else previous_build.REUSED)
+                sha256 = judgement.candidate.sha256
+                if fact is not None and sha256 and sha256 == fact.sha256:
+                    known[len(rows) - 1] = fact
                 if judgement.reason is None:
                     passing.append((len(rows) - 1, judgement.candidate))
-        passing = self._score_nsfw(rows, passing)
+        passing = self._score_nsfw(rows, passing, known, outcomes)
+        for i, _ in passing:  # kept so far: a picture the old build stored is copied, not made again
+            if i in known and known[i].stored_at:
+                rows[i] = rows[i]._replace(stored_at=known[i].stored_at)
+        for outcome in outcomes.values():
+            self.reuse_counts[outcome] = self.reuse_counts.get(outcome, 0) + 1
         if self.embedder is not None and passing:
-            outputs += self._embed_and_match(rows, passing)
+            outputs += self._embed_and_match(rows, self._to_search(passing, known))
         if self.scorer is not None:
             for i, candidate in passing:
                 self.unscored.append((rows[i], candidate.image, candidate.text))
@@ -211,9 +236,20 @@ class RecordJudge:
             done += scored_rows(self.scorer, batch, self.preset)
         return done
 
-    def _score_nsfw(self, rows, passing):
-        """Scores the records every per-record rule kept; their score goes on the row and into the histogram."""
-        reasons, scores = self.nsfw.judge_with_scores([c.image for _, c in passing])
+    def _score_nsfw(self, rows, passing, known=None, outcomes=None):
+        """Scores the records every per-record rule kept; their score goes on the row and into the histogram.
+
+        ``known``: the old build's facts of some rows' images (--reuse): their scores, when this worker's
+        scorer made them, are taken as if scored again; a row scored now counts as recomputed."""
+        if self.facts is not None and self.nsfw.enabled:
+            for i, candidate in passing:
+                fact = known.get(i)
+                if self.reuse_scores and fact is not None and fact.nsfw_score is not None:
+                    self.nsfw.remember(bytes.fromhex(candidate.sha256), fact.nsfw_score)
+                elif outcomes.get(i) == previous_build.REUSED:
+                    outcomes[i] = previous_build.RECOMPUTED
+        reasons, scores = self.nsfw.judge_with_scores(
+            [c.image for _, c in passing], [bytes.fromhex(c.sha256) for _, c in passing])
         kept = []
         counted = self.preset.counting_base == "raw"  # NSFW is a quality threshold: the row still counts
         for (i, candidate), reason, score in zip(passing, reasons, scores):
@@ -226,10 +262,19 @@ class RecordJudge:
                 kept.append((i, candidate))
         return kept
 
+    def _to_search(self, passing, known):
+        """The kept rows to embed: all of them, but with --reuse of the same evaluation index (and no in-corpus
+        dedup, which needs every embedding) not those the old build searched and found no match for."""
+        if self.facts is None or not self.previous.eval_matches or self.preset.dedup_in_corpus:
+            return passing
+        return [(i, c) for i, c in passing if not (i in known and known[i].searched and not known[i].eval_match)]
+
     def _embed_and_match(self, rows, passing) -> List[Tuple[str, object]]:
         from dedup.transforms import match_batch, stack_batch
 
         outputs = []
+        if not passing:
+            return outputs
         vectors = np.asarray(self.embedder.embed([c.image for _, c in passing]), np.float32)
         keys, unit = stack_batch([(c.key, v) for (_, c), v in zip(passing, vectors)])
         if self.preset.dedup_in_corpus:
@@ -252,6 +297,11 @@ class RecordJudge:
 
     def nsfw_outcomes(self) -> List[Tuple[Tuple[bool, str], int]]:
         return sorted(self.nsfw.take_outcomes().items())
+
+    def reuse_outcomes(self) -> List[Tuple[str, int]]:
+        """``(reused|recomputed|new, records)`` since the last call (--reuse; empty otherwise)."""
+        counts, self.reuse_counts = sorted(self.reuse_counts.items()), {}
+        return counts
 
 
 #: The evaluation index, one copy per worker process however many DoFn instances it runs.
@@ -280,6 +330,9 @@ class _JudgeBase(beam.DoFn):
             yield beam.pvalue.TaggedOutput(MEASURES, (name, counts))
         for outcome, records in self.judge.nsfw_outcomes():
             yield beam.pvalue.TaggedOutput(NSFW_OUTCOMES, (outcome, records))
+        if self.judge.previous is not None:
+            for outcome, records in self.judge.reuse_outcomes():
+                yield beam.pvalue.TaggedOutput(REUSE_OUTCOMES, (outcome, records))
 
 
 class _JudgeFiles(_JudgeBase):
@@ -337,8 +390,27 @@ class JudgeFiles(beam.PTransform):
 
     def expand(self, paths):
         dofn = _JudgeFiles(self.judge, input_patterns(self.file_pattern), self.input_format, self.columns)
-        outputs = paths | "ReadAndJudge" >> beam.ParDo(dofn).with_outputs(*OUTPUT_TAGS, main=ROWS)
-        return {ROWS: holding_rows(outputs[ROWS]), **{tag: outputs[tag] for tag in OUTPUT_TAGS}}
+        tags = OUTPUT_TAGS + ((REUSE_OUTCOMES,) if self.judge.previous is not None else ())
+        outputs = paths | "ReadAndJudge" >> beam.ParDo(dofn).with_outputs(*tags, main=ROWS)
+        return {ROWS: holding_rows(outputs[ROWS]), **{tag: outputs[tag] for tag in tags}}
+
+
+class ReuseNote(beam.PTransform):
+    """``(reused|recomputed|new, records)`` -> one ``("reuse", note)``: how many records' facts a rebuild took
+    from the previous build (``said``: the launcher's account of which facts), derived again, or met first."""
+
+    def __init__(self, said: str):
+        super().__init__()
+        self.said = said
+
+    def expand(self, outcomes):
+        said = self.said
+        return (
+            outcomes
+            | "RecordsPerOutcome" >> beam.CombinePerKey(sum)
+            | "Outcomes" >> beam.CombineGlobally(beam.combiners.ToDictCombineFn()).without_defaults()
+            | "Note" >> beam.Map(lambda found: ("reuse", previous_build.reuse_note(said, found)))
+        )
 
 
 class NsfwNote(beam.PTransform):

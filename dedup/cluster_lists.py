@@ -61,6 +61,10 @@ DEFAULT_CALL_OVERHEAD = 50_000
 
 #: Largest similarity matrix computed at once (entries): 16 MiB of float32.
 MAX_PRODUCT_ENTRIES = 1 << 22
+#: How far below the threshold a matrix product's cosine may be and still be verified pair by pair. A row of
+#: a float32 matrix product moves by ~1e-7 with the other rows in it (the blocking follows the batch); the
+#: verified cosine is one pair's dot product, the same whatever was searched beside it.
+VERIFY_MARGIN = 1e-4
 
 
 @dataclasses.dataclass
@@ -171,11 +175,13 @@ class ClusterListIndex:
                 ids = query_ids[s : s + step]
                 sims = queries[ids] @ rows.T
                 compared += sims.size
-                qi, ri = np.nonzero(sims > self.threshold)
+                qi, ri = np.nonzero(sims > self.threshold - VERIFY_MARGIN)
                 if len(qi):
-                    found_q.append(ids[qi])
-                    found_r.append(self.row_ids[row_start + ri])
-                    found_c.append(sims[qi, ri])
+                    cosines = np.einsum("ij,ij->i", queries[ids[qi]], rows[ri])
+                    kept = cosines > np.float32(self.threshold)
+                    found_q.append(ids[qi[kept]])
+                    found_r.append(self.row_ids[row_start + ri[kept]])
+                    found_c.append(cosines[kept])
 
         sizes = np.diff(self.list_starts)
         for b in range(len(self.block_starts) - 1):

@@ -106,6 +106,22 @@ def test_both_plans_give_the_same_pairs_and_cosines(call_overhead):
         assert b.compared_pairs <= a.compared_pairs  # list by list compares only probed lists
 
 
+def test_a_querys_matches_and_cosines_do_not_depend_on_what_is_searched_beside_it():
+    """Each query alone and all of them in one search: the same pairs and bit-identical cosines (a float32
+    matrix product's row moves with its batch; the verified cosine is the pair's own), which a rebuild that
+    searches only some rows again (--reuse) needs to write a full build's pairs report."""
+    corpus, index = planted_embeddings(600, 300, zipf=True, seed=5)
+    centroids = kmeans.train_spherical_kmeans(corpus, 64, niter=5)
+    search = cluster_lists.ClusterListIndex(index, centroids, THRESHOLD)
+    together = search.search(corpus, normalized=True)
+    assert len(together) > 20
+    for q in np.unique(together.query_rows)[:40]:
+        alone = search.search(corpus[q:q + 1], normalized=True)
+        mine = together.query_rows == q
+        np.testing.assert_array_equal(alone.index_rows, together.index_rows[mine])
+        np.testing.assert_array_equal(alone.cosines, together.cosines[mine])
+
+
 def test_rows_sorted_results_probes_and_counts():
     corpus, index = planted_embeddings(3_000, 1_000, seed=6)
     centroids = kmeans.train_spherical_kmeans(corpus, 4096, niter=5)

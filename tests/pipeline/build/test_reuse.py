@@ -219,3 +219,28 @@ def test_what_cannot_be_reused_is_refused_in_one_line(old, tmp_path, capsys, sta
     err = capsys.readouterr().err
     assert message in err.splitlines()[0], err
     assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("change", ["looser record rule", "added evaluation set"])
+def test_a_rebuild_of_the_sample_with_reuse_writes_the_full_rebuild(sample_dir, sample_build, tmp_path, change):
+    """The embedded sample (NSFW on, its evaluation set, ~1,650 records with every planted case), rebuilt from the
+    run's sample build: the planted records' twins above, at the sample's size. (Integration: four builds.)"""
+    from tests.sample_corpus import build_args
+
+    old = sample_build[0].parent.parent  # the output whose committed version the fixture names
+    if change == "looser record rule":
+        extra = ["--set", "min_words=2"]
+    else:
+        (tmp_path / "eval").mkdir()
+        table = pq.read_table(next((sample_dir / "candidates").glob("*.parquet")), columns=["jpg"])
+        for i, data in enumerate([d for d in table.column("jpg").to_pylist() if d][:20]):
+            (tmp_path / "eval" / f"{i}.jpg").write_bytes(data)
+        extra = ["--eval_images", f"added={tmp_path / 'eval'}"]
+    full_out, reuse_out = tmp_path / "full", tmp_path / "reuse"
+    launcher.run(build_args(sample_dir, full_out, *extra))
+    launcher.run(build_args(sample_dir, reuse_out, *extra, "--reuse", str(old)))
+    full, reused = pathlib.Path(resolve(str(full_out))), pathlib.Path(resolve(str(reuse_out)))
+    assert_same_corpus(full, reused)
+    note = read_note(reused)
+    assert " 0 new" in note and "records' facts reused" in note, note

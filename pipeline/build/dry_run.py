@@ -256,7 +256,12 @@ def summary(job: DryRun, config: BuildConfig, loaded=None) -> str:
     lines.append(f"  writes: the build to {config.version_dir}/, committed as {config.output} when it is published"
                  + (f"; downloaded images to {config.download_staging}/" if config.download is not None else ""))
     lines.append(f"  Dataflow's own files: staging {job.staging_location}, temp {job.temp_location}")
-    local = [path for path in (flags.input, config.output, *(p for _, p in config.eval_sets)) if not is_remote(path)]
+    reused = (config.previous.version_dir,) if config.previous is not None else ()
+    local = [path for path in (flags.input, config.output, *(p for _, p in config.eval_sets), *reused)
+             if not is_remote(path)]
+    if config.previous is not None:
+        lines.append(f"  reuses: the facts of {config.previous.version_dir} ({len(config.previous.tables):,} input "
+                     "file(s) in its candidate table)")
     if local:
         lines.append(f"  note: local path(s) that Dataflow workers cannot reach: {', '.join(local)}")
     return "\n".join(lines)

@@ -244,3 +244,30 @@ def test_a_rebuild_of_the_sample_with_reuse_writes_the_full_rebuild(sample_dir, 
     assert_same_corpus(full, reused)
     note = read_note(reused)
     assert " 0 new" in note and "records' facts reused" in note, note
+
+
+def test_dataflows_translation_of_a_rebuild_carries_the_reuse_and_says_so(old, tmp_path, capsys):
+    """``--dry_run=true``: Dataflow translates the job with its reuse note step; the summary names the old
+    version and that workers must reach it."""
+    from pipeline.build import dry_run
+
+    root, pattern, _ = old
+    jobs = []
+    real = dry_run.build_job
+
+    def recording(*args, **kwargs):
+        jobs.append(real(*args, **kwargs))
+        return jobs[-1]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(dry_run, "build_job", recording)
+        launcher.main(["--input", pattern, "--output", str(tmp_path / "new"), *BASE, "--reuse", str(root / "old"),
+                       "--runner", "DataflowRunner", "--project", "my-project", "--region", "us-central1",
+                       "--temp_location", "gs://my-bucket/tmp", "--dry_run=true"])
+    printed = capsys.readouterr().out
+    old_version = resolve(str(root / "old"))
+    assert f"reuses: the facts of {old_version} (1 input file(s)" in printed
+    assert old_version in printed.split("cannot reach:")[1]
+    names = [t.unique_name for t in jobs[0].proto.components.transforms.values()]
+    assert "WriteBuildStats/ReuseNote" in names and "FirstPass/JudgeRecords/ReadAndJudge" in names
+    assert not (tmp_path / "new").exists()

@@ -92,9 +92,18 @@ def reference_input(image: Image.Image, box: Optional[Tuple[float, float, float,
     resized.save(buffer, format="JPEG")  # PIL's default quality (75) and 4:2:0, as the reference
     buffer.seek(0)
     with Image.open(buffer) as decoded:
-        pixels = np.asarray(decoded.convert("RGB"), np.float32)
-    crop = pixels[_OFFSET:_OFFSET + CROP_SIDE, _OFFSET:_OFFSET + CROP_SIDE, ::-1]
-    return crop - MEAN_BGR
+        pixels = np.asarray(decoded if decoded.mode == "RGB" else decoded.convert("RGB"))
+    return _minus_mean(pixels[_OFFSET:_OFFSET + CROP_SIDE, _OFFSET:_OFFSET + CROP_SIDE])
+
+
+def _minus_mean(crop: np.ndarray) -> np.ndarray:
+    """uint8 RGB [224, 224, 3] -> float32 BGR minus the mean: the values of ``crop[..., ::-1] - MEAN_BGR`` in
+    float32, one pass per channel from the uint8 crop (a third of the CPU of converting the whole 256x256
+    picture to float32 first and reversing the channels in a strided subtraction)."""
+    out = np.empty(crop.shape, np.float32)
+    for channel in range(3):
+        np.subtract(crop[:, :, 2 - channel], MEAN_BGR[channel], out=out[:, :, channel], dtype=np.float32)
+    return out
 
 
 def model_input(data: bytes, decode_side: int = 0) -> np.ndarray:

@@ -38,25 +38,41 @@ def _jpeg() -> bytes:
 
 
 def _sample_pictures(sample_dir):
-    """Every distinct picture of the sample that decodes, as the stage's input."""
+    """Every distinct picture of the sample that decodes, as bytes."""
     from benchmarks.helpers.nsfw import distinct_decodable, read_images
 
-    return [prepared for _, prepared in distinct_decodable(read_images(os.path.join(sample_dir, "candidates")))]
+    return [row["jpg"] for row, _ in distinct_decodable(read_images(os.path.join(sample_dir, "candidates")))]
 
 
-def test_the_int8_graph_keeps_the_decisions_of_fp32_on_every_picture_of_the_sample(sample_dir):
+def test_the_int8_path_keeps_the_decisions_of_fp32_on_every_picture_of_the_sample(sample_dir):
+    """Each path from the bytes, as the stage runs it: fp32 from the whole decode, int8 from its own (reduced)."""
     threshold = get_preset("align").nsfw_threshold
-    inputs = _sample_pictures(sample_dir)
-    assert len(inputs) > 600
-    reference = open_nsfw.OpenNsfwScorer(precision="fp32").score_prepared(inputs)
+    pictures = _sample_pictures(sample_dir)
+    assert len(pictures) > 600
+    fp32 = open_nsfw.OpenNsfwScorer(precision="fp32")
     int8 = open_nsfw.OpenNsfwScorer(precision="int8")
     assert int8.label.startswith("open_nsfw int8 on CPU")
-    scores = int8.score_prepared(inputs)
+    assert (fp32.decode_side, int8.decode_side) == (0, open_nsfw.INT8_DECODE_SIDE)
+    reference = fp32.score_prepared([fp32.prepare(data) for data in pictures])
+    scores = int8.score_prepared([int8.prepare(data) for data in pictures])
     np.testing.assert_array_equal(scores >= threshold, reference >= threshold)
     assert not (reference >= threshold).any()  # the sample has no pornography: the stage rejects none of it
     # Measured 0.046 (benchmarks.nsfw_precision); a recipe that moved them as much as quantising every
     # convolution (0.22) would fail here even where the cut happened to hold.
     assert float(np.abs(scores - reference).max()) < 0.08
+
+
+def test_the_int8_scorer_decodes_large_jpegs_reduced_and_fp32_whole():
+    from tests.filters.test_open_nsfw import _photos
+
+    large, small = _photos(1, longer_side=1400, seed=3)[0], _jpeg()
+    int8 = open_nsfw.OpenNsfwScorer(precision="int8")
+    fp32 = open_nsfw.OpenNsfwScorer(precision="fp32")
+    np.testing.assert_array_equal(fp32.prepare(large), open_nsfw.model_input(large))  # the reference's input
+    np.testing.assert_array_equal(int8.prepare(large), open_nsfw.model_input(large, open_nsfw.INT8_DECODE_SIDE))
+    assert np.abs(int8.prepare(large) - fp32.prepare(large)).mean() > 0
+    np.testing.assert_array_equal(int8.prepare(small), fp32.prepare(small))  # 300x200: nothing to reduce
+    assert open_nsfw.OpenNsfwScorer(precision="int8", decode_side=0).decode_side == 0  # still a choice
 
 
 def test_the_probe_refuses_a_damaged_int8_graph_and_fp32_runs(monkeypatch, fresh_sessions, caplog):

@@ -253,7 +253,8 @@ def execution_providers() -> List[str]:
         else ["CPUExecutionProvider"]
 
 
-def _new_session(model, num_threads: int, optimization: str, providers: Sequence[str] = ("CPUExecutionProvider",)):
+def _new_session(model, num_threads: int, optimization: str, providers: Sequence[str] = ("CPUExecutionProvider",),
+                 disabled_optimizers: Sequence[str] = ()):
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
@@ -262,7 +263,8 @@ def _new_session(model, num_threads: int, optimization: str, providers: Sequence
     options.inter_op_num_threads = 1
     options.graph_optimization_level = getattr(onnxruntime.GraphOptimizationLevel, f"ORT_ENABLE_{optimization.upper()}")
     options.log_severity_level = 3  # keep worker logs free of graph-optimiser chatter
-    return onnxruntime.InferenceSession(model, sess_options=options, providers=list(providers))
+    return onnxruntime.InferenceSession(model, sess_options=options, providers=list(providers),
+                                       disabled_optimizers=list(disabled_optimizers))
 
 
 def _device(session) -> str:
@@ -372,7 +374,8 @@ def _int8(path: str, graph: bytes, reference, num_threads: int, optimization: st
     except open_nsfw_int8.RangesUnusable as error:
         logging.warning("open_nsfw: running fp32 (%s)", error)
         return None, str(error)
-    reduced = _new_session(quantised, num_threads, optimization)
+    reduced = _new_session(quantised, num_threads, optimization,
+                           disabled_optimizers=open_nsfw_int8.DISABLED_OPTIMIZERS)
     name = reduced.get_inputs()[0].name
     probe = picture_probe_batch()
     gap = float(np.abs(_log_odds(reduced.run(None, {name: probe})[0])

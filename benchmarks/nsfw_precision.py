@@ -19,8 +19,8 @@ Variants, each against ``fp32`` (the folded graph, the reference, from the
 whole decode):
 
 - ``int8``: what the stage runs with ``nsfw_precision=auto`` on a CPU with
-  VNNI (``filters.open_nsfw_int8``: every convolution, shipped ranges; JPEGs
-  decoded reduced, ``open_nsfw.INT8_DECODE_SIDE``);
+  VNNI (``filters.open_nsfw_int8``: every convolution but the stem's,
+  shipped ranges; JPEGs decoded reduced, ``open_nsfw.INT8_DECODE_SIDE``);
 - ``int8_whole_decode``: the same graph from the whole decode (what the
   reduced decode adds to the score changes, and what it saves);
 - ``int8_all``: every operator onnxruntime's QDQ quantiser takes, uint8

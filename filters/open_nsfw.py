@@ -17,8 +17,10 @@ the arrays bit for bit and the scores against the package's own
 reads: the picture is turned upright by its EXIF orientation (the reference
 ignores EXIF; the build judges what a viewer sees), and with
 ``decode_side`` a JPEG may be decoded at 1/2, 1/4 or 1/8 scale before that
-resize (off by default: benchmarks/nsfw_cost.py measures what it changes,
-RESULTS.md "NSFW stage").
+resize (off on the fp32 path, the reference's; on where the int8 graph
+runs, whose scores are not the reference's anyway: benchmarks/nsfw_cost.py
+and benchmarks/nsfw_precision.py measure what it changes, RESULTS.md
+"NSFW stage").
 
 The package's export keeps each batch normalisation as three element-wise
 passes over the feature map; ``folded_graph`` folds them (and the biases)
@@ -30,7 +32,8 @@ thread in it (``session``): Beam runs several DoFn instances per worker
 process, and one copy of the 24 MB graph is enough.
 
 ``precision`` (the preset's ``nsfw_precision``): ``auto`` runs the folded
-graph's int8 copy (``filters.open_nsfw_int8``: ~0.6 of the CPU) where the CPU
+graph's int8 copy (``filters.open_nsfw_int8``, from JPEGs decoded reduced:
+``benchmarks.nsfw_precision`` measures its CPU against fp32's) where the CPU
 has VNNI or AMX and that copy scores a second probe, of pictures, within
 ``open_nsfw_int8.PROBE_TOLERANCE`` of the fp32 graph; ``fp32`` always the
 folded graph; ``int8`` the int8 copy on any CPU, still probed. The graph
@@ -64,6 +67,8 @@ CROP_SIDE = 224
 _OFFSET = (RESIZE_SIDE - CROP_SIDE) // 2
 #: Caffe's per-channel training mean, in the model's BGR order.
 MEAN_BGR = np.array([104.0, 117.0, 123.0], np.float32)
+#: The int8 path's ``decode_side``: a JPEG decoded at 1/2, 1/4 or 1/8 scale while both sides stay >= the resize's.
+INT8_DECODE_SIDE = RESIZE_SIDE
 #: onnxruntime graph optimisation levels by the names ``OpenNsfwScorer`` takes.
 OPTIMIZATION_LEVELS = ("basic", "extended", "all")
 #: The preset's ``nsfw_precision`` values.
@@ -92,9 +97,18 @@ def reference_input(image: Image.Image, box: Optional[Tuple[float, float, float,
     resized.save(buffer, format="JPEG")  # PIL's default quality (75) and 4:2:0, as the reference
     buffer.seek(0)
     with Image.open(buffer) as decoded:
-        pixels = np.asarray(decoded.convert("RGB"), np.float32)
-    crop = pixels[_OFFSET:_OFFSET + CROP_SIDE, _OFFSET:_OFFSET + CROP_SIDE, ::-1]
-    return crop - MEAN_BGR
+        pixels = np.asarray(decoded if decoded.mode == "RGB" else decoded.convert("RGB"))
+    return _minus_mean(pixels[_OFFSET:_OFFSET + CROP_SIDE, _OFFSET:_OFFSET + CROP_SIDE])
+
+
+def _minus_mean(crop: np.ndarray) -> np.ndarray:
+    """uint8 RGB [224, 224, 3] -> float32 BGR minus the mean: the values of ``crop[..., ::-1] - MEAN_BGR`` in
+    float32, one pass per channel from the uint8 crop (a third of the CPU of converting the whole 256x256
+    picture to float32 first and reversing the channels in a strided subtraction)."""
+    out = np.empty(crop.shape, np.float32)
+    for channel in range(3):
+        np.subtract(crop[:, :, 2 - channel], MEAN_BGR[channel], out=out[:, :, channel], dtype=np.float32)
+    return out
 
 
 def model_input(data: bytes, decode_side: int = 0) -> np.ndarray:
@@ -215,10 +229,12 @@ FOLD_TOLERANCE = 1e-3
 
 
 class Loaded(NamedTuple):
-    """A process's session and what it runs, in words (``label``: the funnel's note names it)."""
+    """A process's session and what it runs, in words (``label``: the funnel's note names it), and whether
+    that is the int8 graph (``int8``: its scorer decodes JPEGs reduced, ``OpenNsfwScorer``)."""
 
     session: object
     label: str
+    int8: bool = False
 
 
 def model_path() -> str:
@@ -237,7 +253,8 @@ def execution_providers() -> List[str]:
         else ["CPUExecutionProvider"]
 
 
-def _new_session(model, num_threads: int, optimization: str, providers: Sequence[str] = ("CPUExecutionProvider",)):
+def _new_session(model, num_threads: int, optimization: str, providers: Sequence[str] = ("CPUExecutionProvider",),
+                 disabled_optimizers: Sequence[str] = ()):
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
@@ -246,7 +263,8 @@ def _new_session(model, num_threads: int, optimization: str, providers: Sequence
     options.inter_op_num_threads = 1
     options.graph_optimization_level = getattr(onnxruntime.GraphOptimizationLevel, f"ORT_ENABLE_{optimization.upper()}")
     options.log_severity_level = 3  # keep worker logs free of graph-optimiser chatter
-    return onnxruntime.InferenceSession(model, sess_options=options, providers=list(providers))
+    return onnxruntime.InferenceSession(model, sess_options=options, providers=list(providers),
+                                       disabled_optimizers=list(disabled_optimizers))
 
 
 def _device(session) -> str:
@@ -331,7 +349,7 @@ def _load(path: str, num_threads: int, optimization: str, fold: bool, precision:
     del graph
     _return_freed_memory()
     if reduced is not None:
-        return Loaded(reduced, f"{MODEL_NAME} int8 on CPU ({why})")
+        return Loaded(reduced, f"{MODEL_NAME} int8 on CPU ({why})", int8=True)
     return Loaded(candidate, f"{MODEL_NAME} fp32 on {device} ({why})")
 
 
@@ -356,7 +374,8 @@ def _int8(path: str, graph: bytes, reference, num_threads: int, optimization: st
     except open_nsfw_int8.RangesUnusable as error:
         logging.warning("open_nsfw: running fp32 (%s)", error)
         return None, str(error)
-    reduced = _new_session(quantised, num_threads, optimization)
+    reduced = _new_session(quantised, num_threads, optimization,
+                           disabled_optimizers=open_nsfw_int8.DISABLED_OPTIMIZERS)
     name = reduced.get_inputs()[0].name
     probe = picture_probe_batch()
     gap = float(np.abs(_log_odds(reduced.run(None, {name: probe})[0])
@@ -385,10 +404,14 @@ class OpenNsfwScorer:
     waiting for the model never holds decoded full-size pictures.
     ``decode_side``: 0 decodes whole, as the reference; N lets a JPEG decode
     at 1/2, 1/4 or 1/8 scale while both sides stay >= N (cheaper, but not
-    the reference's scores: RESULTS.md "NSFW stage"). ``fold``: run the graph
-    with its batch normalisations folded (``folded_graph``; same scores).
-    ``precision``: ``PRECISIONS`` (``loaded``; the stage passes the preset's,
-    ``auto`` by default); ``label`` says what runs.
+    the reference's scores: RESULTS.md "NSFW stage"); None (the default)
+    is 0 where the fp32 graph runs and ``RESIZE_SIDE`` where the int8 one
+    does (``INT8_DECODE_SIDE``): the reduced path's scores are int8's, not
+    the reference's, either way, and its preparation is what it saves most
+    on large JPEGs. ``fold``: run the graph with its batch normalisations
+    folded (``folded_graph``; same scores). ``precision``: ``PRECISIONS``
+    (``loaded``; the stage passes the preset's, ``auto`` by default);
+    ``label`` says what runs.
     """
 
     name = MODEL_NAME
@@ -397,21 +420,21 @@ class OpenNsfwScorer:
     # activations a process holds grow with the batch (~50 MB at 4, ~230 MB at 16: RESULTS.md, NSFW stage);
     # and alone in its batch an image's score is a function of its bytes, not of its batch-mates' (batched,
     # a score moves by ~1e-7 with them): a rebuild that reuses scores, a selection and a what-if need that.
-    def __init__(self, batch_size: int = 1, num_threads: int = 1, decode_side: int = 0,
+    def __init__(self, batch_size: int = 1, num_threads: int = 1, decode_side: Optional[int] = None,
                  optimization: str = "all", fold: bool = True, model_file: Optional[str] = None,
                  precision: str = "fp32"):
-        if batch_size < 1 or num_threads < 0 or decode_side < 0:
+        if batch_size < 1 or num_threads < 0 or (decode_side or 0) < 0:
             raise ValueError("batch_size must be >= 1, num_threads and decode_side >= 0, "
                              f"got {batch_size}, {num_threads}, {decode_side}")
         self.batch_size = batch_size
         self.num_threads = num_threads
-        self.decode_side = decode_side
         self.optimization = optimization
         self.fold = fold
         self.model_file = model_file or model_path()
         self.precision = precision
         made = loaded(self.model_file, num_threads, optimization, fold, precision)
         self._session, self.label = made.session, made.label
+        self.decode_side = (INT8_DECODE_SIDE if made.int8 else 0) if decode_side is None else decode_side
         self._input_name = self._session.get_inputs()[0].name
 
     def prepare(self, data: bytes) -> np.ndarray:

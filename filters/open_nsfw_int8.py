@@ -1,18 +1,29 @@
 """open_nsfw in int8: the folded graph statically quantised, for CPUs with int8 dot-product instructions.
 
 The folded fp32 graph (``open_nsfw.folded_graph``) is the reference. This
-module makes its static int8 copy: QDQ format, the convolutions of the last
-three residual stages quantised (weights int8 per output channel,
-activations uint8 per tensor), the stem and the first stage
-(``FP32_CONVOLUTIONS``) and every other operator (the residual additions,
-pooling, the classifier) left in float. onnxruntime fuses each
-``DequantizeLinear -> Conv -> QuantizeLinear`` into one int8 convolution,
-which costs about half of the fp32 one on a CPU with VNNI (the model in all:
-~0.6 of fp32, ``benchmarks.nsfw_precision``). Quantising every
-operator, or every convolution, was about as fast and moved scores more: on
-the sample's pictures by up to 0.10-0.22 (its highest, a retina at 0.484,
-to 0.514 in one variant: over the preset's cut), against 0.05 with the
-first stage in float.
+module makes its static int8 copy: QDQ format, every convolution but the
+stem's (``FP32_CONVOLUTIONS``) quantised (weights int8 per output channel,
+activations uint8 per tensor), on ``plain_graph``: the folded graph without
+the export's layout transposes and casts, and with the stem's pooling
+padding itself. There onnxruntime turns the whole network after the stem's
+pooling into uint8 operators: each convolution (``QLinearConv``, fused with
+its ReLU) writes the next one's input, each residual addition but the last
+is a ``QLinearAdd``; nothing goes back to float until the global pooling.
+On a CPU with VNNI the model costs about a third of the fp32 graph's, and
+the int8 path's preparation decodes JPEGs reduced (``open_nsfw.INT8_DECODE_SIDE``;
+``benchmarks.nsfw_precision`` measures both, and the score changes).
+
+The first recipe, on the export's own layout, left every activation in
+float between two int8 convolutions (a dequantisation, the ReLU or the
+residual addition, a second quantisation at another range) and the stem
+and the first residual stage in fp32: ~0.6 of fp32's CPU, scores moved by
+up to 0.05 on the sample's pictures. Quantising the first stage as well
+moved them by up to 0.10-0.22 there, where each convolution's output was
+rounded at its own (pre-ReLU) range and then again at the next one's
+input range; a convolution that only a ReLU reads now takes the ReLU's
+range, and is rounded once. The stem stays in fp32: its input (the
+picture minus the mean) spans 275 integer levels, which uint8 steps band,
+and smooth skin-coloured gradients moved by up to 0.17 with it in int8.
 
 Activations are quantised with ranges measured once (``samplegen.nsfw_calibration``: the
 min and max of each convolution's input and output, onnxruntime's MinMax
@@ -43,7 +54,7 @@ import logging
 import os
 import platform
 import tempfile
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 
@@ -53,12 +64,17 @@ RANGES_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "open_nsf
 CALIBRATION_PHOTOS, CALIBRATION_SCENES, CALIBRATION_SEED = 48, 16, 1000
 #: Largest change of log-odds (log p/(1-p)) the int8 graph may make on ``open_nsfw.picture_probe_batch``.
 #: The probe tells a broken int8 graph (other kernels, wrong ranges: changes of several units) from a
-#: working one; a working one moves these smooth pictures' log-odds by up to 0.64 (0.35 -> 0.22), more
+#: working one; a working one moves these smooth pictures' log-odds by up to 0.36 (0.35 -> 0.27), more
 #: than photographs' near the cut (benchmarks.nsfw_precision measures the agreement).
 PROBE_TOLERANCE = 1.0
-#: The convolutions left in fp32, in graph order: the stem's and the first residual stage's (56x56 maps),
-#: where int8 rounding moved the scores most.
-FP32_CONVOLUTIONS = 11
+#: The convolutions left in fp32, in graph order: the stem's. Its input, the picture minus the mean, spans
+#: 275 integer levels, which uint8 steps of 1.07 band; on smooth skin-coloured gradients (the probe's) that
+#: moved scores by up to 0.17 (0.35 -> 0.18), against 0.08 with the stem in fp32.
+FP32_CONVOLUTIONS = 1
+#: onnxruntime optimisers the int8 session runs without: QDQ propagation would move the quantisation of the
+#: fp32 stem's output above its max pooling, which then runs in onnxruntime's plain uint8 pooling (several
+#: ms) instead of its blocked fp32 one (a fraction of a ms).
+DISABLED_OPTIMIZERS = ("QDQPropagationTransformer",)
 #: /proc/cpuinfo flags of the instructions onnxruntime's int8 convolutions are fast with.
 INT8_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
 
@@ -120,12 +136,101 @@ def shipped_ranges(graph_path: str, path: str = RANGES_FILE) -> Dict[str, Tuple[
     return {name: (float(low), float(high)) for name, (low, high) in ranges.items()}
 
 
+def plain_graph(folded: bytes) -> bytes:
+    """The folded graph as the quantiser reads it: the same function, in plain NCHW operators.
+
+    The package's export computes in NHWC between NCHW convolutions (a
+    transpose and float-to-float casts around every activation) and pads
+    the stem's max pooling with an explicit ``Pad`` (edge mode, TensorFlow's
+    SAME). The pooling takes that padding itself (the amounts the export
+    computes for the model's 224 px input: for a max, edge copies and an
+    ignored border give the same values), and
+    onnxruntime's basic optimisation removes the casts and transposes, which
+    leaves ``Conv -> Relu -> Conv`` and ``Conv + Conv -> Relu``: quantised
+    there, each convolution writes the next one's uint8 input directly and
+    each residual addition runs in uint8 (``QLinearAdd``), where the export's
+    layout left a float pass and a requantisation between every two of them.
+    Convolutions keep their names, and their inputs and outputs their
+    values: the ranges measured on the folded graph apply.
+    """
+    import onnx
+    import onnxruntime
+
+    model = onnx.load_from_string(folded)
+    graph = model.graph
+    producer = {output: node for node in graph.node for output in node.output}
+    for pool in graph.node:
+        pad = producer.get(pool.input[0]) if pool.op_type == "MaxPool" else None
+        if pad is None or pad.op_type != "Pad" or _attribute(pad, "mode", b"constant") != b"edge" \
+                or _attribute(pool, "auto_pad", b"NOTSET") != b"NOTSET" or any(_attribute(pool, "pads", [])):
+            continue
+        pads = _evaluated(model, pad.input[1])  # [begin of each axis (NCHW), end of each axis]
+        if pads is None or len(pads) != 8 or any(pads[[0, 1, 4, 5]]) or (pads < 0).any():
+            continue
+        pool.input[0] = pad.input[0]
+        kept = [a for a in pool.attribute if a.name != "pads"]
+        del pool.attribute[:]
+        pool.attribute.extend(kept + [onnx.helper.make_attribute("pads", [int(pads[i]) for i in (2, 3, 6, 7)])])
+    _drop_unused(graph)
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    options.log_severity_level = 3
+    with tempfile.TemporaryDirectory(prefix="open_nsfw_int8.") as scratch:
+        options.optimized_model_filepath = os.path.join(scratch, "plain.onnx")
+        onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        with open(options.optimized_model_filepath, "rb") as handle:
+            return handle.read()
+
+
+def _evaluated(model, name: str) -> Optional[np.ndarray]:
+    """The value of ``model``'s tensor ``name`` for an input of the model's size (a batch of one zeros), or None
+    where the input's size is not fixed. The export computes its padding from the input's shape at run time."""
+    import onnx
+    import onnxruntime
+
+    dims = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    if len(dims) < 2 or not all(dims[1:]):
+        return None
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    probe.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.INT64, None))
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 3
+    session = onnxruntime.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return np.asarray(session.run([name], {model.graph.input[0].name: np.zeros([1, *dims[1:]], np.float32)})[0])
+
+
+def _attribute(node, name: str, default):
+    import onnx
+
+    found = next((a for a in node.attribute if a.name == name), None)
+    return default if found is None else onnx.helper.get_attribute_value(found)
+
+
+def _drop_unused(graph) -> None:
+    """Removes the nodes whose outputs nothing reads (the pooling's ``Pad`` and the shape arithmetic it used)."""
+    outputs = {output.name for output in graph.output}
+    kept = list(graph.node)
+    while True:
+        used = outputs.union(*(node.input for node in kept))
+        alive = [node for node in kept if used.intersection(node.output)]
+        if len(alive) == len(kept):
+            break
+        kept = alive
+    del graph.node[:]
+    graph.node.extend(kept)
+
+
 def quantised_graph(folded: bytes, ranges: Dict[str, Tuple[float, float]], probe: np.ndarray) -> bytes:
-    """The folded graph with its convolutions (but ``FP32_CONVOLUTIONS``) in int8 QDQ, activations at ``ranges``.
+    """``plain_graph(folded)`` with its convolutions (but ``FP32_CONVOLUTIONS``) in int8 QDQ, activations at
+    ``ranges`` (named as in the folded graph).
 
     onnxruntime's ``quantize_static`` wants a calibration reader; it gets the
     probe, and every range it would take from it is overridden by ``ranges``
-    (``TensorQuantOverrides``): the result depends on the ranges alone.
+    (``TensorQuantOverrides``): the result depends on the ranges alone. A
+    convolution whose output only a ReLU reads is given the ReLU's range (0
+    to its max): the ReLU becomes the quantiser's clamp at zero, and its
+    output needs no second rounding.
     """
     import onnx
 
@@ -133,10 +238,29 @@ def quantised_graph(folded: bytes, ranges: Dict[str, Tuple[float, float]], probe
     missing = sorted(set(_conv_tensors(model)) - set(ranges))
     if missing:
         raise RangesUnusable(f"int8 not used: no range for {len(missing)} tensors (e.g. {missing[0]})")
+    measured = {node.name: (node.input[0], node.output[0]) for node in model.graph.node if node.op_type == "Conv"}
+    excluded = _fp32_convolutions(model)
+    del model
+    plain = onnx.load_from_string(plain_graph(folded))
+    readers: Dict[str, list] = {}
+    for node in plain.graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    overrides = {}
+    for conv in plain.graph.node:
+        if conv.op_type != "Conv" or conv.name in excluded:
+            continue
+        if conv.name not in measured:
+            raise RangesUnusable(f"int8 not used: onnxruntime renamed the convolution {conv.name}")
+        source, target = (ranges[name] for name in measured[conv.name])
+        overrides[conv.input[0]] = source
+        users = readers.get(conv.output[0], [])
+        relu = len(users) == 1 and users[0].op_type == "Relu"
+        overrides[conv.output[0]] = (0.0, target[1]) if relu else target
     quiet = _QuantiserAdvice()
     logging.getLogger().addFilter(quiet)  # it advises pre-processing on the root logger, each time
     try:
-        return _quantise(folded, model, ranges, probe)
+        return _quantise(plain.SerializeToString(), plain.graph.input[0].name, overrides, excluded, probe)
     finally:
         logging.getLogger().removeFilter(quiet)
 
@@ -146,10 +270,8 @@ class _QuantiserAdvice(logging.Filter):
         return "/onnxruntime/quantization/" not in record.pathname.replace(os.sep, "/")
 
 
-def _quantise(folded: bytes, model, ranges, probe) -> bytes:
+def _quantise(graph: bytes, input_name: str, ranges, excluded, probe) -> bytes:
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
-
-    input_name = model.graph.input[0].name
 
     class OneBatch(CalibrationDataReader):
         def __init__(self):
@@ -160,12 +282,12 @@ def _quantise(folded: bytes, model, ranges, probe) -> bytes:
 
     overrides = {name: [{"rmin": np.float32(low), "rmax": np.float32(high)}] for name, (low, high) in ranges.items()}
     with tempfile.TemporaryDirectory(prefix="open_nsfw_int8.") as scratch:
-        source, target = os.path.join(scratch, "folded.onnx"), os.path.join(scratch, "int8.onnx")
+        source, target = os.path.join(scratch, "plain.onnx"), os.path.join(scratch, "int8.onnx")
         with open(source, "wb") as handle:
-            handle.write(folded)
+            handle.write(graph)
         quantize_static(source, target, OneBatch(), quant_format=QuantFormat.QDQ, per_channel=True,
                         activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-                        op_types_to_quantize=["Conv"], nodes_to_exclude=_fp32_convolutions(model),
+                        op_types_to_quantize=["Conv"], nodes_to_exclude=excluded,
                         extra_options={"TensorQuantOverrides": overrides})
         with open(target, "rb") as handle:
             return handle.read()

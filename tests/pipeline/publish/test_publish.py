@@ -15,6 +15,7 @@ from pipeline.funnel.accounting import AccountingError
 from pipeline.publish import commit
 from pipeline.publish import publisher as publish
 from tests.pipeline import publish_cases
+from tests.pipeline.publish import commit_race
 from tests.pipeline.build.test_build_safety import write_candidates
 
 ROOT = repo_root.ROOT
@@ -61,20 +62,12 @@ def test_tfds_reads_the_committed_version_and_the_cli_resumes(pattern, tmp_path)
     assert again.returncode == 0 and "was already committed" in again.stdout
 
 
-def _commit_from(directory, data, expected, queue):
-    try:
-        commit.write(directory, data, expected)
-        queue.put(data.decode())
-    except commit.CommitConflict:
-        queue.put("conflict")
-
-
 def test_of_two_commits_from_the_same_state_one_wins(tmp_path):
     """Two processes commit at once, both expecting the output they started from: one lands, one is refused."""
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
     start = commit.read(str(tmp_path)).token
-    procs = [ctx.Process(target=_commit_from, args=(str(tmp_path), f"{{\"n\": {i}}}".encode(), start, queue))
+    procs = [ctx.Process(target=commit_race.commit_from, args=(str(tmp_path), f"{{\"n\": {i}}}".encode(), start, queue))
              for i in range(2)]
     for p in procs:
         p.start()

@@ -56,9 +56,17 @@ def run(module: str, argv: list, capsys) -> tuple:
 
 def help_text(module: str, capsys) -> str:
     absl = COMMANDS[module] == "absl"
+    if absl and module in _ABSL_HELP:
+        return _ABSL_HELP[module]
     status, out, err = run(module, ["--helpshort" if absl else "--help"], capsys)
     assert (absl and "flags:" in out) or status == 0, err  # absl's --helpshort exits with status 1
+    if absl:
+        _ABSL_HELP[module] = out
     return out
+
+
+#: An absl command's ``--helpshort``, read once per test process (a process of its own: TensorFlow and JAX).
+_ABSL_HELP = {}
 
 
 def options_in(text: str) -> set:

@@ -37,18 +37,23 @@ def _jpeg() -> bytes:
     return buffer.getvalue()
 
 
-def _sample_pictures(sample_dir):
-    """Every distinct picture of the sample that decodes, as bytes."""
+def _sample_pictures(sample_dir, every=1):
+    """Every distinct picture of the sample's rows ``0, every, 2 * every, ...`` that decodes, as bytes."""
     from benchmarks.helpers.nsfw import distinct_decodable, read_images
 
-    return [row["jpg"] for row, _ in distinct_decodable(read_images(os.path.join(sample_dir, "candidates")))]
+    rows = read_images(os.path.join(sample_dir, "candidates"))[::every]
+    return [row["jpg"] for row, _ in distinct_decodable(rows)]
 
 
-def test_the_int8_path_keeps_the_decisions_of_fp32_on_every_picture_of_the_sample(sample_dir):
+# Light (the default run): the pictures of every eighth row of the sample; whole (CI's integration run): every
+# picture of the sample, half a minute of CPU.
+@pytest.mark.parametrize("every, at_least", [pytest.param(8, 60, id="light"),
+                                             pytest.param(1, 600, id="whole", marks=pytest.mark.integration)])
+def test_the_int8_path_keeps_the_decisions_of_fp32_on_every_picture_of_the_sample(sample_dir, every, at_least):
     """Each path from the bytes, as the stage runs it: fp32 from the whole decode, int8 from its own (reduced)."""
     threshold = get_preset("align").nsfw_threshold
-    pictures = _sample_pictures(sample_dir)
-    assert len(pictures) > 600
+    pictures = _sample_pictures(sample_dir, every)
+    assert len(pictures) > at_least
     fp32 = open_nsfw.OpenNsfwScorer(precision="fp32")
     int8 = open_nsfw.OpenNsfwScorer(precision="int8")
     assert int8.label.startswith("open_nsfw int8 on CPU")

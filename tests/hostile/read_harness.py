@@ -31,10 +31,16 @@ KEPT_RECORDS = 10_000
 TEST_LIMITS = {"max_record_bytes": 4 << 20, "max_line_bytes": 64 << 10}
 
 
-def read_bounded(paths, fmt=None, limits=None, headroom=HEADROOM_BYTES, seconds=SECONDS_PER_FILE, download=False):
-    """``{"files": {path: {"records": [[fate, url, detail, note], ...]} or {"error": ...}}, "peak_rss": bytes, "limit": bytes}``."""
+def read_bounded(paths, fmt=None, limits=None, headroom=HEADROOM_BYTES, seconds=SECONDS_PER_FILE, download=False,
+                 formats=None):
+    """``{"files": {path: {"records": [[fate, url, detail, note], ...]} or {"error": ...}}, "peak_rss": bytes, "limit": bytes}``.
+
+    ``fmt``: every file's format (None: from its name, as the build's ``--input`` does); ``formats``: a
+    format for some of the paths (``{path: format}``), the others' is ``fmt``.
+    """
     spec = {"paths": [str(p) for p in paths], "format": fmt, "limits": limits or TEST_LIMITS,
-            "headroom": headroom, "seconds": seconds, "download": download}
+            "headroom": headroom, "seconds": seconds, "download": download,
+            "formats": {str(path): value for path, value in (formats or {}).items()}}
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     done = subprocess.run([sys.executable, os.path.join(HERE, "read_harness.py"), json.dumps(spec)],
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=seconds * len(spec["paths"]) + 120)
@@ -87,7 +93,7 @@ def _child(spec):
     signal.signal(signal.SIGALRM, alarm)
     results = {}
     for path in spec["paths"]:
-        fmt = readers.format_of(path, spec["format"])
+        fmt = readers.format_of(path, spec["formats"].get(path, spec["format"]))
         started = time.monotonic()
         signal.alarm(spec["seconds"])
         try:

@@ -208,12 +208,14 @@ def tiny_train_config(data_dir, cache_dir, **overrides):
 
 @pytest.fixture(scope="session")
 def tiny_trained(tiny_corpus, tiny_eval_folder, tmp_path_factory, jax_cache_dir):
-    """(workdir, final metrics) of a 2-step tiny run with retrieval, zero-shot and kNN evaluators."""
+    """(workdir, final metrics) of a 2-step tiny run with retrieval, zero-shot and kNN evaluators, and a
+    checkpoint at each step (``test_damaged_checkpoint`` damages copies of the newest)."""
     from trainer import train
 
     cache_dir = jax_cache_dir
     workdir = str(tmp_path_factory.mktemp("tiny_trained"))
-    config = tiny_train_config(tiny_corpus, cache_dir, eval_dir=tiny_eval_folder)
+    config = tiny_train_config(tiny_corpus, cache_dir, eval_dir=tiny_eval_folder, checkpoint_every=1,
+                               keep_checkpoints=5)
     config.evals = {"retrieval": {"split": "validation"},
                     "zeroshot": {"image_dir": "{eval_dir}/test"},
                     "knn": {"train_dir": "{eval_dir}/train", "test_dir": "{eval_dir}/test"}}

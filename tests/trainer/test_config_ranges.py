@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from tests.trainer import command_line
 from trainer import train
 from trainer.configs import (
     ConfigError, Range, b3_bert_mini, b7_bert_base, check, check_layout, l2_bert_large, tiny,
@@ -94,16 +95,21 @@ def test_the_trainer_checks_before_it_builds_anything(tmp_path):
     assert not workdir.exists()
 
 
+# The command line in this process in the default run (``tests.trainer.command_line``), in its own (TensorFlow
+# and JAX imported again for each) in CI's integration run.
+@pytest.mark.parametrize("process", ["this", pytest.param("own", marks=pytest.mark.integration)])
 @pytest.mark.parametrize("override, message", [
     ("--config.batch_size=-8", "error: --config.batch_size=-8: must be an integer >= 1\n"),
     ("--config.total_steps=0", "error: --config.total_steps=0: must be an integer >= 1\n"),
     ("--config.accumulation_steps=3", "error: --config.accumulation_steps=3: must be a divisor of batch_size (64)\n"),
 ])
-def test_the_command_line_says_it_in_one_line_and_creates_nothing(override, message, tmp_path):
+def test_the_command_line_says_it_in_one_line_and_creates_nothing(override, message, process, tmp_path, capfd):
     workdir = tmp_path / "run"
-    done = subprocess.run(
-        [sys.executable, "-m", "trainer.train", "--config", "trainer/configs/tiny.py", "--workdir", str(workdir),
-         "--config.data_dir=out/corpus", override],
-        cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2"})
-    assert (done.returncode, done.stdout, done.stderr) == (1, "", message)
+    argv = ["--config", command_line.TINY, "--workdir", str(workdir), "--config.data_dir=out/corpus", override]
+    if process == "this":
+        assert command_line.run(argv, capfd) == (1, "", message)
+    else:
+        done = subprocess.run([sys.executable, "-m", "trainer.train", *argv], cwd=ROOT, capture_output=True, text=True,
+                              env={**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2"})
+        assert (done.returncode, done.stdout, done.stderr) == (1, "", message)
     assert not workdir.exists()

@@ -82,9 +82,18 @@ def test_a_model_that_does_not_finish_is_one_line(tiny_corpus, tmp_path, monkeyp
     assert not os.path.exists(tmp_path / "w" / crossfit.MANIFEST)
 
 
-def test_the_command_line_errors_are_one_line(tmp_path):
+# ``main`` in this process in the default run; ``python -m trainer.crossfit`` in CI's integration run.
+@pytest.mark.parametrize("process", ["this", pytest.param("own", marks=pytest.mark.integration)])
+def test_the_command_line_errors_are_one_line(process, tmp_path, capsys):
     def run(*argv):
-        return subprocess.run([sys.executable, "-m", "trainer.crossfit", *argv], capture_output=True, text=True)
+        if process == "own":
+            done = subprocess.run([sys.executable, "-m", "trainer.crossfit", *argv], capture_output=True, text=True)
+            return done.returncode, done.stderr
+        try:
+            status = crossfit.main(list(argv))
+        except SystemExit as exit_:
+            status = exit_.code
+        return status, capsys.readouterr().err
 
     config = "trainer/configs/tiny.py"
     for argv, message in [
@@ -94,9 +103,9 @@ def test_the_command_line_errors_are_one_line(tmp_path):
          "unrecognized arguments: --seed 1"),
         (["--config", config, "--data_dir", str(tmp_path / "none"), "--workdir", str(tmp_path / "w")], ""),
     ]:
-        done = run(*argv)
-        assert done.returncode != 0 and len(done.stderr.strip().splitlines()) == 1, done.stderr
-        assert done.stderr.startswith("error: ") and message in done.stderr
+        status, stderr = run(*argv)
+        assert status != 0 and len(stderr.strip().splitlines()) == 1, stderr
+        assert stderr.startswith("error: ") and message in stderr
 
 
 def _crossfit_dir(tiny_trained, tmp_path):

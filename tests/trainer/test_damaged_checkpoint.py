@@ -1,6 +1,6 @@
 """Checkpoints the trainer wrote and something then damaged: resume falls back, loaders name the step.
 
-A real 2-step tiny run saves a checkpoint at each step; each case copies it
+A real 2-step tiny run (the session's ``tiny_trained``) saves a checkpoint at each step; each case copies it
 and damages its newest checkpoint the way a disk or a person would: an
 array file truncated or deleted, orbax's metadata or the data position
 overwritten with garbage.
@@ -24,11 +24,11 @@ from trainer import checkpoint, train
 
 
 @pytest.fixture(scope="module")
-def two_checkpoints(tiny_corpus, jax_cache_dir, tmp_path_factory):
-    """(workdir, config, final metrics) of a 2-step run with a checkpoint at steps 1 and 2."""
-    workdir = str(tmp_path_factory.mktemp("two_checkpoints"))
+def two_checkpoints(tiny_trained, tiny_corpus, jax_cache_dir):
+    """(workdir, config, final metrics) of a 2-step run with a checkpoint at steps 1 and 2: the session's
+    ``tiny_trained`` (never changed: each case damages a copy), and its config without the evaluators."""
+    workdir, final = tiny_trained
     config = tiny_train_config(tiny_corpus, jax_cache_dir, checkpoint_every=1, keep_checkpoints=5, evals={})
-    final = train.train_and_evaluate(config, workdir)
     assert sorted(os.listdir(os.path.join(workdir, checkpoint.CHECKPOINT_DIR))) == ["1", "2"]
     return workdir, config, final
 

@@ -1,5 +1,7 @@
 """Model architecture checks: published sizes, the fused depthwise conv, two-tower outputs."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -200,14 +202,29 @@ def test_registry():
 
 def test_head_dropout_only_in_front_of_a_projection():
     # GroupNorm and no stochastic depth: train and eval differ only by the head dropout.
+    from trainer.configs import cpu_fast_compile_options
+
     images = jax.random.normal(jax.random.key(0), (4, 32, 32, 3))
     width = efficientnet.feature_dim("tiny")
-    for embed_dim, dropped in ((None, False), (width, False), (16, True)):
-        net = efficientnet.EfficientNet("tiny", embed_dim=embed_dim, norm="group", dropout=0.5,
-                                        drop_path=0.0)
-        variables = net.init(jax.random.key(1), images)
-        train = net.apply(variables, images, train=True, rngs={"dropout": jax.random.key(2)})
-        assert np.allclose(train, net.apply(variables, images)) != dropped, embed_dim
+    cases = ((None, False), (width, False), (16, True))
+
+    def net(embed_dim):
+        return efficientnet.EfficientNet("tiny", embed_dim=embed_dim, norm="group", dropout=0.5, drop_path=0.0)
+
+    # One init (the projecting net's) and one compiled program for the three nets (eager, each op of an
+    # EfficientNet compiles on its own: seconds): the others' parameters are its trunk's, without the projection.
+    fast = cpu_fast_compile_options()
+    variables = jax.jit(net(16).init, compiler_options=fast)(KEY, images)
+    trunk = {"params": {name: v for name, v in variables["params"].items() if name != "projection"}}
+
+    @functools.partial(jax.jit, compiler_options=fast)
+    def train_and_eval(variables, trunk, images, key):
+        return [(net(embed_dim).apply(v, images, train=True, rngs={"dropout": key}), net(embed_dim).apply(v, images))
+                for embed_dim, v in ((None, trunk), (width, trunk), (16, variables))]
+
+    outputs = train_and_eval(variables, trunk, images, jax.random.key(2, impl="rbg"))
+    for (embed_dim, dropped), (train, evaluated) in zip(cases, outputs):
+        assert np.allclose(train, evaluated) != dropped, embed_dim
 
 
 def test_convnet_tower_strides_where_the_width_changes_and_projects():

@@ -25,6 +25,8 @@ from conftest import tiny_train_config
 from trainer import checkpoint, train
 from trainer.configs import tiny
 
+from tests.trainer import command_line
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -149,29 +151,48 @@ def test_sigterm_then_resume_equals_uninterrupted(uninterrupted, size, tiny_corp
 
 
 @pytest.mark.parametrize("size", SIZES)
-def test_sigterm_during_start_up_stops_the_command_line_at_its_first_step(size, tiny_corpus, cache_dir, tmp_path):
+def test_sigterm_during_start_up_stops_the_command_line_at_its_first_step(size, tiny_corpus, cache_dir, tmp_path,
+                                                                          capfd, monkeypatch):
     """The command line handles SIGTERM from its first line on: a preemption that comes
     while it imports, restores and compiles (minutes on a big job) stops the run after
     step 1 with a checkpoint and exit status 75; it must not kill the host outright.
-    Light: ``tiny_trained``'s config, whose programs the run's compilation cache holds."""
+    Light (the default run): the command line in this process (``tests.trainer.command_line``) with
+    ``tiny_trained``'s config, whose programs the run's compilation cache holds; SIGTERM comes as the
+    run starts setting up. Heavy (the integration run): the real command line in a process of its own,
+    the signal as soon as it has printed its first line (before TensorFlow is imported or anything
+    compiles)."""
     workdir = str(tmp_path / "run")
     config = run_config(size, tiny_corpus, cache_dir)
     fields = ("data_dir", "total_steps", "batch_size", "image_size", "max_text_len", "compilation_cache_dir")
     overrides = [f"--config.{k}={config[k]}" for k in fields + (() if size.heavy else (
         "resize_size", "xla_cpu_fast_compile"))]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "trainer.train", "--config", "trainer/configs/tiny.py", "--workdir", workdir,
-         *overrides], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
-    try:
-        first = proc.stdout.readline()   # printed before TensorFlow is imported or anything compiles
-        assert first.startswith("training "), first
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == train.EXIT_PREEMPTED, (proc.returncode, out, err)
+    if not size.heavy:
+        set_up = train._set_up
+
+        def signalled_set_up(*args, **kwargs):
+            os.kill(os.getpid(), signal.SIGTERM)   # the real signal, while the run starts
+            return set_up(*args, **kwargs)
+
+        monkeypatch.setattr(train, "_set_up", signalled_set_up)
+        handler_before = signal.getsignal(signal.SIGTERM)
+        status, out, err = command_line.run(["--config", command_line.TINY, "--workdir", workdir, *overrides], capfd)
+        assert signal.getsignal(signal.SIGTERM) == handler_before
+        assert out.startswith("training "), out
+    else:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "trainer.train", "--config", "trainer/configs/tiny.py", "--workdir", workdir,
+             *overrides], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+        try:
+            first = proc.stdout.readline()   # printed before TensorFlow is imported or anything compiles
+            assert first.startswith("training "), first
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=300)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        status = proc.returncode
+    assert status == train.EXIT_PREEMPTED, (status, out, err)
     assert "preempted at step 1" in out and err == ""
     assert os.listdir(os.path.join(workdir, "checkpoints")) == ["1"]
 
@@ -188,12 +209,19 @@ def test_a_missing_flag_is_a_short_error(missing, tmp_path):
     assert not os.path.exists(tmp_path / "run")
 
 
-def test_an_override_of_no_config_field_is_one_line(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "trainer.train", "--config=trainer/configs/tiny.py",
-                           f"--workdir={tmp_path / 'run'}", "--config.warmup_step=5"],
-                          cwd=ROOT, capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
-    assert done.returncode != 0 and done.stdout == ""
-    assert done.stderr.strip().splitlines() == [
+# The command line in this process in the default run (``tests.trainer.command_line``), in its own in CI's
+# integration run.
+@pytest.mark.parametrize("process", ["this", pytest.param("own", marks=pytest.mark.integration)])
+def test_an_override_of_no_config_field_is_one_line(process, tmp_path, capfd):
+    argv = [f"--config={command_line.TINY}", f"--workdir={tmp_path / 'run'}", "--config.warmup_step=5"]
+    if process == "this":
+        status, stdout, stderr = command_line.run(argv, capfd)
+    else:
+        done = subprocess.run([sys.executable, "-m", "trainer.train", *argv], cwd=ROOT, capture_output=True,
+                              text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+        status, stdout, stderr = done.returncode, done.stdout, done.stderr
+    assert status != 0 and stdout == ""
+    assert stderr.strip().splitlines() == [
         "error: --config.warmup_step: no field 'warmup_step' in the config (the config file's get_config() "
         "lists its fields)"]
     assert not os.path.exists(tmp_path / "run")

@@ -202,17 +202,26 @@ def test_cuts_without_a_model_and_bad_models_are_usage_errors(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_an_incompatible_checkpoint_is_one_line_before_any_work(tmp_path):
+# The command line's main in this process in the default run; ``python -m pipeline.build`` (which imports the
+# trainer's checkpoint loader: seconds of CPU) in CI's integration run.
+@pytest.mark.parametrize("process", ["this", pytest.param("own", marks=pytest.mark.integration)])
+def test_an_incompatible_checkpoint_is_one_line_before_any_work(process, tmp_path, capsys):
     """On the command line: the error, one usage line, exit 2, nothing written."""
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.json").write_text(json.dumps({"model": {"name": "image_classifier"}}))
     pattern = write_candidates(tmp_path / "in", rows=2)
-    done = cli("--input", str(pattern), "--output", str(tmp_path / "out"), *QUICK,
-               "--model_score", "checkpoint", "--model_score_arg", f"workdir={run}",
-               "--set", "model_score_top_fraction=0.3")
-    assert done.returncode == launcher.EXIT_USAGE
-    assert done.stderr.splitlines() == [
+    argv = ["--input", str(pattern), "--output", str(tmp_path / "out"), *QUICK,
+            "--model_score", "checkpoint", "--model_score_arg", f"workdir={run}", "--set", "model_score_top_fraction=0.3"]
+    if process == "own":
+        done = cli(*argv)
+        status, stderr = done.returncode, done.stderr
+    else:
+        with pytest.raises(SystemExit) as exit_:
+            launcher.main(argv)
+        status, stderr = exit_.value.code, capsys.readouterr().err
+    assert status == launcher.EXIT_USAGE
+    assert stderr.splitlines() == [
         f"error: --model_score checkpoint: model score checkpoint {run}: its config is not a two-tower image-text "
-        "model (model.name 'image_classifier')", launcher.SHORT_USAGE], done.stderr
+        "model (model.name 'image_classifier')", launcher.SHORT_USAGE], stderr
     assert not (tmp_path / "out").exists()

@@ -137,6 +137,21 @@ _AFFINE_CHAIN = ("Transpose", "Cast", "Add", "Cast", "Sub", "Mul", "Add")
 _FLOAT = 1  # onnx.TensorProto.FLOAT
 
 
+def keep_used_nodes(graph, kept) -> set:
+    """The graph's nodes become ``kept`` less those whose outputs nothing reads, repeatedly; returns the names
+    the remaining nodes and the outputs read."""
+    outputs = {output.name for output in graph.output}
+    while True:
+        used = outputs.union(*(node.input for node in kept))
+        alive = [node for node in kept if used.intersection(node.output)]
+        if len(alive) == len(kept):
+            break
+        kept = alive
+    del graph.node[:]
+    graph.node.extend(kept)
+    return used
+
+
 def folded_graph(path: str) -> Tuple[bytes, int]:
     """The shipped graph with each convolution's bias and batch normalisation folded into its weights.
 
@@ -201,16 +216,8 @@ def folded_graph(path: str) -> Tuple[bytes, int]:
         chain[0].output[0] = chain[-1].output[0]  # the transpose now feeds what the last add fed
         dropped.update(id(node) for node in chain[1:])
         folded += 1
-    kept = [node for node in graph.node if id(node) not in dropped]
-    outputs = {output.name for output in graph.output}
-    while True:  # what fed only the dropped nodes (the constants' Identity copies) goes too
-        used = outputs.union(*(node.input for node in kept))
-        alive = [node for node in kept if used.intersection(node.output)]
-        if len(alive) == len(kept):
-            break
-        kept = alive
-    del graph.node[:]
-    graph.node.extend(kept)
+    # What fed only the dropped nodes (the constants' Identity copies) goes too.
+    used = keep_used_nodes(graph, [node for node in graph.node if id(node) not in dropped])
     weights_kept = [t for t in graph.initializer if t.name in used]
     del graph.initializer[:]
     graph.initializer.extend(weights_kept)

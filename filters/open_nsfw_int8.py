@@ -58,6 +58,8 @@ from typing import Dict, Optional, Tuple
 
 import numpy as np
 
+from filters.open_nsfw import keep_used_nodes
+
 #: The activation ranges of the shipped graph's convolutions, measured by ``measure_ranges``.
 RANGES_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "open_nsfw_int8_ranges.json")
 #: The calibration pictures: photograph crops and drawn scenes, from this seed.
@@ -171,7 +173,7 @@ def plain_graph(folded: bytes) -> bytes:
         kept = [a for a in pool.attribute if a.name != "pads"]
         del pool.attribute[:]
         pool.attribute.extend(kept + [onnx.helper.make_attribute("pads", [int(pads[i]) for i in (2, 3, 6, 7)])])
-    _drop_unused(graph)
+    keep_used_nodes(graph, list(graph.node))  # the pooling's Pad and the shape arithmetic it used
     options = onnxruntime.SessionOptions()
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_BASIC
     options.log_severity_level = 3
@@ -205,20 +207,6 @@ def _attribute(node, name: str, default):
 
     found = next((a for a in node.attribute if a.name == name), None)
     return default if found is None else onnx.helper.get_attribute_value(found)
-
-
-def _drop_unused(graph) -> None:
-    """Removes the nodes whose outputs nothing reads (the pooling's ``Pad`` and the shape arithmetic it used)."""
-    outputs = {output.name for output in graph.output}
-    kept = list(graph.node)
-    while True:
-        used = outputs.union(*(node.input for node in kept))
-        alive = [node for node in kept if used.intersection(node.output)]
-        if len(alive) == len(kept):
-            break
-        kept = alive
-    del graph.node[:]
-    graph.node.extend(kept)
 
 
 def quantised_graph(folded: bytes, ranges: Dict[str, Tuple[float, float]], probe: np.ndarray) -> bytes:

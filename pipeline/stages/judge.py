@@ -30,6 +30,7 @@ preset asks for it) and ``nsfw`` (what the NSFW scorer did, for the funnel's not
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from typing import Dict, Iterator, List, Optional, Tuple
@@ -395,42 +396,33 @@ class JudgeFiles(beam.PTransform):
         return {ROWS: holding_rows(outputs[ROWS]), **{tag: outputs[tag] for tag in tags}}
 
 
-class ReuseNote(beam.PTransform):
-    """``(reused|recomputed|new, records)`` -> one ``("reuse", note)``: how many records' facts a rebuild took
-    from the previous build (``said``: the launcher's account of which facts), derived again, or met first."""
+class OutcomesNote(beam.PTransform):
+    """The workers' ``(outcome, records)`` counts -> at most one ``(stage, note_of(counts))`` for the funnel.
 
-    def __init__(self, said: str):
-        super().__init__()
-        self.said = said
-
-    def expand(self, outcomes):
-        said = self.said
-        return (
-            outcomes
-            | "RecordsPerOutcome" >> beam.CombinePerKey(sum)
-            | "Outcomes" >> beam.CombineGlobally(beam.combiners.ToDictCombineFn()).without_defaults()
-            | "Note" >> beam.Map(lambda found: ("reuse", previous_build.reuse_note(said, found)))
-        )
-
-
-class NsfwNote(beam.PTransform):
-    """The workers' NSFW outcomes ``((scored, status), records)`` -> at most one ``("nsfw", note)`` for the funnel.
-
-    Nothing when no record reached the stage: the launcher's note stands.
+    Nothing when no record was counted: the launcher's note stands.
     """
 
-    def __init__(self, threshold: float, scorer_name: str = nsfw.DEFAULT_SCORER):
+    def __init__(self, stage: str, note_of):
         super().__init__()
-        self.threshold = threshold
-        self.scorer_name = scorer_name
+        self.stage, self.note_of = stage, note_of
 
     def expand(self, outcomes):
-        threshold, scorer_name = self.threshold, self.scorer_name
+        stage, note_of = self.stage, self.note_of
         return (
             outcomes
             | "RecordsPerOutcome" >> beam.CombinePerKey(sum)
             # No outcome makes no note: no default dict for an empty input (five transforms fewer).
             | "Outcomes" >> beam.CombineGlobally(beam.combiners.ToDictCombineFn()).without_defaults()
-            | "Note" >> beam.FlatMap(
-                lambda found: [("nsfw", nsfw.stage_note(threshold, scorer_name, found))] if found else [])
+            | "Note" >> beam.FlatMap(lambda found: [(stage, note_of(found))] if found else [])
         )
+
+
+def NsfwNote(threshold: float, scorer_name: str = nsfw.DEFAULT_SCORER) -> OutcomesNote:
+    """The NSFW scorer's outcomes ``((scored, status), records)`` -> its note (``filters.nsfw.stage_note``)."""
+    return OutcomesNote("nsfw", functools.partial(nsfw.stage_note, threshold, scorer_name))
+
+
+def ReuseNote(said: str) -> OutcomesNote:
+    """``(reused|recomputed|new, records)`` -> how many records' facts a rebuild took from the previous build
+    (``said``: the launcher's account of which facts), derived again, or met first."""
+    return OutcomesNote("reuse", functools.partial(previous_build.reuse_note, said))

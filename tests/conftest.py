@@ -64,6 +64,13 @@ def once_per_run(pytestconfig, name: str, make) -> pathlib.Path:
 
 
 @pytest.fixture(scope="session")
+def made_once(pytestconfig):
+    """``made_once(name, make)``: ``once_per_run`` for fixtures in other folders (``tests/trainer/conftest.py``):
+    what every worker process of the run reads, made by whichever asks first."""
+    return lambda name, make: once_per_run(pytestconfig, name, make)
+
+
+@pytest.fixture(scope="session")
 def sample_dir(pytestconfig):
     """The embedded sample, small enough for the default test run."""
     return sample_corpus.sample(run_directory(pytestconfig))

@@ -109,21 +109,27 @@ def make_scene_record(rng, split, index):
 
 
 @pytest.fixture(scope="session")
-def tiny_corpus(tmp_path_factory):
-    """Path (str) of a tiny shard directory with train/validation splits and vocab.txt."""
+def tiny_corpus(made_once):
+    """Path (str) of a tiny shard directory with train/validation splits and vocab.txt.
+
+    Made once per test run (``made_once``) and read by every worker process: tests never change it (they copy
+    it first), and ``tiny_trained``, made once too, names it in its config.
+    """
     from pipeline.publish.tfds_metadata import write_metadata as write_tfds_metadata
     from trainer.vocab import build_vocab
 
-    data_dir = str(tmp_path_factory.mktemp(CORPUS_NAME))
-    rng = np.random.default_rng(0)
-    shard_lengths = {}
-    for split, size in SPLIT_SIZES.items():
-        records = [make_scene_record(rng, split, i) for i in range(size)]
-        shard_lengths[split] = write_split(data_dir, CORPUS_NAME, split, records, SPLIT_NUM_SHARDS[split])
-    write_tfds_metadata(data_dir, CORPUS_NAME, shard_lengths, description="trainer test corpus")
-    build_vocab(data_dir, TINY_VOCAB_SIZE)
-    open(os.path.join(data_dir, "COMPLETED"), "w").close()  # a finished build
-    return data_dir
+    def make(directory):
+        data_dir = str(directory)
+        rng = np.random.default_rng(0)
+        shard_lengths = {}
+        for split, size in SPLIT_SIZES.items():
+            records = [make_scene_record(rng, split, i) for i in range(size)]
+            shard_lengths[split] = write_split(data_dir, CORPUS_NAME, split, records, SPLIT_NUM_SHARDS[split])
+        write_tfds_metadata(data_dir, CORPUS_NAME, shard_lengths, description="trainer test corpus")
+        build_vocab(data_dir, TINY_VOCAB_SIZE)
+        open(os.path.join(data_dir, "COMPLETED"), "w").close()  # a finished build
+
+    return str(made_once(CORPUS_NAME, make))
 
 
 @pytest.fixture(scope="session")
@@ -138,24 +144,25 @@ def tiny_tokenizer(tiny_corpus):
 
 
 @pytest.fixture(scope="session")
-def tiny_eval_folder(tmp_path_factory):
-    """Root (str) of ``{train,test}/<shape>/*.png``: the sample corpus's eval layout.
+def tiny_eval_folder(made_once):
+    """Root (str) of ``{train,test}/<shape>/*.png``: the sample corpus's eval layout (made once per test run).
 
     Shapes stay inside the central 85% so ALIGN's eval crop (289 of 346,
     about 83.5% of the side) never cuts them.
     """
-    root = tmp_path_factory.mktemp("tiny_eval")
-    rng = np.random.default_rng(1)
-    for split, per_class in EVAL_SPLIT_SIZES.items():
-        for shape in SHAPES:
-            class_dir = root / split / shape
-            class_dir.mkdir(parents=True)
-            for i in range(per_class):
-                colour = list(COLOURS.values())[rng.integers(len(COLOURS))]
-                background = list(BACKGROUNDS.values())[rng.integers(len(BACKGROUNDS))]
-                image, _ = draw_shape(shape, colour, background, 64, 64, rng, scale=(0.22, 0.3), offset=0.05)
-                image.save(class_dir / f"{i:03d}.png")
-    return str(root)
+    def make(root):
+        rng = np.random.default_rng(1)
+        for split, per_class in EVAL_SPLIT_SIZES.items():
+            for shape in SHAPES:
+                class_dir = root / split / shape
+                class_dir.mkdir(parents=True)
+                for i in range(per_class):
+                    colour = list(COLOURS.values())[rng.integers(len(COLOURS))]
+                    background = list(BACKGROUNDS.values())[rng.integers(len(BACKGROUNDS))]
+                    image, _ = draw_shape(shape, colour, background, 64, 64, rng, scale=(0.22, 0.3), offset=0.05)
+                    image.save(class_dir / f"{i:03d}.png")
+
+    return str(made_once("tiny_eval", make))
 
 
 @pytest.fixture(scope="session")
@@ -207,17 +214,26 @@ def tiny_train_config(data_dir, cache_dir, **overrides):
 
 
 @pytest.fixture(scope="session")
-def tiny_trained(tiny_corpus, tiny_eval_folder, tmp_path_factory, jax_cache_dir):
+def tiny_trained(tiny_corpus, tiny_eval_folder, made_once, jax_cache_dir):
     """(workdir, final metrics) of a 2-step tiny run with retrieval, zero-shot and kNN evaluators, and a
-    checkpoint at each step (``test_damaged_checkpoint`` damages copies of the newest)."""
+    checkpoint at each step (``test_damaged_checkpoint`` damages copies of the newest).
+
+    Trained once per test run (``made_once``: the worker processes read one run instead of training their
+    own); tests never change its workdir (they copy it first).
+    """
+    import json
+
     from trainer import train
 
-    cache_dir = jax_cache_dir
-    workdir = str(tmp_path_factory.mktemp("tiny_trained"))
-    config = tiny_train_config(tiny_corpus, cache_dir, eval_dir=tiny_eval_folder, checkpoint_every=1,
-                               keep_checkpoints=5)
-    config.evals = {"retrieval": {"split": "validation"},
-                    "zeroshot": {"image_dir": "{eval_dir}/test"},
-                    "knn": {"train_dir": "{eval_dir}/train", "test_dir": "{eval_dir}/test"}}
-    final = train.train_and_evaluate(config, workdir)
-    return workdir, final
+    def make(directory):
+        workdir = str(directory / "run")
+        config = tiny_train_config(tiny_corpus, jax_cache_dir, eval_dir=tiny_eval_folder, checkpoint_every=1,
+                                   keep_checkpoints=5)
+        config.evals = {"retrieval": {"split": "validation"},
+                        "zeroshot": {"image_dir": "{eval_dir}/test"},
+                        "knn": {"train_dir": "{eval_dir}/train", "test_dir": "{eval_dir}/test"}}
+        final = train.train_and_evaluate(config, workdir)
+        (directory / "final.json").write_text(json.dumps(final))
+
+    made = made_once("tiny_trained", make)
+    return str(made / "run"), json.loads((made / "final.json").read_text())

@@ -55,6 +55,7 @@ import numpy as np
 from PIL import Image
 
 from common.images import draft, exif_orientation, open_image, orient
+from filters import onnx_graphs
 
 #: The model's name in the preset (``nsfw_model``), the funnel's note and the stage's counts.
 MODEL_NAME = "open_nsfw"
@@ -137,21 +138,6 @@ _AFFINE_CHAIN = ("Transpose", "Cast", "Add", "Cast", "Sub", "Mul", "Add")
 _FLOAT = 1  # onnx.TensorProto.FLOAT
 
 
-def keep_used_nodes(graph, kept) -> set:
-    """The graph's nodes become ``kept`` less those whose outputs nothing reads, repeatedly; returns the names
-    the remaining nodes and the outputs read."""
-    outputs = {output.name for output in graph.output}
-    while True:
-        used = outputs.union(*(node.input for node in kept))
-        alive = [node for node in kept if used.intersection(node.output)]
-        if len(alive) == len(kept):
-            break
-        kept = alive
-    del graph.node[:]
-    graph.node.extend(kept)
-    return used
-
-
 def folded_graph(path: str) -> Tuple[bytes, int]:
     """The shipped graph with each convolution's bias and batch normalisation folded into its weights.
 
@@ -217,7 +203,7 @@ def folded_graph(path: str) -> Tuple[bytes, int]:
         dropped.update(id(node) for node in chain[1:])
         folded += 1
     # What fed only the dropped nodes (the constants' Identity copies) goes too.
-    used = keep_used_nodes(graph, [node for node in graph.node if id(node) not in dropped])
+    used = onnx_graphs.keep_used_nodes(graph, [node for node in graph.node if id(node) not in dropped])
     weights_kept = [t for t in graph.initializer if t.name in used]
     del graph.initializer[:]
     graph.initializer.extend(weights_kept)

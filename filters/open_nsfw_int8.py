@@ -58,7 +58,7 @@ from typing import Dict, Optional, Tuple
 
 import numpy as np
 
-from filters.open_nsfw import keep_used_nodes
+from filters.onnx_graphs import keep_used_nodes
 
 #: The activation ranges of the shipped graph's convolutions, measured by ``measure_ranges``.
 RANGES_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "open_nsfw_int8_ranges.json")

@@ -88,13 +88,19 @@ def test_finds_a_superset_of_the_bucket_pairs():
     assert bucket_pairs <= found
 
 
-@pytest.mark.parametrize("call_overhead", [0, 10**12], ids=["list_by_list", "whole_blocks"])
-def test_both_plans_give_the_same_pairs_and_cosines(call_overhead):
+@pytest.fixture(scope="module")
+def default_plan():
+    """(corpus, index, centroids, the default plan's search of the corpus), for both plans' test."""
     corpus, index = planted_embeddings(6_000, 3_000, zipf=True, seed=4)
     centroids = kmeans.train_spherical_kmeans(corpus, 4096, niter=5)  # 153 lists, 3 blocks
-    default = cluster_lists.ClusterListIndex(index, centroids, THRESHOLD)
+    return corpus, index, centroids, cluster_lists.ClusterListIndex(index, centroids, THRESHOLD).search(corpus)
+
+
+@pytest.mark.parametrize("call_overhead", [0, 10**12], ids=["list_by_list", "whole_blocks"])
+def test_both_plans_give_the_same_pairs_and_cosines(call_overhead, default_plan):
+    corpus, index, centroids, a = default_plan
     plan = cluster_lists.ClusterListIndex(index, centroids, THRESHOLD, call_overhead=call_overhead)
-    a, b = default.search(corpus), plan.search(corpus)
+    b = plan.search(corpus)
     assert len(a) > 100
     np.testing.assert_array_equal(a.query_rows, b.query_rows)
     np.testing.assert_array_equal(a.index_rows, b.index_rows)

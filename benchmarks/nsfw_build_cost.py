@@ -1,19 +1,21 @@
-"""CPU per scored image of the NSFW stage inside the build: the sample built with the stage and without it.
+"""The NSFW stage's share of a default build's CPU: photographs and the sample, built with the stage and without.
 
-    python -m benchmarks.nsfw_build_cost --sample S
+    python -m benchmarks.nsfw_build_cost [--photos 2000] [--sample 3000] [--repeats 3] [--workers]
 
-``S`` is a sample of ``python -m samplegen`` (made with ``--num_candidates``
-when absent). It is built as the demo builds it (``align`` with the
-sample's overrides and its evaluation set) four times: with the default
-NSFW stage and with ``nsfw_threshold=1.0`` (the stage off: no scorer
-loaded), each in process (FnApiRunner) and with two worker processes
-(``--direct_running_mode=multi_processing --direct_num_workers=2``, as
-each Dataflow worker runs an SDK process per core). CPU is user + system of
-the build and every process it reaped; per scored image it is the
-difference between the two builds of a mode over the records the stage
-scored (the histogram of ``stats/distributions.json``), so it includes
-what the stage costs beyond the model: loading it once per process, the
-image's preparation, the score on the light row.
+Inputs: ``benchmarks.photo_candidates`` photographs (400-800 px, the
+``align`` preset) and the ``samplegen`` sample (built as the demo builds it:
+``align`` with the sample's overrides and its evaluation set). Each is built
+with the default NSFW stage ("on": the precision the machine chooses, named
+in the funnel's note) and with ``nsfw_threshold=1.0`` ("off": no scorer
+loaded), in turns (on, off, on, off ...: ``harness.interleaved``), in process
+(FnApiRunner); ``--workers`` adds two worker processes
+(``--direct_running_mode=multi_processing --direct_num_workers=2``, as each
+Dataflow worker runs an SDK process per core). CPU is user + system of the
+build and every process it reaped, medians over the repeats. The stage's
+share is (on - off) / on; per scored record it is (on - off) over the
+records the stage scored (the histogram of ``stats/distributions.json``), so
+it includes what the stage costs beyond the model: loading it once per
+process, the image's preparation, the score on the light row.
 """
 
 from __future__ import annotations
@@ -25,14 +27,14 @@ import sys
 import tempfile
 
 from benchmarks import harness, record
+from benchmarks.helpers.images import write_candidates
 
 MODES = {"in process": [], "2 worker processes": ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]}
+OFF = ["--set", "nsfw_threshold=1.0"]
 
 
-def build(sample: str, output: str, extra) -> dict:
-    args = harness.sample_build_args(sample, output) + list(extra)
-    done = harness.run_command([sys.executable, "-m", "pipeline.build", *args], check=True, capture_output=True,
-                               env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+def read_outcome(output: str) -> dict:
+    """Input records, records the stage scored, and the stage's note from a build's stats."""
     from common.corpus_dir import resolve
     from pipeline.funnel.counts import NSFW_MEASURE
 
@@ -41,33 +43,68 @@ def build(sample: str, output: str, extra) -> dict:
         funnel = json.load(handle)
     with open(os.path.join(stats, "distributions.json")) as handle:
         scored = sum(json.load(handle).get(NSFW_MEASURE, {}).get("counts", []))
-    return {"input": funnel["input"], "scored": scored, **done.cost(1)}
+    note = next((stage.get("note", "") for stage in funnel["stages"] if stage["stage"] == "nsfw"), "")
+    return {"input": funnel["input"], "scored": scored, "note": note}
+
+
+def inputs(work: str, photos: int, sample: int) -> dict:
+    """``{name: build arguments without --output}`` of the inputs asked for."""
+    found = {}
+    if photos:
+        directory = os.path.join(work, "photos")
+        write_candidates(directory, photos, seed=0, rows_per_file=max(1, photos // 5))
+        found["photographs"] = ["--input", os.path.join(directory, "*.parquet"), "--preset", "align"]
+    if sample:
+        directory = os.path.join(work, "sample")
+        harness.make_sample(directory, sample)
+        args = harness.sample_build_args(directory, "unused")
+        at = args.index("--output")
+        found["sample"] = args[:at] + args[at + 2:]
+    return found
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sample", required=True, help="a samplegen output directory (made when absent)")
-    parser.add_argument("--num_candidates", type=int, default=3000, help="samplegen's, when it makes the sample")
+    parser.add_argument("--photos", type=int, default=2000, help="photographs (0: none)")
+    parser.add_argument("--sample", type=int, default=3000, help="samplegen --num_candidates (the demo: 3000; 0: none)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--workers", action="store_true", help="also with two worker processes")
     parser.add_argument("--json", default="", help="default benchmarks/results/nsfw_build_cost.json")
     args = parser.parse_args(argv)
-    if not os.path.exists(os.path.join(args.sample, "sample_info.json")):
-        harness.make_sample(args.sample, args.num_candidates)
     started = record.Run()
-    modes = {}
+    results = {}
+    modes = MODES if args.workers else {"in process": []}
     with tempfile.TemporaryDirectory(prefix="nsfw_build_cost_") as work:
-        for mode, extra in MODES.items():
-            runs = {}
-            for stage, sets in (("on", []), ("off", ["--set", "nsfw_threshold=1.0"])):
-                runs[stage] = build(args.sample, os.path.join(work, f"{len(modes)}{stage}"), [*extra, *sets])
-                runs[stage]["load_after"] = record.load()
-                print(json.dumps({"mode": mode, "nsfw": stage, **runs[stage]}), flush=True)
-            scored = runs["on"]["scored"]
-            per_image = 1000 * (runs["on"]["cpu_s"] - runs["off"]["cpu_s"]) / scored if scored else None
-            modes[mode] = {**runs, "cpu_ms_per_scored_image": None if per_image is None else round(per_image, 1)}
-            print(json.dumps({"mode": mode, "cpu_ms_per_scored_image": modes[mode]["cpu_ms_per_scored_image"]}),
-                  flush=True)
-    started.write("nsfw_build_cost", {"sample": os.path.basename(os.path.normpath(args.sample)), "modes": modes},
-                  args.json)
+        for name, base in inputs(work, args.photos, args.sample).items():
+            for mode, extra in modes.items():
+                outcomes = {}
+
+                def arm(stage, sets):
+                    def go():
+                        out = os.path.join(work, "out", f"{name}_{len(outcomes)}_{stage}".replace(" ", "_"))
+                        cpu = harness.run_build(base + extra + sets + ["--output", out],
+                                                os.path.join(work, "logs"))["cpu_s"]
+                        outcomes[out] = read_outcome(out)
+                        outcomes[stage] = outcomes[out]
+                        return cpu
+                    return go
+
+                runs = harness.interleaved({"on": arm("on", []), "off": arm("off", OFF)}, args.repeats,
+                                           report=lambda arm_, i, cpu: print(json.dumps(
+                                               {"input": name, "mode": mode, "nsfw": arm_, "repeat": i,
+                                                "cpu_s": round(cpu, 2)}), flush=True))
+                on, off = (sorted(runs[a])[len(runs[a]) // 2] for a in ("on", "off"))
+                scored = outcomes["on"]["scored"]
+                figures = {"input_records": outcomes["on"]["input"], "scored": scored,
+                           "cpu_s_on": round(on, 2), "cpu_s_off": round(off, 2),
+                           "share": round((on - off) / on, 3),
+                           "cpu_ms_per_scored_record": round(1000 * (on - off) / scored, 1) if scored else None,
+                           "runs": runs, "note": outcomes["on"]["note"]}
+                results[f"{name}, {mode}"] = figures
+                print(json.dumps({"input": name, "mode": mode,
+                                  **{k: v for k, v in figures.items() if k != "runs"}}), flush=True)
+    started.write("nsfw_build_cost", {"photos": args.photos, "sample": args.sample, "repeats": args.repeats,
+                                      "results": results}, args.json)
     return 0
 
 

@@ -62,7 +62,7 @@ from pipeline.readers.input_files import MatchInputFiles
 from pipeline.stages import judge as judge_lib
 from pipeline.stages.eval_index import EvalIndex, EvalMatchVerdicts
 from pipeline.stages.judge import JudgeFiles, NsfwNote, RecordJudge, ReuseNote
-from pipeline.stages.nsfw_inference import ScoreNsfw
+from pipeline.stages.nsfw_step import ScoreNsfw
 from pipeline.stages.near_duplicates import RemoveCorpusNearDuplicates, WritePairsReport
 from pipeline.stages.score_verdicts import ModelScoreVerdicts, ScoreStats
 from pipeline.stages.verdicts import OVERLAPS, CountVerdicts, JoinVerdicts, StagesRun

@@ -54,6 +54,7 @@ from pipeline.readers import previous_build
 from pipeline.readers.file_records import FileRecords, input_patterns
 from pipeline.readers.rows import Columns, Rejection
 from pipeline.stages.light_rows import LightRow, holding_rows
+from pipeline.stages.nsfw_inference import Pending, model_input, verdict
 
 ROWS, MEASURES, PAIRS, EMBEDDINGS, NSFW_OUTCOMES, TO_FETCH = "rows", "measures", "pairs", "embeddings", "nsfw", "to_fetch"
 REUSE_OUTCOMES = "reuse"
@@ -227,8 +228,6 @@ class RecordJudge:
 
     def _pending(self, rows, passing, known, outcomes) -> List[Tuple[str, object]]:
         """The kept records as ``PENDING`` ``(Pending, (sha256, model input, known score))``; the others' rows."""
-        from pipeline.stages.nsfw_inference import Pending, model_input
-
         outputs = []
         for i, candidate in passing:
             fact = known.get(i)
@@ -242,8 +241,6 @@ class RecordJudge:
 
     def judge_scored(self, scored) -> List[Tuple[str, object]]:
         """``(Pending, PredictionResult)`` pairs -> their records' outputs, as ``judge`` gives them fused."""
-        from pipeline.stages.nsfw_inference import verdict
-
         rows, passing, known, outcomes = [], [], {}, {}
         counted = self.preset.counting_base == "raw"  # NSFW is a quality threshold: the row still counts
         for pending, result in scored:

@@ -24,9 +24,10 @@ function of its image alone, as the fused path's) and remembers the scores
 of the last ``filters.nsfw.SCORE_CACHE_SIZE`` images by sha256: a distinct
 image costs one score per worker process that meets it (per machine when
 Beam shares the model across processes), as on the fused path.
-``ApplyNsfwVerdicts`` puts each score and reason on its row and runs the
-rest of the per-record work (``RecordJudge.judge_scored``): the same code,
-in the same order, as the fused path, so the build writes what it writes.
+``pipeline.stages.nsfw_step`` makes the step of it, and puts each score
+and reason on its row before the rest of the per-record work
+(``RecordJudge.judge_scored``): the same code, in the same order, as the
+fused path, so the build writes what it writes.
 """
 
 from __future__ import annotations
@@ -34,9 +35,8 @@ from __future__ import annotations
 import threading
 from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
-import apache_beam as beam
 import numpy as np
-from apache_beam.ml.inference.base import KeyedModelHandler, ModelHandler, PredictionResult, RunInference
+from apache_beam.ml.inference.base import ModelHandler, PredictionResult
 
 from common.schema import Candidate
 from filters import nsfw, open_nsfw
@@ -47,7 +47,7 @@ METRICS_NAMESPACE = "nsfw_inference"
 #: Images per RunInference batch at most: the model is still called once per image.
 MAX_BATCH = 64
 #: Keys of ``--nsfw_accelerator``'s value (Dataflow's ``worker_accelerator`` syntax).
-ACCELERATOR_KEYS = ("type", "count", "install-nvidia-driver", "use_nvidia_mps")
+ACCELERATOR_KEYS = ("type", "count", "machine_type", "install-nvidia-driver", "use_nvidia_mps")
 
 
 class Pending(NamedTuple):
@@ -94,7 +94,7 @@ def parse_accelerator(value: str) -> str:
             raise ValueError(f"{part!r} is not one of {', '.join(ACCELERATOR_KEYS)}")
         if key in seen:
             raise ValueError(f"{key} is given twice")
-        if key in ("type", "count") and not given:
+        if key in ("type", "count", "machine_type") and not given:
             raise ValueError(f"{key} needs a value ({key}:...)")
         if key == "count" and not (given.isdigit() and int(given) >= 1):
             raise ValueError(f"count:{given}: a whole number >= 1")
@@ -203,54 +203,3 @@ def verdict(preset, scored: bool, score: Optional[float]) -> Optional[str]:
     if score is None:
         return nsfw.UNDECODABLE_REASON
     return nsfw.REJECT_REASON if nsfw.is_pornographic(score, preset.nsfw_threshold) else None
-
-
-class _ApplyVerdicts(beam.DoFn):
-    """A batch of ``(Pending, PredictionResult)`` -> the rest of the first pass's outputs for their records."""
-
-    def __init__(self, judge):
-        self.judge = judge
-
-    def setup(self):
-        self.judge.setup(part="after")
-
-    def process(self, batch):
-        from pipeline.funnel import progress
-        from pipeline.stages import judge as judge_lib
-
-        outputs = self.judge.judge_scored(batch) + self.judge.finish()
-        progress.tally("judge", kept=sum(1 for tag, row in outputs if tag == judge_lib.ROWS and not row.reason))
-        for tag, value in outputs:
-            yield value if tag == judge_lib.ROWS else beam.pvalue.TaggedOutput(tag, value)
-        for name, counts in self.judge.measures():
-            yield beam.pvalue.TaggedOutput(judge_lib.MEASURES, (name, counts))
-        for outcome, records in self.judge.nsfw_outcomes():
-            yield beam.pvalue.TaggedOutput(judge_lib.NSFW_OUTCOMES, (outcome, records))
-        if self.judge.previous is not None:
-            for outcome, records in self.judge.reuse_outcomes():
-                yield beam.pvalue.TaggedOutput(judge_lib.REUSE_OUTCOMES, (outcome, records))
-
-
-class ScoreNsfw(beam.PTransform):
-    """The judge's pending records -> ``{"rows", "measures", "pairs", "embeddings", "nsfw"[, "reuse"]}``."""
-
-    def __init__(self, judge, accelerator: str):
-        super().__init__()
-        self.judge, self.accelerator = judge, accelerator
-
-    def expand(self, pending):
-        from pipeline.stages import judge as judge_lib
-        from pipeline.stages.light_rows import holding_rows
-
-        judge = self.judge
-        previous = judge.previous.nsfw_scorers if judge.previous is not None else ()
-        handler = KeyedModelHandler(NsfwModelHandler(judge.preset, judge.nsfw_factory, previous, large_model=True))
-        tags = (judge_lib.MEASURES, judge_lib.PAIRS, judge_lib.EMBEDDINGS, judge_lib.NSFW_OUTCOMES) + (
-            (judge_lib.REUSE_OUTCOMES,) if judge.previous is not None else ())
-        outputs = (
-            pending
-            | "RunInference" >> RunInference(handler).with_resource_hints(accelerator=self.accelerator)
-            | "Batch" >> beam.BatchElements(min_batch_size=1, max_batch_size=judge_lib.BATCH_SIZE)
-            | "ApplyNsfwVerdicts" >> beam.ParDo(_ApplyVerdicts(judge)).with_outputs(*tags, main=judge_lib.ROWS)
-        )
-        return {judge_lib.ROWS: holding_rows(outputs[judge_lib.ROWS]), **{tag: outputs[tag] for tag in tags}}

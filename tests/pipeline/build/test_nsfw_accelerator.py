@@ -21,7 +21,7 @@ import pytest
 from common.corpus_dir import resolve
 from pipeline.build import dry_run, launcher
 from pipeline.build.options import UsageError
-from tests.pipeline.build.test_reuse import assert_same_corpus
+from tests.pipeline.build.test_reuse import assert_same_corpus, no_work, read_note
 from tests.pipeline.write.test_candidate_table import photo, write_planted
 
 ACCELERATOR = "type:nvidia-tesla-t4;count:1;install-nvidia-driver"
@@ -46,13 +46,28 @@ def build(root, pattern, name, *args):
     return pathlib.Path(resolve(str(root / name)))
 
 
-def test_the_scoring_step_writes_what_the_fused_build_writes(planted):
+@pytest.fixture(scope="module")
+def fused(planted):
     root, pattern, evals = planted
-    fused = build(root, pattern, "fused", *evals)
+    return build(root, pattern, "fused", *evals)
+
+
+def test_the_scoring_step_writes_what_the_fused_build_writes(planted, fused):
+    root, pattern, evals = planted
     split = build(root, pattern, "split", *evals, "--nsfw_accelerator", ACCELERATOR)
     assert_same_corpus(fused, split)
-    ledger = (split / "stats" / "funnel.json").read_text()
-    assert '"nsfw/pornographic"' in ledger and "open_nsfw fp32" in ledger
+    funnel = (split / "stats" / "funnel.json").read_text()
+    assert '"nsfw/pornographic": 2' in funnel and "scored by open_nsfw fp32" in funnel
+    assert '"near_duplicate_eval/test": 1' in funnel
+
+
+def test_a_rebuild_with_the_scoring_step_reuses_the_old_scores(planted, fused, monkeypatch):
+    """The step takes the fused build's scores (its scorer made them): nothing is scored or decoded again."""
+    root, pattern, evals = planted
+    no_work(monkeypatch)
+    reused = build(root, pattern, "reused", *evals, "--nsfw_accelerator", ACCELERATOR, "--reuse", str(root / "fused"))
+    assert_same_corpus(fused, reused)
+    assert "6 records' facts reused, 0 derived again" in read_note(reused)
 
 
 def test_a_malformed_or_unusable_accelerator_is_one_line(planted):

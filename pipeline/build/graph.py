@@ -3,7 +3,7 @@
 It reads like its data flow, two passes over the sources with every decision
 taken in between on light rows, as six composites:
 
-    FirstPass       MatchInputFiles -> JudgeRecords [-> DownloadImages]                          -> Judged
+    FirstPass       MatchInputFiles -> JudgeRecords [-> DownloadImages] [-> ScoreNsfw]           -> Judged
     CorpusStages    ApplyCorpusFilters [-> ModelScore] [-> NearDuplicatesOfEvalImages]
                     [-> RemoveCorpusNearDuplicates]                                               -> Verdicts
     DecideFates     JoinVerdicts (first reason wins, one row per pair), WhatIfStats              -> Fates
@@ -20,13 +20,15 @@ only place they meet.
 The first pass reads each record once and judges it where it was read
 (``pipeline.stages.judge``: the per-record rules, NSFW, the evaluation-index
 match, the pair model's score); it hands on one light row per record
-(``pipeline.stages.light_rows``). With ``--download`` the URL-list rows go to
+(``pipeline.stages.light_rows``); with ``--nsfw_accelerator`` the NSFW score
+is a step of its own (``pipeline.stages.nsfw_step``), which the records the
+rules kept reach with their image bytes. With ``--download`` the URL-list rows go to
 ``DownloadImages`` (``pipeline.download.stage``): each distinct URL fetched
 and judged once, then each row judged with its image's facts. The corpus
 stages see light rows only and give ``(key, reason)`` verdicts
 (``pipeline.stages.verdicts``). The second pass (``pipeline.write``) reads
 the kept records again from their files and writes the shards. Image bytes
-cross no shuffle. Every input record ends in a shard or in the funnel with
+cross no shuffle (but the NSFW step's boundaries, with ``--nsfw_accelerator``). Every input record ends in a shard or in the funnel with
 its first reason (``filters.stages``).
 
 The funnel's list of the stages that ran is the list of stages applied: each

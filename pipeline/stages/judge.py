@@ -11,7 +11,8 @@ eval_index``) and, with ``--model_score``, the pair model (one copy per
 process, ``filters.model_score``: the pairs that passed everything so far
 wait for a full batch of the model, at most until the file ends; the cosine
 goes into the row, the cut is a corpus stage, ``pipeline.stages.score_verdicts``),
-then emits one ``LightRow`` per record (``pipeline.stages.light_rows``). Image bytes never leave the step: a written record is read
+then emits one ``LightRow`` per record (``pipeline.stages.light_rows``). Image bytes never leave the step (but
+with ``--nsfw_accelerator``: ``PENDING``, ``pipeline.stages.nsfw_step``): a written record is read
 again from its file by the second pass (``pipeline.write``), found by its
 ordinal (its position in what the reader yields).
 

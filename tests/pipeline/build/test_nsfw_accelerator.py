@@ -29,7 +29,6 @@ ARGS = ["--set", "vocab_size=0", "--set", "nsfw_precision=fp32", "--set", "nsfw_
         "--model_score", "tests.pipeline.score_models:colour_words"]
 DATAFLOW = ["--runner", "DataflowRunner", "--project", "my-project", "--region", "us-central1",
             "--temp_location", "gs://my-bucket/tmp", "--dry_run=true"]
-HINT = "beam:resources:accelerator:v1"
 
 
 @pytest.fixture(scope="module")
@@ -82,28 +81,20 @@ def test_a_malformed_or_unusable_accelerator_is_one_line(planted):
     assert not (root / "never").exists()
 
 
-def _accelerators(job) -> dict:
-    """Leaf transform -> its environment's accelerator hint, for those that have one."""
-    environments = job.proto.components.environments
-    found = {}
-    for transform in job.proto.components.transforms.values():
-        if not transform.subtransforms and transform.environment_id:
-            hint = environments[transform.environment_id].resource_hints.get(HINT)
-            if hint:
-                found[transform.unique_name] = hint.decode()
-    return found
-
-
 def test_dry_run_shows_the_accelerator_on_the_scoring_step_only(planted, monkeypatch):
     root, pattern, _ = planted
     jobs = []
     real = dry_run.build_job
     monkeypatch.setattr(dry_run, "build_job", lambda *a, **k: jobs.append(real(*a, **k)) or jobs[-1])
+    printed = []
     for extra in ([], ["--nsfw_accelerator", ACCELERATOR]):
-        with contextlib.redirect_stdout(io.StringIO()):
+        with contextlib.redirect_stdout(io.StringIO()) as out:
             launcher.main(["--input", pattern, "--output", str(root / "dry"), *ARGS, *extra, *DATAFLOW])
-    fused, split = (_accelerators(job) for job in jobs)
-    assert fused == {}
+        printed.append(out.getvalue())
+    fused, split = (dry_run.accelerators(job.proto) for job in jobs)
+    assert fused == {} and "on accelerator workers" not in printed[0]
     assert split and set(split.values()) == {ACCELERATOR}
     assert all(name.startswith("FirstPass/ScoreNsfw/RunInference/") for name in split), sorted(split)
     assert any(name.endswith("BeamML_RunInference") for name in split), sorted(split)
+    assert f"on accelerator workers ({ACCELERATOR}): {len(split)} step(s) of FirstPass/ScoreNsfw/RunInference" \
+        in printed[1]

@@ -179,6 +179,7 @@ class RecordJudge:
         self.reuse_scores = self.previous is not None and self.nsfw.label() in self.previous.nsfw_scorers
         self.reuse_counts: Dict[str, int] = {}
         self.embedder = self.index = None
+        self.histograms = Histograms()
         self.unscored: List[Tuple[LightRow, bytes, str]] = []  # kept rows waiting for a full batch of the pair model
         self.rejected = Metrics.counter("dedup", "near_duplicate_eval/rejected")
         if part == "before":  # the rest is the verdicts' part

@@ -176,13 +176,7 @@ class ScorerUnavailable(RuntimeError):
     """A worker has no NSFW scorer and the preset says ``nsfw_unscored=fail``."""
 
 
-def _version(package: str) -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return "unknown"
+_version = open_nsfw._version  # an installed distribution's version, "unknown" if none
 
 
 # ---------------------------------------------------------------------------
@@ -436,6 +430,10 @@ class NsfwScoring:
                 reasons[i] = REJECT_REASON
         self._count(True, sum(value is not None for value in found))
         return reasons, found
+
+    def cached(self, digest: bytes) -> Tuple[bool, Optional[float]]:
+        """``(found, score)`` of the image of sha256 ``digest`` among those this stage remembers."""
+        return (True, self._scores[digest]) if digest in self._scores else (False, None)
 
     def remember(self, digest: bytes, value: Optional[float]) -> None:
         """``value`` as this scorer's score of the image of sha256 ``digest`` (also a previous build's: --reuse)."""

@@ -91,13 +91,24 @@ def reference_input(image: Image.Image, box: Optional[Tuple[float, float, float,
     after the resize, not before, keeps the reference's pixels for upright
     images and costs a transpose of 256x256 pixels, not of the original).
     """
+    return jpeg_input(reference_jpeg(image, box, orientation))
+
+
+def reference_jpeg(image: Image.Image, box: Optional[Tuple[float, float, float, float]] = None,
+                   orientation: int = 1) -> bytes:
+    """The first half of ``reference_input``: the upright 256x256 resize as the reference's JPEG (~10-15 kB),
+    all that the model's input is made of (what the build's separate scoring step receives)."""
     if image.mode != "RGB":
         image = image.convert("RGB")
     resized = orient(image.resize((RESIZE_SIDE, RESIZE_SIDE), Image.Resampling.BILINEAR, box=box), orientation)
     buffer = io.BytesIO()
     resized.save(buffer, format="JPEG")  # PIL's default quality (75) and 4:2:0, as the reference
-    buffer.seek(0)
-    with Image.open(buffer) as decoded:
+    return buffer.getvalue()
+
+
+def jpeg_input(jpeg: bytes) -> np.ndarray:
+    """The second half of ``reference_input``: ``reference_jpeg``'s bytes decoded, cropped, BGR minus the mean."""
+    with Image.open(io.BytesIO(jpeg)) as decoded:
         pixels = np.asarray(decoded if decoded.mode == "RGB" else decoded.convert("RGB"))
     return _minus_mean(pixels[_OFFSET:_OFFSET + CROP_SIDE, _OFFSET:_OFFSET + CROP_SIDE])
 
@@ -118,6 +129,12 @@ def model_input(data: bytes, decode_side: int = 0) -> np.ndarray:
     ``decode_side``: 0 decodes the whole image (the reference); N lets a
     JPEG decode at 1/2, 1/4 or 1/8 scale while both sides stay >= N.
     """
+    return jpeg_input(model_jpeg(data, decode_side))
+
+
+def model_jpeg(data: bytes, decode_side: int = 0) -> bytes:
+    """``model_input``'s first half: encoded bytes -> ``reference_jpeg`` of the upright picture (raises if they
+    do not decode); ``jpeg_input`` of it is ``model_input(data, decode_side)``, bit for bit."""
     with warnings.catch_warnings():
         # The header stage has already enforced max_pixels on these bytes.
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
@@ -125,7 +142,7 @@ def model_input(data: bytes, decode_side: int = 0) -> np.ndarray:
             orientation = exif_orientation(image)
             box = draft(image, "RGB", decode_side) if decode_side else None
             image.load()  # a truncated or corrupt file raises here, not halfway through a batch
-            return reference_input(image, box, orientation)
+            return reference_jpeg(image, box, orientation)
 
 
 # ---------------------------------------------------------------------------

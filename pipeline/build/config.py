@@ -92,6 +92,7 @@ class BuildConfig:
     download_staging: str               # OUTPUT/_downloads: downloads shared by the output's builds
     previous: object = None             # --reuse as a pipeline.readers.previous_build.PreviousBuild (the launcher
     #                                     resolves it once the evaluation index is embedded); None without it
+    nsfw_accelerator: str = ""          # --nsfw_accelerator checked: the scoring step's accelerator; "" fused
 
 
 def resolve_preset(flags) -> Preset:
@@ -188,6 +189,25 @@ def _pair_scorer(flags, preset):
     return scorer
 
 
+def _nsfw_accelerator(flags, preset) -> str:
+    """``--nsfw_accelerator`` checked against the build it splits (``pipeline.stages.nsfw_inference``)."""
+    from filters import nsfw
+    from pipeline.stages.nsfw_inference import parse_accelerator
+
+    if not flags.nsfw_accelerator:
+        return ""
+    try:
+        accelerator = parse_accelerator(flags.nsfw_accelerator)
+    except ValueError as error:
+        raise UsageError(f"--nsfw_accelerator {flags.nsfw_accelerator!r}: {error}") from None
+    if not nsfw.stage_enabled(preset.nsfw_threshold):
+        raise UsageError("--nsfw_accelerator: the NSFW stage is off (nsfw_threshold >= 1.0): nothing to score")
+    if flags.download:
+        raise UsageError("--nsfw_accelerator with --download: the download step scores its own images; "
+                         "drop one of the two")
+    return accelerator
+
+
 def _ontology(flags):
     if not flags.concepts:
         return None
@@ -234,6 +254,7 @@ def resolve(args, beam_args=(), overrides: Optional[Mapping[str, object]] = None
         raise UsageError("--concept_labels_column needs --concepts")
     if flags.concept_labels_column and flags.concept_labels_column not in columns.carry:
         raise UsageError(f"--concept_labels_column {flags.concept_labels_column!r}: also name it in --carry_columns")
+    nsfw_accelerator = _nsfw_accelerator(flags, preset)
     embedder_args, embedder = _embedder(flags)
     eval_sets = _eval_sets(flags.eval_images)
     files = list_input_files(flags.input)
@@ -258,6 +279,6 @@ def resolve(args, beam_args=(), overrides: Optional[Mapping[str, object]] = None
         near_duplicate_threshold=preset_options.resolve_threshold(preset, embedder), eval_sets=eval_sets,
         scorer=scorer, ontology=ontology, input_files=tuple(files),
         output=output, version=version, version_dir=corpus_dir.version_dir(output, version),
-        download_staging=FileSystems.join(output, output_contract.DOWNLOADS),
+        download_staging=FileSystems.join(output, output_contract.DOWNLOADS), nsfw_accelerator=nsfw_accelerator,
     )
     return config, beam

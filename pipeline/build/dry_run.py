@@ -47,6 +47,7 @@ from pipeline.stages.eval_index import eval_index_at
 GRAPH_LIMIT = 10 * 2**20
 REQUEST_LIMIT = 20 * 2**20
 PARDO = common_urns.primitives.PAR_DO.urn
+ACCELERATOR = "beam:resources:accelerator:v1"
 
 
 class SideInput(NamedTuple):
@@ -150,6 +151,18 @@ def _side_inputs(proto) -> List[SideInput]:
     return sorted(found)
 
 
+def accelerators(proto) -> Dict[str, str]:
+    """Leaf transform -> the accelerator its environment's resource hints ask for (``--nsfw_accelerator``)."""
+    environments = proto.components.environments
+    found = {}
+    for transform in proto.components.transforms.values():
+        if not transform.subtransforms and transform.environment_id in environments:
+            hint = environments[transform.environment_id].resource_hints.get(ACCELERATOR)
+            if hint:
+                found[transform.unique_name] = hint.decode("utf-8")
+    return found
+
+
 def _largest_payloads(proto, count: int = 3) -> List[Tuple[int, str]]:
     sizes = [(len(t.spec.payload), t.unique_name) for t in proto.components.transforms.values() if not t.subtransforms]
     return sorted(sizes, reverse=True)[:count]
@@ -233,6 +246,12 @@ def summary(job: DryRun, config: BuildConfig, loaded=None) -> str:
         readers[_short(side.consumer, 2)].append(_short(side.source, 3).removesuffix("/..."))
     lines += [f"    {consumer}: {len(sources)} <- {', '.join(sorted(set(sources)))}"
               for consumer, sources in sorted(readers.items())]
+    hinted = collections.defaultdict(list)
+    for name, accelerator in accelerators(job.proto).items():
+        hinted[accelerator].append(name)
+    lines += [f"  on accelerator workers ({accelerator}): {len(names)} step(s) of "
+              f"{', '.join(sorted({_short(name, 3).removesuffix('/...') for name in names}))}"
+              for accelerator, names in sorted(hinted.items())]
     reads = [f"{len(config.input_files):,} input file(s) matching {flags.input}"]
     if loaded is not None:
         index = loaded[0]

@@ -3,7 +3,7 @@
 It reads like its data flow, two passes over the sources with every decision
 taken in between on light rows, as six composites:
 
-    FirstPass       MatchInputFiles -> JudgeRecords [-> DownloadImages]                          -> Judged
+    FirstPass       MatchInputFiles -> JudgeRecords [-> DownloadImages] [-> ScoreNsfw]           -> Judged
     CorpusStages    ApplyCorpusFilters [-> ModelScore] [-> NearDuplicatesOfEvalImages]
                     [-> RemoveCorpusNearDuplicates]                                               -> Verdicts
     DecideFates     JoinVerdicts (first reason wins, one row per pair), WhatIfStats              -> Fates
@@ -20,13 +20,15 @@ only place they meet.
 The first pass reads each record once and judges it where it was read
 (``pipeline.stages.judge``: the per-record rules, NSFW, the evaluation-index
 match, the pair model's score); it hands on one light row per record
-(``pipeline.stages.light_rows``). With ``--download`` the URL-list rows go to
+(``pipeline.stages.light_rows``); with ``--nsfw_accelerator`` the NSFW score
+is a step of its own (``pipeline.stages.nsfw_step``), which the records the
+rules kept reach with their image bytes. With ``--download`` the URL-list rows go to
 ``DownloadImages`` (``pipeline.download.stage``): each distinct URL fetched
 and judged once, then each row judged with its image's facts. The corpus
 stages see light rows only and give ``(key, reason)`` verdicts
 (``pipeline.stages.verdicts``). The second pass (``pipeline.write``) reads
 the kept records again from their files and writes the shards. Image bytes
-cross no shuffle. Every input record ends in a shard or in the funnel with
+cross no shuffle (but the NSFW step's boundaries, with ``--nsfw_accelerator``). Every input record ends in a shard or in the funnel with
 its first reason (``filters.stages``).
 
 The funnel's list of the stages that ran is the list of stages applied: each
@@ -62,6 +64,7 @@ from pipeline.readers.input_files import MatchInputFiles
 from pipeline.stages import judge as judge_lib
 from pipeline.stages.eval_index import EvalIndex, EvalMatchVerdicts
 from pipeline.stages.judge import JudgeFiles, NsfwNote, RecordJudge, ReuseNote
+from pipeline.stages.nsfw_step import ScoreNsfw
 from pipeline.stages.near_duplicates import RemoveCorpusNearDuplicates, WritePairsReport
 from pipeline.stages.score_verdicts import ModelScoreVerdicts, ScoreStats
 from pipeline.stages.verdicts import OVERLAPS, CountVerdicts, JoinVerdicts, StagesRun
@@ -80,7 +83,8 @@ def build_pipeline(p: beam.Pipeline, config: BuildConfig, notes: dict,
                    eval_index: Optional[EvalIndex] = None) -> StagesRun:
     """Adds the whole build to ``p``; returns the stages applied (with ``notes``, the launcher's, for the funnel)."""
     judge = RecordJudge(config.preset, extra_stages.record_stages(config.extras), eval_index, config.flags.embedder,
-                        config.embedder_args, scorer=config.scorer, previous=config.previous)
+                        config.embedder_args, scorer=config.scorer, previous=config.previous,
+                        nsfw_step=bool(config.nsfw_accelerator))
     # Each composite makes its stages when it is made: the funnel's list of them is known before any is applied.
     first_pass = FirstPass(config, judge)
     corpus_stages = CorpusStages(config, eval_index)
@@ -141,12 +145,15 @@ class FirstPass(beam.PTransform):
         self.download = DownloadImages(
             judge, config.download_staging, config.version, config.download,
             max_record_bytes=config.columns.limits.max_record_bytes) if config.download is not None else None
+        self.score_nsfw = ScoreNsfw(judge, config.nsfw_accelerator) if config.nsfw_accelerator else None
         self.stages = (self.judge_files,) + ((self.download,) if self.download is not None else ())
 
     def expand(self, pbegin):
         paths = pbegin | "MatchInputFiles" >> MatchInputFiles(self.config.flags.input)
         judged = paths | "JudgeRecords" >> self.judge_files
         parts, notes = [judged], []
+        if self.score_nsfw is not None:  # --nsfw_accelerator: the kept records' verdicts and the rest of their work
+            parts.append(judged[judge_lib.PENDING] | "ScoreNsfw" >> self.score_nsfw)
         if self.download is not None:
             downloaded = judged[judge_lib.TO_FETCH] | "DownloadImages" >> self.download
             parts.append(downloaded)
@@ -159,6 +166,8 @@ class FirstPass(beam.PTransform):
         side = {tag: all_of(tag, f"All{tag.title()}")
                 for tag in (judge_lib.MEASURES, judge_lib.PAIRS, judge_lib.EMBEDDINGS, judge_lib.NSFW_OUTCOMES)}
         reuse_outcomes = judged.get(judge_lib.REUSE_OUTCOMES)  # only the file judge reuses facts
+        if reuse_outcomes is not None and self.score_nsfw is not None:
+            reuse_outcomes = all_of(judge_lib.REUSE_OUTCOMES, "AllReuse")
         # The counts are read as singletons whose readers say what nothing counts (0): Beam's own default
         # for an empty input is five more transforms per combine.
         return Judged(

@@ -113,6 +113,11 @@ class BuildOptions(PipelineOptions):
         parser.add_argument("--detached", action="store_true",
                             help="return once the job is submitted; publish it when it has finished with "
                                  "'python -m pipeline.publish OUTPUT' (from any machine)")
+        parser.add_argument(
+            "--nsfw_accelerator", default="", metavar="ACCELERATOR",
+            help="score NSFW in a step of its own (Beam's RunInference) on workers with this accelerator, "
+                 "Dataflow's syntax, e.g. 'type:nvidia-tesla-t4;count:1;install-nvidia-driver'; the rest of "
+                 "the job stays on CPU workers (docs/dataflow.md)")
         download_settings.add_arguments(parser)
         read_limits.add_arguments(parser)
 

@@ -11,7 +11,8 @@ eval_index``) and, with ``--model_score``, the pair model (one copy per
 process, ``filters.model_score``: the pairs that passed everything so far
 wait for a full batch of the model, at most until the file ends; the cosine
 goes into the row, the cut is a corpus stage, ``pipeline.stages.score_verdicts``),
-then emits one ``LightRow`` per record (``pipeline.stages.light_rows``). Image bytes never leave the step: a written record is read
+then emits one ``LightRow`` per record (``pipeline.stages.light_rows``). Image bytes never leave the step (but
+with ``--nsfw_accelerator``: ``PENDING``, ``pipeline.stages.nsfw_step``): a written record is read
 again from its file by the second pass (``pipeline.write``), found by its
 ordinal (its position in what the reader yields).
 
@@ -54,9 +55,12 @@ from pipeline.readers import previous_build
 from pipeline.readers.file_records import FileRecords, input_patterns
 from pipeline.readers.rows import Columns, Rejection
 from pipeline.stages.light_rows import LightRow, holding_rows
+from pipeline.stages.nsfw_inference import Pending, model_input, verdict
 
 ROWS, MEASURES, PAIRS, EMBEDDINGS, NSFW_OUTCOMES, TO_FETCH = "rows", "measures", "pairs", "embeddings", "nsfw", "to_fetch"
 REUSE_OUTCOMES = "reuse"
+#: With ``--nsfw_accelerator``: records waiting for their NSFW verdict (``pipeline.stages.nsfw_inference``).
+PENDING = "pending"
 #: Records judged together: the NSFW scorer, the embedder and the index search work on batches.
 BATCH_SIZE = 64
 #: Characters of a rejected record's alt-text kept for the audit (its samples show 500).
@@ -134,11 +138,16 @@ class RecordJudge:
     ``(tag, value)`` outputs: a ``LightRow`` per record under ``ROWS``, and
     ``PAIRS``/``EMBEDDINGS``/``TO_FETCH`` values. ``setup`` loads what a
     worker needs once: the NSFW scorer, the embedder, the evaluation index.
+
+    ``nsfw_step``: the NSFW score is a step of its own (``pipeline.stages.nsfw_inference``): ``judge``
+    hands the records every cheaper rule kept on as ``PENDING``, and ``judge_scored`` does the rest of
+    their work once they have their score; ``setup(part)`` loads what each of the two parts needs.
     """
 
     def __init__(self, preset, extras=(), eval_index=None, embedder_name: str = "dct", embedder_args=(),
-                 download: bool = False, nsfw_factory=None, scorer=None, previous=None):
+                 download: bool = False, nsfw_factory=None, scorer=None, previous=None, nsfw_step: bool = False):
         self.preset = preset
+        self.nsfw_step = nsfw_step
         self.previous = previous  # previous_build.PreviousBuild whose facts this build reuses (--reuse), or None
         self.scorer = scorer  # filters.model_score.PairScorer, or None: no model-score stage
         self.extras = tuple(extras)
@@ -149,7 +158,8 @@ class RecordJudge:
         self.nsfw_factory = nsfw_factory
         self.histograms = Histograms()
 
-    def setup(self) -> None:
+    def setup(self, part: str = "whole") -> None:
+        """``part``: ``whole``, or with ``nsfw_step`` the file judge's (``before``) or the verdicts' (``after``)."""
         from threadpoolctl import threadpool_limits
 
         # The runner's worker processes are the parallelism: BLAS threads only
@@ -158,24 +168,29 @@ class RecordJudge:
         threadpool_limits(1, user_api="blas")
         allocator.keep_freed_buffers()
         preset = self.preset
+        self.part = part
         self.nsfw = nsfw.NsfwScoring.from_preset(preset, scorer_factory=self.nsfw_factory)
-        self.nsfw.load()
-        self.facts = previous_build.FactsOfFiles(self.previous) if self.previous is not None else None
+        self.nsfw_counts: Dict[Tuple[bool, str], int] = {}  # the verdicts' part: what the scoring step did
+        if part == "whole":
+            self.nsfw.load()
+        self.facts = (previous_build.FactsOfFiles(self.previous)
+                      if self.previous is not None and part != "after" else None)
         # An old score is this build's only if this worker's scorer is the one that made it (model, precision).
         self.reuse_scores = self.previous is not None and self.nsfw.label() in self.previous.nsfw_scorers
         self.reuse_counts: Dict[str, int] = {}
-        self.embedder = None
+        self.embedder = self.index = None
+        self.histograms = Histograms()
+        self.unscored: List[Tuple[LightRow, bytes, str]] = []  # kept rows waiting for a full batch of the pair model
+        self.rejected = Metrics.counter("dedup", "near_duplicate_eval/rejected")
+        if part == "before":  # the rest is the verdicts' part
+            return
         if self.eval_index is not None or preset.dedup_in_corpus:
             self.embedder = dedup_options.embedder(self.embedder_name, self.embedder_args)
-        self.index = None
         if self.eval_index is not None:
             from pipeline.stages.eval_index import load_clustered_index
 
             eval_index = self.eval_index
             self.index = _INDEXES.acquire(lambda: load_clustered_index(eval_index, preset), tag=eval_index.directory)
-        self.histograms = Histograms()
-        self.rejected = Metrics.counter("dedup", "near_duplicate_eval/rejected")
-        self.unscored: List[Tuple[LightRow, bytes, str]] = []  # kept rows waiting for a full batch of the pair model
         if self.scorer is not None:
             self.scorer.check()  # this process's copy of the model, loaded once (filters.model_score)
 
@@ -208,12 +223,60 @@ class RecordJudge:
                     known[len(rows) - 1] = fact
                 if judgement.reason is None:
                     passing.append((len(rows) - 1, judgement.candidate))
+        if self.nsfw_step:
+            return outputs + self._pending(rows, passing, known, outcomes)
         passing = self._score_nsfw(rows, passing, known, outcomes)
+        return outputs + self._after_nsfw(rows, passing, known, outcomes)
+
+    def _pending(self, rows, passing, known, outcomes) -> List[Tuple[str, object]]:
+        """The kept records as ``PENDING`` ``(Pending, (sha256, model input, known score))``; the others' rows."""
+        outputs = []
+        for i, candidate in passing:
+            fact = known.get(i)
+            score = fact.nsfw_score if fact is not None else None
+            prepared = model_input(candidate.image, self.preset, self.nsfw_factory)
+            outputs.append((PENDING, (Pending(rows[i], candidate, fact, outcomes.pop(i, "")),
+                                      (bytes.fromhex(candidate.sha256), prepared, score))))
+            rows[i] = None
+        self._count_reuse(outcomes)
+        return outputs + _rows_out(rows)
+
+    def judge_scored(self, scored) -> List[Tuple[str, object]]:
+        """``(Pending, PredictionResult)`` pairs -> their records' outputs, as ``judge`` gives them fused."""
+        rows, passing, known, outcomes = [], [], {}, {}
+        counted = self.preset.counting_base == "raw"  # NSFW is a quality threshold: the row still counts
+        for pending, result in scored:
+            (was_scored, score), label = result.inference, result.model_id
+            i, row = len(rows), pending.row
+            if pending.fact is not None:
+                known[i] = pending.fact
+            if pending.outcome:
+                reused = (label in self.previous.nsfw_scorers and pending.fact is not None
+                          and pending.fact.nsfw_score is not None)
+                outcomes[i] = (previous_build.RECOMPUTED if pending.outcome == previous_build.REUSED
+                               and not reused else pending.outcome)
+            if not was_scored or score is not None:
+                self.nsfw_counts[(was_scored, label)] = self.nsfw_counts.get((was_scored, label), 0) + 1
+            if score is not None:
+                row = row._replace(nsfw_score=score)
+                self.histograms.add({NSFW_MEASURE: score})
+            reason = verdict(self.preset, was_scored, score)
+            rows.append(row._replace(reason=reason, counted=counted) if reason else row)
+            if not reason:
+                passing.append((i, pending.candidate))
+        return self._after_nsfw(rows, passing, known, outcomes)
+
+    def _count_reuse(self, outcomes) -> None:
+        for outcome in outcomes.values():
+            self.reuse_counts[outcome] = self.reuse_counts.get(outcome, 0) + 1
+
+    def _after_nsfw(self, rows, passing, known, outcomes) -> List[Tuple[str, object]]:
+        """The work on the records NSFW kept: the stored picture, the evaluation index, the pair model."""
+        outputs: List[Tuple[str, object]] = []
         for i, _ in passing:  # kept so far: a picture the old build stored is copied, not made again
             if i in known and known[i].stored_at:
                 rows[i] = rows[i]._replace(stored_at=known[i].stored_at)
-        for outcome in outcomes.values():
-            self.reuse_counts[outcome] = self.reuse_counts.get(outcome, 0) + 1
+        self._count_reuse(outcomes)
         if self.embedder is not None and passing:
             outputs += self._embed_and_match(rows, self._to_search(passing, known))
         if self.scorer is not None:
@@ -225,7 +288,7 @@ class RecordJudge:
 
     def finish(self) -> List[Tuple[str, object]]:
         """The rows still waiting for their pair score (the end of a file or of a batch of downloads)."""
-        return _rows_out(self._score_pairs(final=True)) if self.scorer is not None else []
+        return _rows_out(self._score_pairs(final=True)) if self.scorer is not None and self.part != "before" else []
 
     def _score_pairs(self, final: bool) -> List[LightRow]:
         """Scores the waiting rows a full model batch at a time (all of them if ``final``): a pass rate of
@@ -266,7 +329,7 @@ class RecordJudge:
     def _to_search(self, passing, known):
         """The kept rows to embed: all of them, but with --reuse of the same evaluation index (and no in-corpus
         dedup, which needs every embedding) not those the old build searched and found no match for."""
-        if self.facts is None or not self.previous.eval_matches or self.preset.dedup_in_corpus:
+        if self.previous is None or not self.previous.eval_matches or self.preset.dedup_in_corpus:
             return passing
         return [(i, c) for i, c in passing if not (i in known and known[i].searched and not known[i].eval_match)]
 
@@ -297,7 +360,8 @@ class RecordJudge:
         return self.histograms.take()
 
     def nsfw_outcomes(self) -> List[Tuple[Tuple[bool, str], int]]:
-        return sorted(self.nsfw.take_outcomes().items())
+        counts, self.nsfw_counts = {**self.nsfw.take_outcomes(), **self.nsfw_counts}, {}
+        return sorted(counts.items())
 
     def reuse_outcomes(self) -> List[Tuple[str, int]]:
         """``(reused|recomputed|new, records)`` since the last call (--reuse; empty otherwise)."""
@@ -314,7 +378,7 @@ class _JudgeBase(beam.DoFn):
         self.judge = judge
 
     def setup(self):
-        self.judge.setup()
+        self.judge.setup("before" if self.judge.nsfw_step else "whole")
 
     def _emit(self, outputs) -> Iterator[object]:
         for tag, value in outputs:
@@ -391,7 +455,8 @@ class JudgeFiles(beam.PTransform):
 
     def expand(self, paths):
         dofn = _JudgeFiles(self.judge, input_patterns(self.file_pattern), self.input_format, self.columns)
-        tags = OUTPUT_TAGS + ((REUSE_OUTCOMES,) if self.judge.previous is not None else ())
+        tags = OUTPUT_TAGS + ((REUSE_OUTCOMES,) if self.judge.previous is not None else ()) + (
+            (PENDING,) if self.judge.nsfw_step else ())
         outputs = paths | "ReadAndJudge" >> beam.ParDo(dofn).with_outputs(*tags, main=ROWS)
         return {ROWS: holding_rows(outputs[ROWS]), **{tag: outputs[tag] for tag in tags}}
 

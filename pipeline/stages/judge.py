@@ -192,15 +192,15 @@ class RecordJudge:
                 outputs.append((TO_FETCH, record))
                 rows.append(None)
             else:
-                fact = self.facts.get(source, ordinal) if self.facts is not None else None
-                if fact is not None and fact.key != record.key:
-                    fact = None  # another record at this position: nothing of the old row is its
+                found = self.facts.get(source, ordinal) if self.facts is not None else None
+                # Another record at this position: nothing of the old row is its.
+                fact = found if found is not None and found.key == record.key else None
                 judgement, decoded = judge_record_decoding(
                     record, self.preset, self.extras, (fact.sha256, fact.phash) if fact is not None else None)
                 self.histograms.add(judgement.measures)
                 rows.append(judged_row(judgement, reader, source, ordinal))
                 if self.facts is not None:
-                    outcomes[len(rows) - 1] = (previous_build.NEW if self.facts.get(source, ordinal) is None
+                    outcomes[len(rows) - 1] = (previous_build.NEW if found is None
                                                else previous_build.RECOMPUTED if decoded or fact is None
                                                else previous_build.REUSED)
                 sha256 = judgement.candidate.sha256

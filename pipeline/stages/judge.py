@@ -159,7 +159,8 @@ class RecordJudge:
         allocator.keep_freed_buffers()
         preset = self.preset
         self.nsfw = nsfw.NsfwScoring.from_preset(preset, scorer_factory=self.nsfw_factory)
-        self.nsfw.load()
+        # A rebuild may take every score from the old build: the model waits for an image that needs it.
+        self.nsfw.load(lazy=self.previous is not None)
         self.facts = previous_build.FactsOfFiles(self.previous) if self.previous is not None else None
         # An old score is this build's only if this worker's scorer is the one that made it (model, precision).
         self.reuse_scores = self.previous is not None and self.nsfw.label() in self.previous.nsfw_scorers

@@ -91,7 +91,8 @@ def named_apart(data: bytes, version: pathlib.Path) -> dict:
 
 
 def no_work(monkeypatch):
-    """Decoding for identity, NSFW scoring and making a stored picture raise: what a rebuild must not redo."""
+    """Decoding for identity, loading the NSFW model, scoring and making a stored picture raise: what a rebuild
+    must not redo."""
     from filters import image as image_rules
     from filters import open_nsfw
     from pipeline.write import second_pass
@@ -101,6 +102,7 @@ def no_work(monkeypatch):
 
     monkeypatch.setattr(image_rules, "identify", refused)
     monkeypatch.setattr(second_pass, "stored_picture", refused)
+    monkeypatch.setattr(open_nsfw.OpenNsfwScorer, "__init__", refused)  # its label is known without it
     for name in dir(open_nsfw):
         scorer = getattr(open_nsfw, name)
         if isinstance(scorer, type) and hasattr(scorer, "score_prepared"):
@@ -219,6 +221,27 @@ def test_what_cannot_be_reused_is_refused_in_one_line(old, tmp_path, capsys, sta
     err = capsys.readouterr().err
     assert message in err.splitlines()[0], err
     assert not (tmp_path / "new").exists()
+
+
+def test_a_worker_whose_scorer_loads_other_than_its_machine_cache_said_fails_the_build_in_one_line(
+        old, tmp_path, capsys, monkeypatch):
+    """The rebuild takes the old scores by the label the cache gives; the scorer loaded for the one record the
+    looser rule lets in is another (a patched probe): the build fails rather than mix two scorers' scores."""
+    from filters import nsfw, open_nsfw
+    from filters.presets import get_preset
+
+    root, pattern, _ = old
+    monkeypatch.setenv(open_nsfw.CACHE_ENV, str(tmp_path / "cache"))
+    nsfw.NsfwScoring.from_preset(get_preset("align")).load()  # this machine's cache: the old build's scorer
+    monkeypatch.setattr(open_nsfw, "_SESSIONS", {})  # no session of this process's: the label is the cache's
+    monkeypatch.setattr(open_nsfw, "_int8", lambda *args: (None, "int8 not used: a patched probe"))
+    with pytest.raises(SystemExit) as exited:
+        launcher.main(["--input", pattern, "--output", str(tmp_path / "new"), *BASE, "--set", "min_shorter_side=20",
+                       "--reuse", str(root / "old")])
+    assert exited.value.code == launcher.EXIT_FAILED
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "ScorerNotAsKnown" in err[0] and "build again" in err[0], err
+    assert not list((tmp_path / "new").rglob("*.parquet"))
 
 
 @pytest.mark.integration

@@ -210,9 +210,10 @@ class RecordJudge:
                 if judgement.reason is None:
                     passing.append((len(rows) - 1, judgement.candidate))
         passing = self._score_nsfw(rows, passing, known, outcomes)
-        for i, _ in passing:  # kept so far: a picture the old build stored is copied, not made again
-            if i in known and known[i].stored_at:
-                rows[i] = rows[i]._replace(stored_at=known[i].stored_at)
+        for i, candidate in passing:  # kept so far: a picture the old build stored is copied, not made again
+            if i in known and known[i].stored_at:  # with the source's columns: its file need not be read again
+                rows[i] = rows[i]._replace(stored_at=known[i].stored_at, carried=rows[i].carried or json.dumps(
+                    [list(kv) for kv in candidate.carried]))
         for outcome in outcomes.values():
             self.reuse_counts[outcome] = self.reuse_counts.get(outcome, 0) + 1
         if self.embedder is not None and passing:

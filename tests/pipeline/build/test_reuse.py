@@ -136,6 +136,25 @@ def test_a_looser_record_threshold_derives_only_what_the_old_build_never_measure
     assert "5 records' facts reused, 1 derived again" in read_note(reused)
 
 
+def test_a_file_whose_kept_records_are_all_copied_is_not_read_again(tmp_path, monkeypatch):
+    """Two clean records (no rejection, so no audit sample to read): the first pass reads and checks their bytes,
+    the second copies their pictures from the old shards without opening the file again."""
+    from pipeline.write import second_pass
+
+    write_more(tmp_path / "in")
+    pattern = str(tmp_path / "in" / "*.parquet")
+    build(pattern, tmp_path / "old")
+    full = build(pattern, tmp_path / "full", "--set", "max_images_per_text=1")
+
+    def refused(*_args, **_kwargs):
+        raise AssertionError("read the source file again")
+
+    monkeypatch.setattr(second_pass, "records_of", refused)
+    reused = build(pattern, tmp_path / "reuse", "--set", "max_images_per_text=1", "--reuse", str(tmp_path / "old"))
+    assert_same_corpus(full, reused)
+    assert "2 records' facts reused" in read_note(reused)
+
+
 def test_new_input_files_are_judged_as_in_a_full_build(old, tmp_path):
     root, _, _ = old
     write_more(root / "in_more")

@@ -23,7 +23,8 @@ the picture the source corpus stored (``LightRow.stored_at``): it is copied
 from there (``pipeline.write.stored_copies``), not made again. A rebuild's
 (``--reuse``) rows name the old corpus's picture only where its own first
 pass found the bytes the old build's: a file all of whose kept rows are
-copied is not read again (``WriteShards``' ``read_once``).
+copied is read again only for the audit's samples (``WriteShards``'
+``read_once``).
 
 The same pass reads the rejections chosen as the audit's samples in the
 files it opens anyway and makes their thumbnails: the ledger and the
@@ -181,9 +182,10 @@ class _WriteFileShards(beam.DoFn):
                                       totals[split], self.output_dir, self.name, self.formats)
                   for split, split_rows in by_split.items()}
         copied = 0
-        if self.read_once and not samples:
+        if self.read_once:
             # Nothing of the source is needed where the old corpus holds the picture: this build's first pass
             # read these bytes, found them the old build's (their sha256) and put the source's columns on the row.
+            # The file is read again only as far as the audit's samples and the records not copied.
             for row in rows:
                 copy = self.copies.read(row.stored_at) if row.stored_at and row.carried else None
                 if copy is None or copy[0] != row.key:
@@ -317,9 +319,9 @@ class WriteShards(OptionalInputs):
     ``stats/_webdataset.json`` (``tars``: their infos; None without).
     ``read_once``: a row's ``stored_at`` names a copy of bytes this job's
     first pass read and checked, and its ``carried`` the source's columns
-    (``--reuse``): a file whose kept rows are all copied and which holds no
-    audit sample is not read again (a selection's rows come from a table:
-    their sources are read and checked).
+    (``--reuse``): a file whose kept rows are all copied is read again only
+    as far as its audit samples, if any (a selection's rows come from a
+    table: their sources are read and checked).
     """
 
     def __init__(self, output_dir: str, name: str, preset, columns: Columns = Columns(), carried: Sequence[str] = (),

@@ -381,7 +381,6 @@ class NsfwScoring:
             known = open_nsfw.known_label(self.precision)
             if known is not None:
                 self.known = known.label
-                self.status = f"{open_nsfw.MODEL_NAME}: loaded on the first image to score"
                 return
         if self.scorer_factory is not None:
             self.scorer, self.status = self.scorer_factory()
@@ -403,13 +402,13 @@ class NsfwScoring:
         if self.scorer is None and self.known is not None:
             known, self.known = self.known, None
             self.load()
+            if self.scorer is None:  # scores were counted as this scorer's: none may pass unscored now
+                raise ScorerUnavailable(f"no NSFW scorer on this worker ({self.status}), though one was found "
+                                        "when it started")
             if self.label() != known:
                 raise ScorerNotAsKnown(
                     f"the NSFW scorer loaded on this worker is {self.label()!r}, not the {known!r} this machine's "
                     f"cache said ({open_nsfw.cache_dir()}); the cache now says what loads: build again")
-            if self.scorer is None:
-                raise ScorerUnavailable(f"no NSFW scorer on this worker ({self.status}), though one was found "
-                                        "when the build started")
         return self.scorer
 
     def label(self) -> Optional[str]:

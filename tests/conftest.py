@@ -55,6 +55,8 @@ def pytest_configure(config):
     os.environ["JAX_COMPILATION_CACHE_DIR"] = str(cache)
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.2"  # not every op of an eager test
     os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+    # The project's per-machine caches (what loading open_nsfw found): the run's own, never the user's.
+    os.environ["ALT_TEXT_CORPUS_CACHE_DIR"] = str(run_directory(config) / "cache")
 
 
 @pytest.fixture(scope="session")

@@ -326,7 +326,7 @@ class SecondPass(OptionalInputs):
         formats = (TFRECORD, WEBDATASET) if config.flags.webdataset else (TFRECORD,)
         shards = (inputs.survivors, samples) | "WriteShards" >> WriteShards(
             output, config.flags.name, config.preset, config.columns, config.columns.carry, config.ontology,
-            labels_column, formats)
+            labels_column, formats, read_once=config.previous is not None)
         decided = [inputs.decided_rejections] if inputs.decided_rejections is not None else []
         rejections = [*decided, shards.late_rejections] | "AllRejections" >> beam.Flatten()
         _ = (rejections, inputs.row_count) | "WriteRejectionLedger" >> WriteRejectionLedger(output)

@@ -172,7 +172,8 @@ class RecordJudge:
         self.nsfw = nsfw.NsfwScoring.from_preset(preset, scorer_factory=self.nsfw_factory)
         self.nsfw_counts: Dict[Tuple[bool, str], int] = {}  # the verdicts' part: what the scoring step did
         if part == "whole":
-            self.nsfw.load()
+            # A rebuild may take every score from the old build: the model waits for an image that needs it.
+            self.nsfw.load(lazy=self.previous is not None)
         self.facts = (previous_build.FactsOfFiles(self.previous)
                       if self.previous is not None and part != "after" else None)
         # An old score is this build's only if this worker's scorer is the one that made it (model, precision).
@@ -207,15 +208,15 @@ class RecordJudge:
                 outputs.append((TO_FETCH, record))
                 rows.append(None)
             else:
-                fact = self.facts.get(source, ordinal) if self.facts is not None else None
-                if fact is not None and fact.key != record.key:
-                    fact = None  # another record at this position: nothing of the old row is its
+                found = self.facts.get(source, ordinal) if self.facts is not None else None
+                # Another record at this position: nothing of the old row is its.
+                fact = found if found is not None and found.key == record.key else None
                 judgement, decoded = judge_record_decoding(
                     record, self.preset, self.extras, (fact.sha256, fact.phash) if fact is not None else None)
                 self.histograms.add(judgement.measures)
                 rows.append(judged_row(judgement, reader, source, ordinal))
                 if self.facts is not None:
-                    outcomes[len(rows) - 1] = (previous_build.NEW if self.facts.get(source, ordinal) is None
+                    outcomes[len(rows) - 1] = (previous_build.NEW if found is None
                                                else previous_build.RECOMPUTED if decoded or fact is None
                                                else previous_build.REUSED)
                 sha256 = judgement.candidate.sha256
@@ -273,9 +274,10 @@ class RecordJudge:
     def _after_nsfw(self, rows, passing, known, outcomes) -> List[Tuple[str, object]]:
         """The work on the records NSFW kept: the stored picture, the evaluation index, the pair model."""
         outputs: List[Tuple[str, object]] = []
-        for i, _ in passing:  # kept so far: a picture the old build stored is copied, not made again
-            if i in known and known[i].stored_at:
-                rows[i] = rows[i]._replace(stored_at=known[i].stored_at)
+        for i, candidate in passing:  # kept so far: a picture the old build stored is copied, not made again
+            if i in known and known[i].stored_at:  # with the source's columns: its file need not be read again
+                rows[i] = rows[i]._replace(stored_at=known[i].stored_at, carried=rows[i].carried or json.dumps(
+                    [list(kv) for kv in candidate.carried]))
         self._count_reuse(outcomes)
         if self.embedder is not None and passing:
             outputs += self._embed_and_match(rows, self._to_search(passing, known))

@@ -49,7 +49,8 @@ class LightRow(NamedTuple):
     ordinal: int     # its position in what the reader yields for that file
     eval_match: str = ""  # ``near_duplicate_eval/<set>`` when it is a near-duplicate of an evaluation image
     detail: str = ""      # JSON object added to its ledger line ("" for none)
-    carried: str = ""     # JSON [[column, text], ...] of a downloaded record ("": read again from ``source``)
+    carried: str = ""     # JSON [[column, text], ...] of a downloaded record or a copied one (--reuse; "": read
+    #                       again from ``source``)
     stored_width: int = 0   # the picture's size when the shard stores its bytes as read (0: re-encoded)
     stored_height: int = 0
     lowest_ngram_count: int = 0  # a measure row's (``ngram_count_row``): the key's lowest n-gram count; 0 otherwise

@@ -20,7 +20,11 @@ img2dataset-layout tars (``pipeline.write.tar_shards``), tar ``i`` of a split
 holding what shard ``i`` holds. Each record written is reported with its
 split, shard and offset (the candidate table's). A selection's rows name
 the picture the source corpus stored (``LightRow.stored_at``): it is copied
-from there (``pipeline.write.stored_copies``), not made again.
+from there (``pipeline.write.stored_copies``), not made again. A rebuild's
+(``--reuse``) rows name the old corpus's picture only where its own first
+pass found the bytes the old build's: a file all of whose kept rows are
+copied is read again only for the audit's samples (``WriteShards``'
+``read_once``).
 
 The same pass reads the rejections chosen as the audit's samples in the
 files it opens anyway and makes their thumbnails: the ledger and the
@@ -142,7 +146,8 @@ class _WriteFileShards(beam.DoFn):
     """``(source file, its light rows)`` -> the file's shards: kept rows written, audit samples thumbnailed."""
 
     def __init__(self, output_dir: str, name: str, preset, columns: Columns, carried: Sequence[str],
-                 ontology=None, labels_column: str = "", formats: Sequence[str] = (TFRECORD,)):
+                 ontology=None, labels_column: str = "", formats: Sequence[str] = (TFRECORD,), read_once: bool = False):
+        self.read_once = read_once
         self.output_dir = output_dir
         self.name = name
         self.preset = preset
@@ -176,13 +181,26 @@ class _WriteFileShards(beam.DoFn):
         splits = {split: _SplitShards(split, split_rows, firsts[split], self.preset.max_records_per_shard,
                                       totals[split], self.output_dir, self.name, self.formats)
                   for split, split_rows in by_split.items()}
+        copied = 0
+        if self.read_once:
+            # Nothing of the source is needed where the old corpus holds the picture: this build's first pass
+            # read these bytes, found them the old build's (their sha256) and put the source's columns on the row.
+            # The file is read again only as far as the audit's samples and the records not copied.
+            for row in rows:
+                copy = self.copies.read(row.stored_at) if row.stored_at and row.carried else None
+                if copy is None or copy[0] != row.key:
+                    break  # this record and the rest: from the source, as in any build
+                carried = tuple(tuple(kv) for kv in json.loads(row.carried))
+                yield from self._written(row, Stored(*copy[1:]), carried, splits[split_of(row.key, fraction)])
+                copied += 1
         wanted: Dict[int, list] = {}
-        for row in rows:
+        for row in rows[copied:]:
             wanted.setdefault(row.ordinal, []).append(("write", row))
         for row in samples:
             wanted.setdefault(row.ordinal, []).append(("sample", row))
-        last = max(wanted)
-        for ordinal, record in enumerate(records_of((rows or samples)[0].reader, source, self.columns)):
+        last = max(wanted, default=-1)
+        for ordinal, record in enumerate(records_of((rows or samples)[0].reader, source, self.columns)
+                                         if wanted else ()):
             for kind, row in wanted.pop(ordinal, ()):
                 if kind == "sample":
                     yield beam.pvalue.TaggedOutput(SAMPLES, _sample(row, record))
@@ -221,6 +239,10 @@ class _WriteFileShards(beam.DoFn):
                 yield self._late(row, reason)
                 return
         carried = tuple(tuple(kv) for kv in json.loads(row.carried)) if row.carried else record.carried
+        yield from self._written(row, stored, carried, shards)
+
+    def _written(self, row: LightRow, stored: Stored, carried, shards: _SplitShards):
+        """Writes the row's record with its stored picture (and ``carried``: its source columns)."""
         concepts = None
         if self.tagger is not None:
             from pipeline.write.concept_tags import concepts_of
@@ -295,11 +317,17 @@ class WriteShards(OptionalInputs):
     (``pipeline.write.tar_shards.FORMATS``): the TFRecord shards always; with
     ``webdataset`` the same records also go to tars, listed in
     ``stats/_webdataset.json`` (``tars``: their infos; None without).
+    ``read_once``: a row's ``stored_at`` names a copy of bytes this job's
+    first pass read and checked, and its ``carried`` the source's columns
+    (``--reuse``): a file whose kept rows are all copied is read again only
+    as far as its audit samples, if any (a selection's rows come from a
+    table: their sources are read and checked).
     """
 
     def __init__(self, output_dir: str, name: str, preset, columns: Columns = Columns(), carried: Sequence[str] = (),
-                 ontology=None, labels_column: str = "", formats: Sequence[str] = (TFRECORD,)):
+                 ontology=None, labels_column: str = "", formats: Sequence[str] = (TFRECORD,), read_once: bool = False):
         super().__init__()
+        self.read_once = read_once
         if TFRECORD not in formats:
             raise ValueError("the TFRecord shards are always written: the trainer and the publication read them")
         self.formats = tuple(formats)
@@ -335,7 +363,7 @@ class WriteShards(OptionalInputs):
             | "GroupByFile" >> beam.GroupByKey()
             | "WriteFileShards" >> beam.ParDo(
                 _WriteFileShards(output_dir, name, self.preset, self.columns, self.carried, self.ontology,
-                                 self.labels_column, self.formats), firsts, totals)
+                                 self.labels_column, self.formats, self.read_once), firsts, totals)
             .with_outputs(SHARDS, SAMPLES, LATE, CONCEPT_COUNTS, PLACEMENTS, TARS)
         )
         tars = None

@@ -11,7 +11,10 @@ source record (its sha256 must be the table's), and then copies the picture
 from ``<shard>@<offset>`` (``LightRow.stored_at``) instead of decoding,
 resizing and encoding it again: on photographs the re-encode is most of a
 build's cost. A copy whose record is not the row's (another key there) is
-not used; the picture is then made from the source as usual.
+not used; the picture is then made from the source as usual. A rebuild
+(``--reuse``) copies the same way, but its first pass has just read and
+checked the source bytes: where nothing else of the source is needed, the
+second pass does not read it again.
 
 Both formats are read: a TFRecord frame (``common.tfrecord_io``) whose
 Example holds ``key`` and ``image``, and a tar sample
@@ -68,11 +71,11 @@ def _example_at(handle) -> Optional[Tuple[str, bytes, int, int]]:
     payload = next(tfrecord_io.read_frames(handle), None)  # FrameError where the framing breaks: caught above
     if not isinstance(payload, bytes):
         return None
-    example = tfrecord_io.decode_example(payload, names=("key", "image", "width", "height"), first_only=True)
-    if not all(example.get(name) for name in ("key", "image", "width", "height")):
+    example = tfrecord_io.first_values(payload, ("key", "image", "width", "height"))  # the frame's CRC held
+    if len(example) < 4:
         return None
-    return (bytes(example["key"][0]).decode("utf-8"), bytes(example["image"][0]), int(example["width"][0]),
-            int(example["height"][0]))
+    return (bytes(example["key"]).decode("utf-8"), bytes(example["image"]), int(example["width"]),
+            int(example["height"]))
 
 
 def _sample_at(handle) -> Optional[Tuple[str, bytes, int, int]]:

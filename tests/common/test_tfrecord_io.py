@@ -58,3 +58,19 @@ def test_framed_records_read_back_with_crc_check(tmp_path):
         pass
     else:
         raise AssertionError("corrupted record was not detected")
+
+
+def test_first_values_takes_the_named_features_and_walks_no_further_than_it_needs():
+    import pytest
+
+    payload = tfrecord.encode_example({"image": b"pic", "texts": "", "key": "k", "width": 3, "height": 4,
+                                       "sha256": "00"})
+    wanted = ("key", "image", "width", "height")
+    assert tfrecord.first_values(payload, wanted) == {"key": b"k", "image": b"pic", "width": 3, "height": 4}
+    assert tfrecord.first_values(payload, ("key", "absent")) == {"key": b"k"}
+    damaged = payload + b"\x0b"  # a field of an unsupported wire type after the features
+    with pytest.raises(ValueError, match="wire type"):
+        tfrecord.decode_example(damaged, names=wanted, first_only=True)  # walks every field
+    assert tfrecord.first_values(damaged, wanted)["width"] == 3  # had all it needed before the damage
+    with pytest.raises(ValueError, match="wire type"):
+        tfrecord.first_values(damaged, ("key", "absent"))

@@ -13,6 +13,7 @@ import pytest
 from PIL import Image
 
 from filters import nsfw
+from filters import nudenet as nudenet_scorer
 from filters.presets import get_preset
 from tests import images as made
 
@@ -57,22 +58,22 @@ def _raw(class_scores_per_anchor):
 def test_detections_to_scores_takes_max_over_boxes_labelled_with_counted_classes():
     # One image, three anchors; anchor 1's top class is the counted class 2.
     output = _raw([[[0.9, 0.0, 0.1], [0.1, 0.2, 0.7], [0.0, 0.0, 0.3]]])
-    np.testing.assert_allclose(nsfw.detections_to_scores(output, [2]), [0.7])
+    np.testing.assert_allclose(nudenet_scorer.detections_to_scores(output, [2]), [0.7])
     # Class 2 reaches 0.6 on anchor 0, but that anchor's top class is 0 (0.8):
     # as in NudeNet's post-processing, a box counts only for its top class.
     output = _raw([[[0.8, 0.0, 0.6], [0.01, 0.0, 0.05]]])
-    np.testing.assert_allclose(nsfw.detections_to_scores(output, [2]), [0.05])
-    np.testing.assert_allclose(nsfw.detections_to_scores(output, [0, 2]), [0.8])
-    np.testing.assert_allclose(nsfw.detections_to_scores(output, [1]), [0.0])
+    np.testing.assert_allclose(nudenet_scorer.detections_to_scores(output, [2]), [0.05])
+    np.testing.assert_allclose(nudenet_scorer.detections_to_scores(output, [0, 2]), [0.8])
+    np.testing.assert_allclose(nudenet_scorer.detections_to_scores(output, [1]), [0.0])
 
 
 def test_detections_to_scores_is_float32_in_unit_interval_and_checks_shape():
     output = _raw([[[1.5, 0.0]], [[0.2, 0.0]]])
-    scores = nsfw.detections_to_scores(output, [0])
+    scores = nudenet_scorer.detections_to_scores(output, [0])
     assert scores.dtype == np.float32 and scores.shape == (2,)
     np.testing.assert_allclose(scores, [1.0, 0.2])
     with pytest.raises(ValueError):
-        nsfw.detections_to_scores(np.zeros((2, 4, 10), np.float32), [0])
+        nudenet_scorer.detections_to_scores(np.zeros((2, 4, 10), np.float32), [0])
 
 
 def test_threshold_rule_is_inclusive_and_one_disables():
@@ -84,8 +85,8 @@ def test_threshold_rule_is_inclusive_and_one_disables():
 
 
 def test_pornographic_classes_are_nudenet_classes_and_exclude_faces_feet_and_covered():
-    assert set(nsfw.PORNOGRAPHIC_CLASSES) <= set(nsfw.NUDENET_CLASSES)
-    assert not any(("COVERED" in c) or c.startswith(("FACE", "FEET", "ARMPITS")) for c in nsfw.PORNOGRAPHIC_CLASSES)
+    assert set(nudenet_scorer.PORNOGRAPHIC_CLASSES) <= set(nudenet_scorer.NUDENET_CLASSES)
+    assert not any(("COVERED" in c) or c.startswith(("FACE", "FEET", "ARMPITS")) for c in nudenet_scorer.PORNOGRAPHIC_CLASSES)
     assert nsfw.REJECT_REASON == "nsfw/pornographic"
 
 
@@ -131,7 +132,7 @@ def test_load_scorer_reports_missing_extra(monkeypatch):
 def test_class_list_matches_installed_nudenet():
     import nudenet.nudenet as module
 
-    assert tuple(getattr(module, "__labels")) == nsfw.NUDENET_CLASSES
+    assert tuple(getattr(module, "__labels")) == nudenet_scorer.NUDENET_CLASSES
 
 
 @pytest.fixture
@@ -162,7 +163,7 @@ def test_nudenet_scores_benign_images_low_and_matches_nudenet_detect(no_network)
     # classes (RGBA input because NudeNet's reader converts RGBA -> BGR).
     detector = NudeDetector()
     for (name, img), score in zip(images.items(), scores):
-        found = [d["score"] for d in detector.detect(np.asarray(img.convert("RGBA"))) if d["class"] in nsfw.PORNOGRAPHIC_CLASSES]
+        found = [d["score"] for d in detector.detect(np.asarray(img.convert("RGBA"))) if d["class"] in nudenet_scorer.PORNOGRAPHIC_CLASSES]
         # detect() drops boxes under 0.2, so below that only an upper bound holds.
         expected = max(found, default=0.0)
         if expected:
@@ -176,7 +177,7 @@ def test_nudenet_model_really_runs_face_class_fires_on_the_portrait():
     # The counted classes never fire on benign images, so a scorer returning
     # zeros would pass the test above; the face class proves the model runs.
     images = _benign_images()
-    face = nsfw.NudenetScorer(classes=("FACE_FEMALE",))
+    face = nudenet_scorer.NudenetScorer(classes=("FACE_FEMALE",))
     scores = dict(zip(images, face.score(list(images.values()))))
     assert scores["astronaut"] > 0.5
     assert scores["rocket"] < 0.2

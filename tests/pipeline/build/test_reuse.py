@@ -91,7 +91,8 @@ def named_apart(data: bytes, version: pathlib.Path) -> dict:
 
 
 def no_work(monkeypatch):
-    """Decoding for identity, NSFW scoring and making a stored picture raise: what a rebuild must not redo."""
+    """Decoding for identity, loading the NSFW model, scoring and making a stored picture raise: what a rebuild
+    must not redo."""
     from filters import image as image_rules
     from filters import open_nsfw
     from pipeline.write import second_pass
@@ -101,6 +102,7 @@ def no_work(monkeypatch):
 
     monkeypatch.setattr(image_rules, "identify", refused)
     monkeypatch.setattr(second_pass, "stored_picture", refused)
+    monkeypatch.setattr(open_nsfw.OpenNsfwScorer, "__init__", refused)  # its label is known without it
     for name in dir(open_nsfw):
         scorer = getattr(open_nsfw, name)
         if isinstance(scorer, type) and hasattr(scorer, "score_prepared"):
@@ -132,6 +134,25 @@ def test_a_looser_record_threshold_derives_only_what_the_old_build_never_measure
     reused = build(pattern, root / "reuse_a", "--set", "min_shorter_side=20", "--reuse", str(root / "old"))
     assert_same_corpus(full, reused)
     assert "5 records' facts reused, 1 derived again" in read_note(reused)
+
+
+def test_a_file_whose_kept_records_are_all_copied_is_not_read_again(tmp_path, monkeypatch):
+    """Two clean records (no rejection, so no audit sample to read): the first pass reads and checks their bytes,
+    the second copies their pictures from the old shards without opening the file again."""
+    from pipeline.write import second_pass
+
+    write_more(tmp_path / "in")
+    pattern = str(tmp_path / "in" / "*.parquet")
+    build(pattern, tmp_path / "old")
+    full = build(pattern, tmp_path / "full", "--set", "max_images_per_text=1")
+
+    def refused(*_args, **_kwargs):
+        raise AssertionError("read the source file again")
+
+    monkeypatch.setattr(second_pass, "records_of", refused)
+    reused = build(pattern, tmp_path / "reuse", "--set", "max_images_per_text=1", "--reuse", str(tmp_path / "old"))
+    assert_same_corpus(full, reused)
+    assert "2 records' facts reused" in read_note(reused)
 
 
 def test_new_input_files_are_judged_as_in_a_full_build(old, tmp_path):
@@ -219,6 +240,27 @@ def test_what_cannot_be_reused_is_refused_in_one_line(old, tmp_path, capsys, sta
     err = capsys.readouterr().err
     assert message in err.splitlines()[0], err
     assert not (tmp_path / "new").exists()
+
+
+def test_a_worker_whose_scorer_loads_other_than_its_machine_cache_said_fails_the_build_in_one_line(
+        old, tmp_path, capsys, monkeypatch):
+    """The rebuild takes the old scores by the label the cache gives; the scorer loaded for the one record the
+    looser rule lets in is another (a patched probe): the build fails rather than mix two scorers' scores."""
+    from filters import nsfw, open_nsfw
+    from filters.presets import get_preset
+
+    root, pattern, _ = old
+    monkeypatch.setenv(open_nsfw.CACHE_ENV, str(tmp_path / "cache"))
+    nsfw.NsfwScoring.from_preset(get_preset("align")).load()  # this machine's cache: the old build's scorer
+    monkeypatch.setattr(open_nsfw, "_SESSIONS", {})  # no session of this process's: the label is the cache's
+    monkeypatch.setattr(open_nsfw, "_int8", lambda *args: (None, "int8 not used: a patched probe"))
+    with pytest.raises(SystemExit) as exited:
+        launcher.main(["--input", pattern, "--output", str(tmp_path / "new"), *BASE, "--set", "min_shorter_side=20",
+                       "--reuse", str(root / "old")])
+    assert exited.value.code == launcher.EXIT_FAILED
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "ScorerNotAsKnown" in err[0] and "build again" in err[0], err
+    assert not list((tmp_path / "new").rglob("*.parquet"))
 
 
 @pytest.mark.integration

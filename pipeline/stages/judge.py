@@ -245,7 +245,6 @@ class RecordJudge:
     def judge_scored(self, scored) -> List[Tuple[str, object]]:
         """``(Pending, PredictionResult)`` pairs -> their records' outputs, as ``judge`` gives them fused."""
         rows, passing, known, outcomes = [], [], {}, {}
-        counted = self.preset.counting_base == "raw"  # NSFW is a quality threshold: the row still counts
         for pending, result in scored:
             (was_scored, score), label = result.inference, result.model_id
             i, row = len(rows), pending.row
@@ -258,11 +257,8 @@ class RecordJudge:
                                and not reused else pending.outcome)
             if not was_scored or score is not None:
                 self.nsfw_counts[(was_scored, label)] = self.nsfw_counts.get((was_scored, label), 0) + 1
-            if score is not None:
-                row = row._replace(nsfw_score=score)
-                self.histograms.add({NSFW_MEASURE: score})
             reason = verdict(self.preset, was_scored, score)
-            rows.append(row._replace(reason=reason, counted=counted) if reason else row)
+            rows.append(self._with_nsfw(row, score, reason))
             if not reason:
                 passing.append((i, pending.candidate))
         return self._after_nsfw(rows, passing, known, outcomes)
@@ -317,16 +313,20 @@ class RecordJudge:
         reasons, scores = self.nsfw.judge_with_scores(
             [c.image for _, c in passing], [bytes.fromhex(c.sha256) for _, c in passing])
         kept = []
-        counted = self.preset.counting_base == "raw"  # NSFW is a quality threshold: the row still counts
         for (i, candidate), reason, score in zip(passing, reasons, scores):
-            if score is not None:
-                rows[i] = rows[i]._replace(nsfw_score=score)
-                self.histograms.add({NSFW_MEASURE: score})
-            if reason:
-                rows[i] = rows[i]._replace(reason=reason, counted=counted)
-            else:
+            rows[i] = self._with_nsfw(rows[i], score, reason)
+            if not reason:
                 kept.append((i, candidate))
         return kept
+
+    def _with_nsfw(self, row: LightRow, score: Optional[float], reason: Optional[str]) -> LightRow:
+        """``row`` with its NSFW score (into the histogram too) and, where the stage rejects it, the reason."""
+        if score is not None:
+            row = row._replace(nsfw_score=score)
+            self.histograms.add({NSFW_MEASURE: score})
+        if reason:  # NSFW is a quality threshold: under the raw base the row still counts
+            row = row._replace(reason=reason, counted=self.preset.counting_base == "raw")
+        return row
 
     def _to_search(self, passing, known):
         """The kept rows to embed: all of them, but with --reuse of the same evaluation index (and no in-corpus

@@ -85,6 +85,13 @@ def is_pornographic(score: float, threshold: float) -> bool:
     return stage_enabled(threshold) and not keeps({"nsfw_threshold": threshold}, "nsfw_threshold", score)
 
 
+def scored_reason(score: Optional[float], threshold: float) -> Optional[str]:
+    """The reason of an image a scorer was given: undecodable (no score), pornographic, or None."""
+    if score is None:
+        return UNDECODABLE_REASON
+    return REJECT_REASON if is_pornographic(score, threshold) else None
+
+
 def stage_enabled(threshold: float) -> bool:
     return rule_enabled("nsfw_threshold", {"nsfw_threshold": threshold})
 
@@ -175,6 +182,12 @@ def decode_for_scoring(data: bytes, size: int = 320) -> Image.Image:
     if max(img.size) > 2 * size:
         img.thumbnail((2 * size, 2 * size), Image.Resampling.BILINEAR)
     return img
+
+
+def scoring_functions(scorer) -> Tuple[Callable, Callable]:
+    """A scorer's ``(prepare(bytes), score(prepared items))``: its own ``prepare``/``score_prepared`` where it
+    has them, else ``decode_for_scoring`` and its ``score`` of pictures."""
+    return getattr(scorer, "prepare", decode_for_scoring), getattr(scorer, "score_prepared", scorer.score)
 
 
 # ---------------------------------------------------------------------------
@@ -313,9 +326,7 @@ class NsfwScoring:
                 known[digest] = self._scores[digest]
                 continue
             if prepare is None:
-                scorer = self.loaded_scorer()
-                prepare = getattr(scorer, "prepare", decode_for_scoring)
-                score = getattr(scorer, "score_prepared", scorer.score)
+                prepare, score = scoring_functions(self.loaded_scorer())
             try:
                 decoded.append(prepare(data))
                 pending.append(digest)
@@ -331,10 +342,7 @@ class NsfwScoring:
             self.remember(digest, value)
         for i, digest in enumerate(digests):
             found[i] = known[digest]
-            if found[i] is None:
-                reasons[i] = UNDECODABLE_REASON
-            elif is_pornographic(found[i], self.threshold):
-                reasons[i] = REJECT_REASON
+            reasons[i] = scored_reason(found[i], self.threshold)
         self._count(True, sum(value is not None for value in found))
         return reasons, found
 
@@ -377,8 +385,7 @@ def main(argv=None) -> int:
     print(status)
     if scorer is None:
         return 1
-    prepare = getattr(scorer, "prepare", decode_for_scoring)
-    score = getattr(scorer, "score_prepared", scorer.score)
+    prepare, score = scoring_functions(scorer)
     images = []
     for path in args.images:
         try:

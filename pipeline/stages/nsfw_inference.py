@@ -155,8 +155,7 @@ class NsfwModel:
         if self.jpeg:
             prepare, score = open_nsfw.jpeg_input, scorer.score_prepared
         else:  # the fused path's preparation of the bytes for this scorer
-            prepare = getattr(scorer, "prepare", nsfw.decode_for_scoring)
-            score = getattr(scorer, "score_prepared", scorer.score)
+            prepare, score = nsfw.scoring_functions(scorer)
         try:
             prepared = prepare(data)
         except Exception:
@@ -200,8 +199,4 @@ class NsfwModelHandler(ModelHandler):
 
 def verdict(preset, scored: bool, score: Optional[float]) -> Optional[str]:
     """The fused path's reason for an image's outcome: none unscored, undecodable, pornographic or none."""
-    if not scored:
-        return None
-    if score is None:
-        return nsfw.UNDECODABLE_REASON
-    return nsfw.REJECT_REASON if nsfw.is_pornographic(score, preset.nsfw_threshold) else None
+    return nsfw.scored_reason(score, preset.nsfw_threshold) if scored else None

@@ -33,10 +33,7 @@ def build_once(size: int, work: str) -> dict:
     args += ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]
     build = harness.run_command([sys.executable, "-m", "pipeline.build", *args], check=True, capture_output=True,
                                 env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
-    from common.corpus_dir import resolve
-
-    with open(os.path.join(resolve(os.path.join(work, f"corpus{size}")), "stats", "funnel.json")) as handle:
-        funnel = json.load(handle)
+    funnel = harness.funnel(os.path.join(work, f"corpus{size}"))
     cpu, wall = build.cpu_s, build.wall_s
     return {"num_candidates_arg": size, "input": funnel["input"], "written": sum(funnel["written"].values()),
             "cpu_s": round(cpu, 1), "wall_s": round(wall, 1), "cpu_ms_per_candidate": round(1000 * cpu / funnel["input"], 2)}

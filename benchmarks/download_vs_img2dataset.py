@@ -121,10 +121,7 @@ def _runner_flags(workers: int) -> list:
 
 
 def _written(out: str) -> dict:
-    from common.corpus_dir import resolve
-
-    with open(os.path.join(resolve(out), "stats", "funnel.json")) as handle:
-        funnel = json.load(handle)
+    funnel = harness.funnel(out)
     return {"images": sum(funnel["written"].values()), "rejected": funnel["rejected_total"]}
 
 

@@ -286,6 +286,26 @@ def medians(runs: Iterable[dict], fields: Iterable[str]) -> dict:
 
 
 # ---------------------------------------------------------------------------
+# What a build wrote
+# ---------------------------------------------------------------------------
+
+
+def funnel(output: str) -> dict:
+    """The committed version's ``stats/funnel.json`` under a build's ``--output``."""
+    import json
+
+    from common.corpus_dir import resolve
+
+    with open(os.path.join(resolve(output), "stats", "funnel.json")) as handle:
+        return json.load(handle)
+
+
+def stage_note(found: dict, stage: str) -> str:
+    """A funnel's note of ``stage`` ("" when it has none)."""
+    return next((entry.get("note", "") for entry in found["stages"] if entry["stage"] == stage), "")
+
+
+# ---------------------------------------------------------------------------
 # The sample, built as the demo builds it
 # ---------------------------------------------------------------------------
 

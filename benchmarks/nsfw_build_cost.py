@@ -38,13 +38,10 @@ def read_outcome(output: str) -> dict:
     from common.corpus_dir import resolve
     from pipeline.funnel.counts import NSFW_MEASURE
 
-    stats = os.path.join(resolve(output), "stats")
-    with open(os.path.join(stats, "funnel.json")) as handle:
-        funnel = json.load(handle)
-    with open(os.path.join(stats, "distributions.json")) as handle:
+    with open(os.path.join(resolve(output), "stats", "distributions.json")) as handle:
         scored = sum(json.load(handle).get(NSFW_MEASURE, {}).get("counts", []))
-    note = next((stage.get("note", "") for stage in funnel["stages"] if stage["stage"] == "nsfw"), "")
-    return {"input": funnel["input"], "scored": scored, "note": note}
+    funnel = harness.funnel(output)
+    return {"input": funnel["input"], "scored": scored, "note": harness.stage_note(funnel, "nsfw")}
 
 
 def inputs(work: str, photos: int, sample: int) -> dict:

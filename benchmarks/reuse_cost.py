@@ -50,23 +50,13 @@ def same_output(full: str, reused: str) -> None:
             if one.read() != other.read():
                 raise SystemExit(f"error: {relative} differs between {full} and {reused}")
     funnels = []
-    for version in (a, b):
-        with open(os.path.join(version, "stats", "funnel.json")) as handle:
-            funnel = json.load(handle)
+    for output in (full, reused):
+        funnel = harness.funnel(output)
         funnel["stages"] = [{k: v for k, v in stage.items() if not (stage["stage"] == "read" and k == "note")}
                             for stage in funnel["stages"]]
         funnels.append(funnel)
     if funnels[0] != funnels[1]:
         raise SystemExit(f"error: the funnels of {full} and {reused} differ")
-
-
-def read_note(output: str) -> str:
-    """The reusing build's read note: how many records' facts were reused, derived again and new."""
-    from common.corpus_dir import resolve
-
-    with open(os.path.join(resolve(output), "stats", "funnel.json")) as handle:
-        stages = json.load(handle)["stages"]
-    return next((stage.get("note", "") for stage in stages if stage["stage"] == "read"), "")
 
 
 def eval_set(directory: str, input_dir: str, count: int = 40) -> str:
@@ -161,7 +151,7 @@ def main(argv=None) -> int:
                     same_output(outputs["full"][0], outputs["reuse"][0])
                     full, reused = (sorted(runs[n])[len(runs[n]) // 2] for n in ("full", "reuse"))
                     figures[case] = {"full_cpu_s": round(full, 2), "reuse_cpu_s": round(reused, 2),
-                                     "ratio": round(reused / full, 3), "read_note": read_note(outputs["reuse"][0])}
+                                     "ratio": round(reused / full, 3), "read_note": harness.stage_note(harness.funnel(outputs["reuse"][0]), "read")}
                     print(kind, setting, case, json.dumps(figures[case]), flush=True)
                     for out in outputs["full"] + outputs["reuse"]:
                         shutil.rmtree(out, ignore_errors=True)

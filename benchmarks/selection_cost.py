@@ -50,8 +50,6 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default="", help="default benchmarks/results/selection_cost.json")
     args = parser.parse_args(argv)
-    from common.corpus_dir import resolve
-
     env = harness.python_env()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     results = {"command": "python -m benchmarks.selection_cost " + " ".join(sys.argv[1:] if argv is None else argv),
@@ -71,10 +69,7 @@ def main(argv=None) -> int:
             empty = timed(["-m", "pipeline.select", corpus, "--output", f"{selection}_none", "--where", "words < 0"],
                           env)
             selection = f"{selection}0"
-            with open(os.path.join(resolve(corpus), "stats", "funnel.json")) as handle:
-                built = json.load(handle)
-            with open(os.path.join(resolve(selection), "stats", "funnel.json")) as handle:
-                chosen = json.load(handle)
+            built, chosen = harness.funnel(corpus), harness.funnel(selection)
             results["settings"][setting] = {
                 "input": built["input"], "written": sum(built["written"].values()),
                 "selected_written": sum(chosen["written"].values()), "build": build, "select": select,
